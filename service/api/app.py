@@ -1,0 +1,46 @@
+"""The app factory: one FastAPI app per ``Settings``, its resources owned by the lifespan."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+
+from service.api import health, memories
+from service.api.deps import Components
+from service.api.errors import install_error_handlers
+from service.db.database import open_database
+from service.embedders import build_embedder
+from service.scorers import build_scorer
+from service.settings import Settings, get_settings
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    settings = settings or get_settings()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        async with open_database(settings) as database:
+            embedder = build_embedder(settings)
+            scorer = build_scorer(settings)
+            app.state.components = Components(
+                settings=settings, database=database, embedder=embedder, scorer=scorer
+            )
+            try:
+                yield
+            finally:
+                await scorer.aclose()
+                if embedder is not None:
+                    await embedder.aclose()
+
+    app = FastAPI(
+        title="earm",
+        version="1",
+        summary="Retrieval for long-term agent memory that learns from its own reranking.",
+        lifespan=lifespan,
+    )
+    install_error_handlers(app)
+    app.include_router(health.router)
+    app.include_router(memories.router)
+    return app

@@ -1,0 +1,46 @@
+"""FastAPI dependencies: everything a handler needs comes from the app's lifespan state."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Annotated
+
+from fastapi import Depends, Request
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from service.db.database import Database
+from service.embedders import Embedder
+from service.scorers import RelevanceScorer
+from service.settings import Settings
+
+
+@dataclass
+class Components:
+    """What the lifespan builds once per process and releases at shutdown."""
+
+    settings: Settings
+    database: Database
+    embedder: Embedder | None
+    scorer: RelevanceScorer
+
+
+def get_components(request: Request) -> Components:
+    return request.app.state.components
+
+
+ComponentsDep = Annotated[Components, Depends(get_components)]
+
+
+def get_settings_dep(components: ComponentsDep) -> Settings:
+    return components.settings
+
+
+async def get_session(components: ComponentsDep) -> AsyncIterator[AsyncSession]:
+    """One session per request; handlers commit explicitly, anything else is rolled back."""
+    async with components.database.sessions() as session:
+        yield session
+
+
+SettingsDep = Annotated[Settings, Depends(get_settings_dep)]
+SessionDep = Annotated[AsyncSession, Depends(get_session)]

@@ -1,0 +1,102 @@
+"""/memories: batch ingest, lookup, listing, deletion."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Query, Response, status
+
+from service import memories as store
+from service.api.deps import ComponentsDep, SessionDep, SettingsDep
+from service.api.schemas import (
+    ErrorResponse,
+    IngestRequest,
+    IngestResponse,
+    MemoryOut,
+    MemoryPageOut,
+    NamespaceName,
+)
+from service.db.models import Memory
+from service.errors import LimitExceeded
+
+router = APIRouter(tags=["memories"], responses={422: {"model": ErrorResponse}})
+
+
+def memory_out(memory: Memory) -> MemoryOut:
+    return MemoryOut(
+        id=memory.id,
+        namespace=memory.namespace,
+        external_id=memory.external_id,
+        text=memory.text,
+        occurred_at=memory.occurred_at,
+        created_at=memory.created_at,
+        metadata=memory.metadata_,
+        embedding_model=memory.embedding_model,
+    )
+
+
+def check_text_length(text: str, max_chars: int, what: str) -> None:
+    if len(text) > max_chars:
+        raise LimitExceeded(f"{what} has {len(text)} characters; the limit is {max_chars}")
+
+
+@router.post("/memories", status_code=status.HTTP_201_CREATED, response_model=IngestResponse)
+async def ingest_memories(
+    body: IngestRequest, components: ComponentsDep, session: SessionDep, settings: SettingsDep
+) -> IngestResponse:
+    if len(body.memories) > settings.max_batch:
+        raise LimitExceeded(
+            f"{len(body.memories)} memories in one request; the limit is {settings.max_batch}"
+        )
+    for position, item in enumerate(body.memories):
+        check_text_length(item.text, settings.max_text_chars, f"memories[{position}].text")
+    result = await store.ingest(
+        session,
+        components.embedder,
+        settings.embedding_dim,
+        body.namespace,
+        [
+            store.NewMemory(
+                text=item.text,
+                embedding=item.embedding,
+                external_id=item.external_id,
+                occurred_at=item.occurred_at,
+                metadata=item.metadata,
+            )
+            for item in body.memories
+        ],
+    )
+    await session.commit()
+    return IngestResponse(ids=result.ids, created=result.created, existing=result.existing)
+
+
+@router.get(
+    "/memories/{memory_id}", response_model=MemoryOut, responses={404: {"model": ErrorResponse}}
+)
+async def read_memory(memory_id: int, session: SessionDep) -> MemoryOut:
+    return memory_out(await store.get_memory(session, memory_id))
+
+
+@router.get("/memories", response_model=MemoryPageOut)
+async def list_memories(
+    namespace: Annotated[NamespaceName, Query()],
+    session: SessionDep,
+    settings: SettingsDep,
+    limit: Annotated[int, Query(ge=1)] = 100,
+    cursor: Annotated[str | None, Query(max_length=64)] = None,
+) -> MemoryPageOut:
+    if limit > settings.max_page_size:
+        raise LimitExceeded(f"limit {limit} exceeds the page size limit {settings.max_page_size}")
+    page = await store.list_memories(session, namespace, limit, cursor)
+    return MemoryPageOut(memories=[memory_out(m) for m in page.memories], next_cursor=page.next_cursor)
+
+
+@router.delete(
+    "/memories/{memory_id}",
+    status_code=status.HTTP_204_NO_CONTENT,
+    responses={404: {"model": ErrorResponse}},
+)
+async def delete_memory(memory_id: int, session: SessionDep) -> Response:
+    await store.delete_memory(session, memory_id)
+    await session.commit()
+    return Response(status_code=status.HTTP_204_NO_CONTENT)

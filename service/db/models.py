@@ -1,0 +1,115 @@
+"""SQLAlchemy 2 models: the shape the code expects. Alembic (``migrations/``) owns the schema."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+import numpy as np
+from pgvector.sqlalchemy import VECTOR
+from sqlalchemy import (
+    BigInteger,
+    DateTime,
+    Double,
+    ForeignKey,
+    Integer,
+    MetaData,
+    REAL,
+    Text,
+    func,
+)
+from sqlalchemy.dialects.postgresql import ARRAY, JSONB
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+NAMING_CONVENTION = {
+    "ix": "ix_%(column_0_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING_CONVENTION)
+
+
+class Namespace(Base):
+    """One agent's memory space, plus the counters the retrieval pipeline keeps for it."""
+
+    __tablename__ = "namespaces"
+
+    name: Mapped[str] = mapped_column(Text, primary_key=True)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+    # Next per-namespace query index; incremented under the row lock so indexes stay gap-free.
+    next_query_index: Mapped[int] = mapped_column(BigInteger, server_default="0")
+    # Running sums that give the completion model's global mean without a table scan.
+    score_sum: Mapped[float] = mapped_column(Double, server_default="0")
+    score_count: Mapped[int] = mapped_column(BigInteger, server_default="0")
+    scorer_calls: Mapped[int] = mapped_column(BigInteger, server_default="0")
+    full_rerank_calls: Mapped[int] = mapped_column(BigInteger, server_default="0")
+    queries_since_refit: Mapped[int] = mapped_column(Integer, server_default="0")
+    last_refit_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+
+class Memory(Base):
+    __tablename__ = "memories"
+
+    id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=True)
+    namespace: Mapped[str] = mapped_column(ForeignKey("namespaces.name", ondelete="CASCADE"))
+    external_id: Mapped[str | None] = mapped_column(Text)
+    text: Mapped[str] = mapped_column(Text)
+    embedding: Mapped[np.ndarray] = mapped_column(VECTOR())
+    embedding_model: Mapped[str] = mapped_column(Text)
+    occurred_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+    metadata_: Mapped[dict[str, Any]] = mapped_column("metadata", JSONB, server_default="{}")
+
+
+class Query(Base):
+    __tablename__ = "queries"
+
+    id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=True)
+    namespace: Mapped[str] = mapped_column(ForeignKey("namespaces.name", ondelete="CASCADE"))
+    query_index: Mapped[int] = mapped_column(BigInteger)
+    text: Mapped[str] = mapped_column(Text)
+    embedding: Mapped[np.ndarray] = mapped_column(VECTOR())
+    policy: Mapped[str] = mapped_column(Text)
+    candidates: Mapped[int] = mapped_column(Integer)
+    budget: Mapped[int] = mapped_column(Integer)
+    scorer_calls: Mapped[int] = mapped_column(Integer)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+    # Query-side parameters of the completion model, solved from this query's anchors (NULL until then).
+    bias: Mapped[float | None] = mapped_column(Double)
+    factors: Mapped[list[float] | None] = mapped_column(ARRAY(REAL))
+
+
+class Score(Base):
+    """One observed cell of the experience matrix. Never rewritten."""
+
+    __tablename__ = "scores"
+
+    query_id: Mapped[int] = mapped_column(
+        ForeignKey("queries.id", ondelete="CASCADE"), primary_key=True
+    )
+    memory_id: Mapped[int] = mapped_column(
+        ForeignKey("memories.id", ondelete="CASCADE"), primary_key=True
+    )
+    namespace: Mapped[str] = mapped_column(Text)
+    score: Mapped[float] = mapped_column(REAL)
+    source: Mapped[str] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+
+
+class MemoryFactor(Base):
+    """Memory-side parameters of the completion model (only for memories with history)."""
+
+    __tablename__ = "memory_factors"
+
+    memory_id: Mapped[int] = mapped_column(
+        ForeignKey("memories.id", ondelete="CASCADE"), primary_key=True
+    )
+    namespace: Mapped[str] = mapped_column(Text)
+    bias: Mapped[float] = mapped_column(Double)
+    factors: Mapped[list[float]] = mapped_column(ARRAY(REAL))
+    observation_count: Mapped[int] = mapped_column(Integer)

@@ -1,0 +1,49 @@
+"""Domain errors raised by the pipeline, storage and providers.
+
+They carry a stable machine-readable ``code``; the HTTP layer (``service.api.errors``) maps each
+class to a status once, so nothing below the routers knows about HTTP.
+"""
+
+from __future__ import annotations
+
+
+class EarmError(Exception):
+    """Base of every error a client can be told about."""
+
+    code = "error"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class InvalidInput(EarmError):
+    code = "invalid_input"
+
+
+class DimensionMismatch(InvalidInput):
+    code = "dimension_mismatch"
+
+
+class LimitExceeded(InvalidInput):
+    code = "limit_exceeded"
+
+
+class NotFound(EarmError):
+    code = "not_found"
+
+
+class EmbedderUnavailable(EarmError):
+    """No embedder is configured, or the configured one failed; client-supplied vectors still work."""
+
+    code = "embedder_unavailable"
+
+
+class DatabaseUnavailable(EarmError):
+    code = "database_unavailable"
+
+
+class SchemaOutOfDate(EarmError):
+    """The database schema is not at the Alembic head this code was written for."""
+
+    code = "schema_out_of_date"

@@ -1,0 +1,87 @@
+"""All of earm's configuration, read from ``EARM_*`` environment variables (or a ``.env`` file).
+
+One typed object; the app factory receives it and passes the pieces on, so nothing else reads
+the environment and tests build their own ``Settings(...)`` instead of patching globals.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+from typing import Literal
+
+import platformdirs
+from pydantic import Field, SecretStr, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+DEFAULT_BUDGET_SCHEDULE = "0:1.0,10:0.6,30:0.4,60:0.25,100:0.175"
+
+
+def default_data_dir() -> Path:
+    return Path(platformdirs.user_data_dir("earm")) / "pgdata"
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="EARM_", env_file=".env", extra="ignore")
+
+    # --- database -------------------------------------------------------------------------
+    database_url: str | None = Field(
+        default=None,
+        description="SQLAlchemy/libpq URL of a Postgres with pgvector. Unset: embedded Postgres.",
+    )
+    data_dir: Path = Field(
+        default_factory=default_data_dir,
+        description="Data directory of the embedded Postgres (persists across restarts).",
+    )
+    db_pool_size: int = Field(default=10, ge=1, le=200)
+
+    # --- embedder -------------------------------------------------------------------------
+    embedding_dim: int = Field(default=384, ge=1, le=16000)
+    embedder: Literal["local", "openai", "none"] = "local"
+    embedder_base_url: str | None = None
+    embedder_model: str = "text-embedding-3-small"
+    embedder_api_key: SecretStr | None = None
+    embedder_timeout_s: float = Field(default=30.0, gt=0)
+    embedder_batch_size: int = Field(default=64, ge=1, le=2048)
+    embedder_max_retries: int = Field(default=3, ge=0, le=10)
+
+    # --- relevance scorer -----------------------------------------------------------------
+    scorer: Literal["local", "openai"] = "local"
+    scorer_base_url: str | None = None
+    scorer_model: str = "gpt-4o-mini"
+    scorer_api_key: SecretStr | None = None
+    scorer_concurrency: int = Field(default=16, ge=1, le=1024)
+    scorer_timeout_s: float = Field(default=10.0, gt=0)
+    scorer_max_retries: int = Field(default=2, ge=0, le=10)
+
+    # --- completion model and budget ------------------------------------------------------
+    rank: int = Field(default=8, ge=1, le=64, description="Rank r of the completion model.")
+    reg: float = Field(default=1.0, gt=0, description="L2 weight of the ridge solves.")
+    refit_every: int = Field(default=50, ge=1, description="Full refit every this many queries.")
+    als_iterations: int = Field(default=10, ge=1, le=200)
+    budget_schedule: str = DEFAULT_BUDGET_SCHEDULE
+
+    # --- request limits -------------------------------------------------------------------
+    max_batch: int = Field(default=1000, ge=1, description="Memories per POST /memories.")
+    max_text_chars: int = Field(default=8000, ge=1)
+    max_namespace_chars: int = Field(default=128, ge=1)
+    max_k: int = Field(default=100, ge=1)
+    max_candidates: int = Field(default=1000, ge=1)
+    default_candidates: int = Field(default=200, ge=1)
+    max_page_size: int = Field(default=500, ge=1)
+
+    # --- serving --------------------------------------------------------------------------
+    host: str = "127.0.0.1"
+    port: int = Field(default=8000, ge=0, le=65535)
+    log_level: str = "INFO"
+
+    @field_validator("embedder_base_url", "scorer_base_url")
+    @classmethod
+    def _strip_trailing_slash(cls, url: str | None) -> str | None:
+        return url.rstrip("/") if url else url
+
+
+@lru_cache
+def get_settings() -> Settings:
+    """Settings of this process, read once from the environment."""
+    return Settings()

@@ -1,0 +1,63 @@
+"""Shared fixtures: one real embedded Postgres per test session, a clean database per test."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy import create_engine, text
+
+from service.api.app import create_app
+from service.db import migrate
+from service.db.database import EmbeddedPostgres
+from service.settings import Settings
+
+TABLES = "namespaces, memories, queries, scores, memory_factors"
+
+
+@pytest.fixture(scope="session")
+def postgres_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """URL of the maintenance database of a throwaway embedded server."""
+    server = EmbeddedPostgres(tmp_path_factory.mktemp("pg") / "data")
+    url = server.start()
+    yield url
+    server.stop()
+
+
+def create_database(server_url: str, name: str) -> str:
+    engine = create_engine(server_url, isolation_level="AUTOCOMMIT")
+    with engine.connect() as conn:
+        conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        conn.execute(text(f'CREATE DATABASE "{name}"'))
+    engine.dispose()
+    return server_url.replace("/postgres?", f"/{name}?")
+
+
+@pytest.fixture(scope="session")
+def database_url(postgres_server: str) -> str:
+    """A database migrated to head once per session."""
+    url = create_database(postgres_server, "earm_test")
+    migrate.upgrade_to_head(url, 384)
+    return url
+
+
+@pytest.fixture
+def clean_database(database_url: str) -> str:
+    """Every test starts from empty tables (schema kept)."""
+    engine = create_engine(database_url)
+    with engine.begin() as conn:
+        conn.execute(text(f"TRUNCATE {TABLES} RESTART IDENTITY CASCADE"))
+    engine.dispose()
+    return database_url
+
+
+@pytest.fixture
+def settings(clean_database: str) -> Settings:
+    return Settings(database_url=clean_database, embedder="local", scorer="local", _env_file=None)
+
+
+@pytest.fixture
+def client(settings: Settings) -> Iterator[TestClient]:
+    with TestClient(create_app(settings)) as test_client:
+        yield test_client

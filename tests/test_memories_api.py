@@ -1,0 +1,234 @@
+"""POST/GET/DELETE /memories against the real embedded Postgres."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy import create_engine, text
+
+DIM = 384
+
+
+def vector(seed: int) -> list[float]:
+    return np.random.default_rng(seed).normal(size=DIM).tolist()
+
+
+def ingest(client: TestClient, namespace: str, memories: list[dict]) -> dict:
+    response = client.post("/memories", json={"namespace": namespace, "memories": memories})
+    assert response.status_code == 201, response.text
+    return response.json()
+
+
+def error_code(response) -> str:
+    return response.json()["error"]["code"]
+
+
+def test_ingest_round_trip_returns_ids_in_request_order(client: TestClient) -> None:
+    body = ingest(
+        client,
+        "agent-1",
+        [
+            {
+                "text": "Alice moved to Lisbon in May.",
+                "embedding": vector(1),
+                "external_id": "a",
+                "occurred_at": "2023-05-08T13:56:00Z",
+                "metadata": {"speaker": "Alice"},
+            },
+            {"text": "Bob likes sailing.", "embedding": vector(2)},
+        ],
+    )
+    assert body["created"] == 2 and body["existing"] == 0
+    first = client.get(f"/memories/{body['ids'][0]}").json()
+    second = client.get(f"/memories/{body['ids'][1]}").json()
+    assert first["text"] == "Alice moved to Lisbon in May."
+    assert first["external_id"] == "a"
+    assert first["metadata"] == {"speaker": "Alice"}
+    assert first["occurred_at"].startswith("2023-05-08T13:56:00")
+    assert first["namespace"] == "agent-1"
+    assert first["embedding_model"] == "client"
+    assert second["text"] == "Bob likes sailing."
+
+
+def test_ingest_without_embedding_uses_local_embedder(client: TestClient) -> None:
+    body = ingest(client, "agent-1", [{"text": "The cat sat on the mat."}])
+    memory = client.get(f"/memories/{body['ids'][0]}").json()
+    assert memory["embedding_model"].startswith("local:")
+
+
+def test_retry_with_same_external_ids_returns_same_ids_and_creates_nothing(
+    client: TestClient,
+) -> None:
+    batch = [
+        {"text": f"memory {i}", "embedding": vector(i), "external_id": f"e{i}"} for i in range(5)
+    ]
+    first = ingest(client, "agent-1", batch)
+    retry = ingest(client, "agent-1", batch)
+    assert retry["ids"] == first["ids"]
+    assert retry["created"] == 0 and retry["existing"] == 5
+    listing = client.get("/memories", params={"namespace": "agent-1"}).json()
+    assert len(listing["memories"]) == 5
+
+
+def test_same_external_id_in_other_namespace_is_a_different_memory(client: TestClient) -> None:
+    one = ingest(client, "agent-1", [{"text": "x", "embedding": vector(1), "external_id": "e"}])
+    two = ingest(client, "agent-2", [{"text": "x", "embedding": vector(1), "external_id": "e"}])
+    assert one["ids"] != two["ids"] and two["created"] == 1
+
+
+def test_duplicate_external_id_within_a_batch_maps_to_one_memory(client: TestClient) -> None:
+    body = ingest(
+        client,
+        "agent-1",
+        [
+            {"text": "x", "embedding": vector(1), "external_id": "dup"},
+            {"text": "x", "embedding": vector(1), "external_id": "dup"},
+        ],
+    )
+    assert body["ids"][0] == body["ids"][1]
+    assert body["created"] == 1 and body["existing"] == 1
+
+
+def test_listing_pages_through_every_memory_once(client: TestClient) -> None:
+    ids = ingest(
+        client, "agent-1", [{"text": f"m{i}", "embedding": vector(i)} for i in range(23)]
+    )["ids"]
+    ingest(client, "other", [{"text": "not mine", "embedding": vector(99)}])
+    seen: list[int] = []
+    cursor = None
+    pages = 0
+    while True:
+        params = {"namespace": "agent-1", "limit": 10}
+        if cursor:
+            params["cursor"] = cursor
+        page = client.get("/memories", params=params).json()
+        seen += [m["id"] for m in page["memories"]]
+        pages += 1
+        cursor = page["next_cursor"]
+        if cursor is None:
+            break
+    assert pages == 3
+    assert seen == sorted(ids)
+
+
+def test_delete_removes_memory_and_its_observations(client: TestClient, settings) -> None:
+    ids = ingest(client, "agent-1", [{"text": "m", "embedding": vector(1)}])["ids"]
+    engine = create_engine(settings.database_url)
+    with engine.begin() as conn:
+        query_id = conn.execute(
+            text(
+                "INSERT INTO queries (namespace, query_index, text, embedding, policy, candidates,"
+                " budget, scorer_calls) VALUES ('agent-1', 0, 'q', :e, 'full', 1, 1, 1) RETURNING id"
+            ),
+            {"e": json.dumps(vector(2))},
+        ).scalar_one()
+        conn.execute(
+            text(
+                "INSERT INTO scores (query_id, memory_id, namespace, score, source)"
+                " VALUES (:q, :m, 'agent-1', 0.9, 'scorer')"
+            ),
+            {"q": query_id, "m": ids[0]},
+        )
+    assert client.delete(f"/memories/{ids[0]}").status_code == 204
+    assert client.get(f"/memories/{ids[0]}").status_code == 404
+    with engine.connect() as conn:
+        remaining = conn.execute(
+            text("SELECT count(*) FROM scores WHERE memory_id = :m"), {"m": ids[0]}
+        ).scalar_one()
+    engine.dispose()
+    assert remaining == 0
+
+
+@pytest.mark.parametrize(
+    ("memory", "expected_code"),
+    [
+        ({"text": "x", "embedding": [0.1] * 3}, "dimension_mismatch"),
+        ({"text": "", "embedding": vector(1)}, "validation_error"),
+        ({"text": "x" * 8001, "embedding": vector(1)}, "limit_exceeded"),
+        ({"text": 42, "embedding": vector(1)}, "validation_error"),
+        ({"text": "x", "embedding": "not a list"}, "validation_error"),
+        ({"text": "x", "embedding": [0.0] * DIM}, "invalid_input"),
+        ({"text": "x", "occurred_at": "yesterday-ish"}, "validation_error"),
+        ({"text": "x", "unknown_field": 1}, "validation_error"),
+    ],
+    ids=[
+        "wrong-dimension",
+        "empty-text",
+        "over-long-text",
+        "text-not-a-string",
+        "embedding-not-a-list",
+        "zero-vector",
+        "bad-timestamp",
+        "unknown-field",
+    ],
+)
+def test_invalid_memory_is_rejected_with_precise_4xx(
+    client: TestClient, memory: dict, expected_code: str
+) -> None:
+    response = client.post("/memories", json={"namespace": "agent-1", "memories": [memory]})
+    assert 400 <= response.status_code < 500
+    assert error_code(response) == expected_code
+    assert response.json()["error"]["message"]
+
+
+@pytest.mark.parametrize("literal", ["NaN", "Infinity", "-Infinity"])
+def test_non_finite_embedding_values_are_rejected(client: TestClient, literal: str) -> None:
+    values = ", ".join(["0.1"] * (DIM - 1) + [literal])
+    raw = f'{{"namespace": "agent-1", "memories": [{{"text": "x", "embedding": [{values}]}}]}}'
+    response = client.post(
+        "/memories", content=raw, headers={"content-type": "application/json"}
+    )
+    assert response.status_code == 422
+    assert error_code(response) == "validation_error"
+    assert "embedding" in response.json()["error"]["message"]
+
+
+def test_too_many_items_is_rejected(client: TestClient) -> None:
+    memories = [{"text": "x", "embedding": [1.0] + [0.0] * (DIM - 1)}] * 1001
+    response = client.post("/memories", json={"namespace": "agent-1", "memories": memories})
+    assert response.status_code == 413
+    assert error_code(response) == "limit_exceeded"
+
+
+def test_empty_batch_is_rejected(client: TestClient) -> None:
+    response = client.post("/memories", json={"namespace": "agent-1", "memories": []})
+    assert response.status_code == 422 and error_code(response) == "validation_error"
+
+
+@pytest.mark.parametrize("namespace", ["", "has space", "-leading-dash", "x" * 129, "semi;colon"])
+def test_malformed_namespace_is_rejected(client: TestClient, namespace: str) -> None:
+    response = client.post(
+        "/memories", json={"namespace": namespace, "memories": [{"text": "x", "embedding": vector(1)}]}
+    )
+    assert response.status_code == 422 and "namespace" in response.json()["error"]["message"]
+
+
+def test_malformed_json_is_a_400(client: TestClient) -> None:
+    response = client.post(
+        "/memories", content=b'{"namespace": "a", "memories": [', headers={"content-type": "application/json"}
+    )
+    assert response.status_code == 400 and error_code(response) == "malformed_json"
+
+
+def test_unknown_memory_id_is_a_404(client: TestClient) -> None:
+    assert error_code(client.get("/memories/987654")) == "not_found"
+    assert client.delete("/memories/987654").status_code == 404
+
+
+def test_non_integer_memory_id_is_a_422(client: TestClient) -> None:
+    response = client.get("/memories/abc")
+    assert response.status_code == 422 and error_code(response) == "validation_error"
+
+
+def test_forged_cursor_is_rejected(client: TestClient) -> None:
+    response = client.get("/memories", params={"namespace": "agent-1", "cursor": "!!!"})
+    assert response.status_code == 422 and error_code(response) == "invalid_input"
+
+
+def test_health_and_readiness(client: TestClient) -> None:
+    assert client.get("/healthz").json() == {"status": "ok"}
+    ready = client.get("/readyz").json()
+    assert ready["status"] == "ready" and ready["schema_revision"]
