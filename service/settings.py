@@ -75,6 +75,14 @@ class Settings(BaseSettings):
     port: int = Field(default=8000, ge=0, le=65535)
     log_level: str = "INFO"
 
+    @field_validator("budget_schedule")
+    @classmethod
+    def _parseable_schedule(cls, schedule: str) -> str:
+        from service.retrieval.budget import BudgetSchedule
+
+        BudgetSchedule.parse(schedule)  # raises ValueError naming the bad entry
+        return schedule
+
     @field_validator("embedder_base_url", "scorer_base_url")
     @classmethod
     def _strip_trailing_slash(cls, url: str | None) -> str | None:

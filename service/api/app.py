@@ -7,11 +7,12 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
-from service.api import health, memories
+from service.api import health, memories, retrieve
 from service.api.deps import Components
 from service.api.errors import install_error_handlers
 from service.db.database import open_database
 from service.embedders import build_embedder
+from service.retrieval.pipeline import RetrievalPipeline
 from service.scorers import build_scorer
 from service.settings import Settings, get_settings
 
@@ -25,7 +26,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             embedder = build_embedder(settings)
             scorer = build_scorer(settings)
             app.state.components = Components(
-                settings=settings, database=database, embedder=embedder, scorer=scorer
+                settings=settings,
+                database=database,
+                embedder=embedder,
+                scorer=scorer,
+                pipeline=RetrievalPipeline(database.sessions, embedder, scorer, settings),
             )
             try:
                 yield
@@ -43,4 +48,5 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     install_error_handlers(app)
     app.include_router(health.router)
     app.include_router(memories.router)
+    app.include_router(retrieve.router)
     return app

@@ -11,6 +11,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from service.db.database import Database
 from service.embedders import Embedder
+from service.retrieval.pipeline import RetrievalPipeline
 from service.scorers import RelevanceScorer
 from service.settings import Settings
 
@@ -23,6 +24,7 @@ class Components:
     database: Database
     embedder: Embedder | None
     scorer: RelevanceScorer
+    pipeline: RetrievalPipeline
 
 
 def get_components(request: Request) -> Components:
@@ -42,5 +44,10 @@ async def get_session(components: ComponentsDep) -> AsyncIterator[AsyncSession]:
         yield session
 
 
+def get_pipeline(components: ComponentsDep) -> RetrievalPipeline:
+    return components.pipeline
+
+
 SettingsDep = Annotated[Settings, Depends(get_settings_dep)]
+PipelineDep = Annotated[RetrievalPipeline, Depends(get_pipeline)]
 SessionDep = Annotated[AsyncSession, Depends(get_session)]

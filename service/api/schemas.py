@@ -78,3 +78,70 @@ class HealthOut(BaseModel):
 class ReadyOut(BaseModel):
     status: Literal["ready"]
     schema_revision: str | None
+
+
+class RetrieveIn(StrictModel):
+    namespace: NamespaceName
+    query: NonEmptyText
+    query_embedding: Embedding | None = None
+    k: Annotated[int, Field(ge=1, description="Memories to return.")] = 10
+    candidates: Annotated[int, Field(ge=1, description="Semantic candidates (N).")] = 200
+    policy: Literal["earm", "semantic", "full", "observed"] = "earm"
+    budget: Annotated[
+        int | None,
+        Field(ge=0, description="Anchors to score; overrides the schedule (earm/observed)."),
+    ] = None
+    seed: int = 0
+    order: Literal["chronological", "relevance"] = "chronological"
+    filters: dict[str, Any] | None = Field(
+        default=None, description="Only memories whose metadata contains this JSON object."
+    )
+
+
+class RetrievedMemoryOut(BaseModel):
+    id: int
+    external_id: str | None
+    text: str
+    occurred_at: datetime | None
+    metadata: dict[str, Any]
+    score: float
+    source: Literal["observed", "estimated", "semantic"]
+    similarity: float
+    rank: int
+
+
+class Timings(BaseModel):
+    embed_ms: float
+    search_ms: float
+    score_ms: float
+    complete_ms: float
+    record_ms: float
+    total_ms: float
+
+
+class RetrieveOut(BaseModel):
+    query_id: int
+    query_index: int
+    policy: str
+    stage: int
+    budget: int
+    scorer_calls: int
+    degraded: bool
+    memories: list[RetrievedMemoryOut]
+    timings: Timings
+
+
+class FeedbackScore(StrictModel):
+    memory_id: int
+    score: Annotated[float, Field(ge=0.0, le=1.0, allow_inf_nan=False)]
+
+
+class FeedbackIn(StrictModel):
+    namespace: NamespaceName
+    query_id: int
+    scores: Annotated[list[FeedbackScore], Field(min_length=1)]
+
+
+class FeedbackOut(BaseModel):
+    recorded: int
+    already_observed: int
