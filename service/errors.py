@@ -29,12 +29,18 @@ class LimitExceeded(InvalidInput):
     code = "limit_exceeded"
 
 
+class EmbeddingRequired(InvalidInput):
+    """No embedder is configured, so the client must send vectors."""
+
+    code = "embedding_required"
+
+
 class NotFound(EarmError):
     code = "not_found"
 
 
 class EmbedderUnavailable(EarmError):
-    """No embedder is configured, or the configured one failed; client-supplied vectors still work."""
+    """The configured embedder failed; requests with client-supplied vectors still work."""
 
     code = "embedder_unavailable"
 

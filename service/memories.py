@@ -16,7 +16,13 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from service.db.models import Memory, Namespace
 from service.embedders import Embedder, EmbedderError
-from service.errors import DimensionMismatch, EmbedderUnavailable, InvalidInput, NotFound
+from service.errors import (
+    DimensionMismatch,
+    EmbedderUnavailable,
+    EmbeddingRequired,
+    InvalidInput,
+    NotFound,
+)
 
 
 @dataclass(frozen=True)
@@ -59,8 +65,8 @@ def check_embedding(vector: Sequence[float], dim: int, what: str) -> np.ndarray:
 async def embed_texts(embedder: Embedder | None, texts: Sequence[str]) -> np.ndarray:
     """Embed texts with the configured embedder, translating its failures to a domain error."""
     if embedder is None:
-        raise EmbedderUnavailable(
-            "no embedder is configured (EARM_EMBEDDER=none): send an embedding with each item"
+        raise EmbeddingRequired(
+            "no embedder is configured (EARM_EMBEDDER=none): send embeddings with the request"
         )
     try:
         return await embedder.embed(list(texts))

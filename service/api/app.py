@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -11,7 +12,7 @@ from service.api import health, memories, retrieve
 from service.api.deps import Components
 from service.api.errors import install_error_handlers
 from service.db.database import open_database
-from service.embedders import build_embedder
+from service.embedders import LocalEmbedder, build_embedder
 from service.retrieval.pipeline import RetrievalPipeline
 from service.scorers import build_scorer
 from service.settings import Settings, get_settings
@@ -24,6 +25,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         async with open_database(settings) as database:
             embedder = build_embedder(settings)
+            if isinstance(embedder, LocalEmbedder):
+                # Load the ONNX model now, not on the first request (~0.4 s).
+                await asyncio.to_thread(embedder.load)
             scorer = build_scorer(settings)
             app.state.components = Components(
                 settings=settings,

@@ -102,7 +102,9 @@ def group_rows(
             )
             max_cells = max(max_cells, rows.size * width)
         i = j
-    return RowGroups(n_rows=n_rows, n_other=n_other, chunks=tuple(chunks), max_chunk_cells=max_cells)
+    return RowGroups(
+        n_rows=n_rows, n_other=n_other, chunks=tuple(chunks), max_chunk_cells=max_cells
+    )
 
 
 def solve_groups(

@@ -1,4 +1,4 @@
-"""Causal completion for one query, from a batch of history: the definition the online path must match.
+"""Causal completion of one query from a batch of history: the definition the online path matches.
 
 DESIGN §3: estimates for query t use only observations of queries < t plus the anchors of t. The
 service reaches the same thing incrementally (a stored model plus a fold-in); this function states
@@ -42,16 +42,14 @@ def causal_estimates(
     """
     n_m = _count("n_memories", n_memories)
     t_ = _count("t", t)
-    q_all = np.asarray(query_idx)
-    past = q_all < t_ if q_all.size else np.zeros(0, dtype=bool)
-    # Validate the full arrays' shapes first, so a length mismatch is reported, not masked.
-    m_all = np.asarray(memory_idx)
-    s_all = np.asarray(scores, dtype=np.float64)
+    m_all, q_all, s_all = np.asarray(memory_idx), np.asarray(query_idx), np.asarray(scores)
+    # Check the shapes before filtering, so a length mismatch is reported rather than masked.
     if not (m_all.shape == q_all.shape == s_all.shape) or q_all.ndim != 1:
         raise ModelFitError(
             f"memory_idx, query_idx and scores must be 1-D of equal length, got shapes "
             f"{m_all.shape}, {q_all.shape}, {s_all.shape}"
         )
+    past = q_all < t_  # the causal cut: everything from query t on is invisible from here
     model = als.fit(m_all[past], q_all[past], s_all[past], n_memories=n_m, n_queries=t_)
     rows = _indices("anchor_rows", anchor_rows, n_m, "n_memories")
     c_t, v_t = fold_in_query(

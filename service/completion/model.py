@@ -164,7 +164,9 @@ def _side(
 # the model
 
 
-@dataclass(frozen=True)
+# eq=False: element-wise array comparison makes a generated __eq__/__hash__ raise; models compare
+# by identity, and tests compare their arrays explicitly.
+@dataclass(frozen=True, eq=False, repr=False)
 class FactorModel:
     """Fitted completion model. Rows are memories, columns are queries, both by dense index.
 
@@ -192,6 +194,12 @@ class FactorModel:
         object.__setattr__(self, "memory_factors", mf)
         object.__setattr__(self, "query_bias", qb)
         object.__setattr__(self, "query_factors", qf)
+
+    def __repr__(self) -> str:
+        return (
+            f"FactorModel(mu={self.mu:.6g}, n_memories={self.n_memories}, "
+            f"n_queries={self.n_queries}, rank={self.rank})"
+        )
 
     @property
     def rank(self) -> int:
@@ -260,10 +268,13 @@ def predict_scores(
         )
     _length("memory_bias", b, u.shape[0], "memory_factors")
     if v.shape[0] != u.shape[1]:
-        raise ModelFitError(f"query_factor has rank {v.shape[0]} but memory_factors rank {u.shape[1]}")
+        raise ModelFitError(
+            f"query_factor has rank {v.shape[0]} but memory_factors has rank {u.shape[1]}"
+        )
     raw = _finite_scalar("mu", mu) + _finite_scalar("query_bias", query_bias) + b + u @ v
     if not np.all(np.isfinite(raw)):
-        raise ModelFitError(f"non-finite prediction for memory position {_first_bad(~np.isfinite(raw))}")
+        position = _first_bad(~np.isfinite(raw))
+        raise ModelFitError(f"non-finite prediction for memory position {position}")
     return np.clip(raw, 0.0, 1.0)
 
 
@@ -380,6 +391,12 @@ def objective(
     return float(np.sum((s - raw) ** 2) + lam * penalty)
 
 
+def _hyperparameter_int(name: str, value: object, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+    return int(value)
+
+
 class BiasedALS:
     """Alternating least squares for :class:`FactorModel`.
 
@@ -389,20 +406,17 @@ class BiasedALS:
     μ + b_m + c_q.
     """
 
-    def __init__(self, rank: int = 8, reg: float = 1.0, n_iterations: int = 10, seed: int = 0) -> None:
-        if isinstance(rank, bool) or not isinstance(rank, numbers.Integral) or rank < 0:
-            raise ValueError(f"rank must be a non-negative integer, got {rank!r}")
-        if isinstance(n_iterations, bool) or not isinstance(n_iterations, numbers.Integral) or n_iterations < 1:
-            # At least one pass: it is what zeroes rows/columns that have no observations.
-            raise ValueError(f"n_iterations must be a positive integer, got {n_iterations!r}")
-        if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or seed < 0:
-            raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
-        if isinstance(reg, bool) or not isinstance(reg, numbers.Real) or not np.isfinite(reg) or reg <= 0:
+    def __init__(
+        self, rank: int = 8, reg: float = 1.0, n_iterations: int = 10, seed: int = 0
+    ) -> None:
+        # Bad hyperparameters are a programming/configuration error, hence plain ValueError.
+        self.rank = _hyperparameter_int("rank", rank, minimum=0)
+        # At least one pass: it is what zeroes the rows/columns that have no observations.
+        self.n_iterations = _hyperparameter_int("n_iterations", n_iterations, minimum=1)
+        self.seed = _hyperparameter_int("seed", seed, minimum=0)
+        if isinstance(reg, bool) or not isinstance(reg, numbers.Real) or not 0 < reg < np.inf:
             raise ValueError(f"reg must be a finite number > 0, got {reg!r}")
-        self.rank = int(rank)
         self.reg = float(reg)
-        self.n_iterations = int(n_iterations)
-        self.seed = int(seed)
 
     def __repr__(self) -> str:
         return (
@@ -485,8 +499,12 @@ class BiasedALS:
         query_bias, query_factors = start.query_bias, start.query_factors
         memory_bias, memory_factors = start.memory_bias, start.memory_factors
         for _ in range(self.n_iterations):
-            memory_bias, memory_factors = solve_groups(by_memory, query_bias, query_factors, self.reg)
-            query_bias, query_factors = solve_groups(by_query, memory_bias, memory_factors, self.reg)
+            memory_bias, memory_factors = solve_groups(
+                by_memory, query_bias, query_factors, self.reg
+            )
+            query_bias, query_factors = solve_groups(
+                by_query, memory_bias, memory_factors, self.reg
+            )
         logger.debug(
             "ALS fit: %d observations, %d memories, %d queries, %r", s.size, n_m, n_q, self
         )

@@ -338,11 +338,11 @@ class RetrievalPipeline:
         values = np.asarray(scores, dtype=np.float64)
         async with self.sessions() as session:
             await self._check_feedback_targets(session, namespace, query_id, ids)
+            state = await store.namespace_state(session, namespace, for_update=True)
             inserted_ids, inserted_scores = await store.insert_scores(
                 session, namespace, query_id, ids, values, "feedback"
             )
             if len(inserted_ids):
-                state = await store.namespace_state(session, namespace)
                 await store.add_feedback_to_mean(session, namespace, inserted_scores)
                 observed, bias, factors = await store.query_observations(
                     session, query_id, self.settings.rank
@@ -388,10 +388,17 @@ class RetrievalPipeline:
         async with self.sessions() as session:
             if not await store.try_lock_namespace_refit(session, namespace):
                 return False
-            observations = await store.namespace_observations(session, namespace)
-            fitted = await asyncio.to_thread(self._fit, observations)
-            await store.replace_model(session, namespace, *fitted, refitted_at=datetime.now(UTC))
-            await session.commit()
+            try:
+                observations = await store.namespace_observations(session, namespace)
+                await session.commit()  # no transaction stays open during the fit
+                fitted = await asyncio.to_thread(self._fit, observations)
+                await store.replace_model(
+                    session, namespace, *fitted, refitted_at=datetime.now(UTC)
+                )
+                await session.commit()
+            finally:
+                await store.unlock_namespace_refit(session, namespace)
+                await session.commit()
         return True
 
     def _fit(self, observations: store.NamespaceObservations) -> tuple[Any, ...]:

@@ -55,12 +55,16 @@ def factor_matrix(factor_lists: Sequence[Sequence[float] | None], rank: int) -> 
     return matrix
 
 
-async def namespace_state(session: AsyncSession, namespace: str) -> NamespaceState:
+async def namespace_state(
+    session: AsyncSession, namespace: str, for_update: bool = False
+) -> NamespaceState:
+    """The namespace's counters; ``for_update`` locks its row first, which every writer of
+    model state does, so writers of one namespace queue instead of deadlocking."""
     row = (
         await session.execute(
             text(
                 "SELECT next_query_index, score_sum, score_count, queries_since_refit "
-                "FROM namespaces WHERE name = :namespace"
+                "FROM namespaces WHERE name = :namespace" + (" FOR UPDATE" if for_update else "")
             ),
             {"namespace": namespace},
         )
@@ -430,12 +434,21 @@ async def namespace_observations(session: AsyncSession, namespace: str) -> Names
 
 
 async def try_lock_namespace_refit(session: AsyncSession, namespace: str) -> bool:
-    """Only one process refits a namespace at a time; the others skip (lock ends with the tx)."""
+    """Only one process refits a namespace at a time; the others skip. A session-level lock,
+    held across the read, the fit and the write transactions; release with
+    :func:`unlock_namespace_refit`."""
     return bool(
         await session.scalar(
-            text("SELECT pg_try_advisory_xact_lock(hashtextextended(:key, 0))"),
+            text("SELECT pg_try_advisory_lock(hashtextextended(:key, 0))"),
             {"key": f"earm-refit:{namespace}"},
         )
+    )
+
+
+async def unlock_namespace_refit(session: AsyncSession, namespace: str) -> None:
+    await session.execute(
+        text("SELECT pg_advisory_unlock(hashtextextended(:key, 0))"),
+        {"key": f"earm-refit:{namespace}"},
     )
 
 
@@ -454,6 +467,7 @@ async def replace_model(
     refitted_at: datetime,
 ) -> None:
     """Write a full refit: every memory row and query column of the namespace, and reset the counter."""
+    await namespace_state(session, namespace, for_update=True)
     await session.execute(
         text("DELETE FROM memory_factors WHERE namespace = :namespace"), {"namespace": namespace}
     )

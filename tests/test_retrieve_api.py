@@ -1,0 +1,466 @@
+"""POST /retrieve and /feedback through HTTP, against the real database and a loopback judge
+that speaks the chat-completions protocol and scores from known labels."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Iterator
+
+import httpx
+import numpy as np
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy import create_engine, text
+
+from bench.loopback import HTTPFault, LoopbackServer, chat_completions_app
+from service.api.app import create_app
+from service.settings import Settings
+
+DIM = 384
+N_MEMORIES = 60
+
+
+def unit(vector: np.ndarray) -> np.ndarray:
+    return vector / np.linalg.norm(vector)
+
+
+class LabelJudge:
+    """Scores a (query, memory) pair from labels by finding both texts in the prompt."""
+
+    def __init__(self) -> None:
+        self.labels: dict[tuple[str, str], float] = {}
+        self.memory_texts: list[str] = []
+        self.queries: list[str] = []
+        self.fault: Callable[[str], None] | None = None
+
+    def reply(self, prompt: str) -> str:
+        if self.fault is not None:
+            self.fault(prompt)
+        query = max((q for q in self.queries if q in prompt), key=len, default=None)
+        memory = max((m for m in self.memory_texts if m in prompt), key=len, default=None)
+        return str(self.labels.get((query, memory), 0.0))
+
+
+@pytest.fixture
+def judge() -> Iterator[tuple[LabelJudge, str]]:
+    label_judge = LabelJudge()
+    with LoopbackServer(chat_completions_app(label_judge.reply)) as server:
+        yield label_judge, server.url
+
+
+@pytest.fixture
+def judged_settings(clean_database: str, judge: tuple[LabelJudge, str]) -> Settings:
+    return Settings(
+        database_url=clean_database,
+        embedder="local",
+        scorer="openai",
+        scorer_base_url=f"{judge[1]}/v1",
+        scorer_timeout_s=2.0,
+        scorer_max_retries=0,
+        budget_schedule="0:1.0,4:0.2",
+        refit_every=5,
+        rank=4,
+        _env_file=None,
+    )
+
+
+@pytest.fixture
+def judged_client(judged_settings: Settings) -> Iterator[TestClient]:
+    with TestClient(create_app(judged_settings)) as client:
+        yield client
+
+
+class Topic:
+    """Synthetic memories with client vectors: a topic of queries near `center`, a memory
+    `hidden` that is relevant to that topic but semantically far from it, and a few memories
+    near the center that are relevant too."""
+
+    def __init__(self, seed: int = 7) -> None:
+        rng = np.random.default_rng(seed)
+        self.center = unit(rng.normal(size=DIM))
+        self.memory_vectors = [unit(rng.normal(size=DIM)) for _ in range(N_MEMORIES)]
+        for i in range(3):  # near-center memories, relevant
+            self.memory_vectors[i] = unit(self.center + 0.3 * unit(rng.normal(size=DIM)))
+        self.memory_texts = [f"memory number {i} about things" for i in range(N_MEMORIES)]
+        self.hidden = N_MEMORIES - 1
+        self.rng = rng
+
+    def query_vector(self) -> list[float]:
+        return unit(self.center + 0.4 * unit(self.rng.normal(size=DIM))).tolist()
+
+    def relevant(self) -> set[int]:
+        return {0, 1, 2, self.hidden}
+
+    def ingest(self, client: TestClient, namespace: str) -> list[int]:
+        response = client.post(
+            "/memories",
+            json={
+                "namespace": namespace,
+                "memories": [
+                    {"text": t, "embedding": v.tolist(), "external_id": f"m{i}"}
+                    for i, (t, v) in enumerate(zip(self.memory_texts, self.memory_vectors))
+                ],
+            },
+        )
+        assert response.status_code == 201, response.text
+        return response.json()["ids"]
+
+    def label(self, judge: LabelJudge, query: str) -> None:
+        judge.queries.append(query)
+        judge.memory_texts = self.memory_texts
+        for i, memory in enumerate(self.memory_texts):
+            judge.labels[(query, memory)] = 1.0 if i in self.relevant() else 0.0
+
+
+def retrieve(client: TestClient, **body) -> dict:
+    body.setdefault("namespace", "agent-1")
+    response = client.post("/retrieve", json=body)
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def position_of(result: dict, memory_id: int) -> int | None:
+    return next((m["rank"] for m in result["memories"] if m["id"] == memory_id), None)
+
+
+@pytest.mark.parametrize(
+    ("policy", "budget", "expected_calls"),
+    [("semantic", None, 0), ("full", None, 40), ("observed", 7, 7), ("earm", 7, 7), ("earm", None, 40)],
+)
+def test_each_policy_makes_the_documented_number_of_scorer_calls(
+    judged_client: TestClient, judge, policy: str, budget: int | None, expected_calls: int
+) -> None:
+    topic = Topic()
+    topic.ingest(judged_client, "agent-1")
+    body = {"query": "q-calls", "query_embedding": topic.query_vector(), "candidates": 40, "policy": policy}
+    if budget is not None:
+        body["budget"] = budget
+    result = retrieve(judged_client, **body)
+    assert result["scorer_calls"] == expected_calls
+    assert result["budget"] == expected_calls
+    observed = sum(m["source"] == "observed" for m in result["memories"])
+    assert observed <= expected_calls
+
+
+def test_schedule_lowers_the_budget_as_the_namespace_gains_experience(
+    judged_client: TestClient,
+) -> None:
+    topic = Topic()
+    topic.ingest(judged_client, "agent-1")
+    budgets = [
+        retrieve(judged_client, query=f"q{i}", query_embedding=topic.query_vector(), candidates=40)
+        for i in range(6)
+    ]
+    assert [r["budget"] for r in budgets] == [40, 40, 40, 40, 8, 8]
+    assert [r["stage"] for r in budgets] == [0, 0, 0, 0, 1, 1]
+    assert [r["query_index"] for r in budgets] == list(range(6))
+
+
+def learn_topic(client: TestClient, judge: LabelJudge, topic: Topic, n_queries: int) -> None:
+    """Full-budget queries of the topic: the judge reveals that `hidden` is relevant."""
+    for i in range(n_queries):
+        query = f"topic question {i}"
+        topic.label(judge, query)
+        retrieve(client, query=query, query_embedding=topic.query_vector(), candidates=N_MEMORIES, policy="full")
+
+
+def test_earm_ranks_memory_relevant_to_earlier_similar_queries_above_semantic(
+    judged_client: TestClient, judge
+) -> None:
+    topic = Topic()
+    ids = topic.ingest(judged_client, "agent-1")
+    learn_topic(judged_client, judge[0], topic, 6)
+    query_vector = topic.query_vector()
+    topic.label(judge[0], "new topic question")
+    common = {"query": "new topic question", "query_embedding": query_vector, "candidates": N_MEMORIES, "k": 20, "order": "relevance"}
+    semantic = retrieve(judged_client, policy="semantic", **common)
+    earm = retrieve(judged_client, policy="earm", budget=2, **common)
+    hidden = ids[topic.hidden]
+    hidden_in_earm = next(m for m in earm["memories"] if m["id"] == hidden)
+    assert hidden_in_earm["source"] == "estimated"
+    semantic_rank = position_of(semantic, hidden) or 21
+    assert hidden_in_earm["rank"] < semantic_rank
+    assert hidden_in_earm["rank"] <= 5
+
+
+def test_restart_keeps_the_learned_state(judged_settings: Settings, judge) -> None:
+    topic = Topic()
+    with TestClient(create_app(judged_settings)) as client:
+        ids = topic.ingest(client, "agent-1")
+        learn_topic(client, judge[0], topic, 6)
+    with TestClient(create_app(judged_settings)) as restarted:
+        topic.label(judge[0], "after restart")
+        result = retrieve(
+            restarted,
+            query="after restart",
+            query_embedding=topic.query_vector(),
+            candidates=N_MEMORIES,
+            budget=2,
+            k=10,
+            order="relevance",
+        )
+    assert result["query_index"] == 6
+    hidden = next(m for m in result["memories"] if m["id"] == ids[topic.hidden])
+    assert hidden["source"] == "estimated" and hidden["rank"] <= 5
+
+
+def test_concurrent_retrieves_get_gap_free_indexes_and_store_every_observation(
+    judged_settings: Settings,
+) -> None:
+    topic = Topic()
+    with LoopbackServer(create_app(judged_settings)) as service:
+        with httpx.Client(base_url=service.url) as sync_client:
+            response = sync_client.post(
+                "/memories",
+                json={
+                    "namespace": "agent-1",
+                    "memories": [
+                        {"text": t, "embedding": v.tolist()}
+                        for t, v in zip(topic.memory_texts, topic.memory_vectors)
+                    ],
+                },
+            )
+            assert response.status_code == 201
+
+        async def burst() -> list[dict]:
+            async with httpx.AsyncClient(base_url=service.url, timeout=30) as client:
+                responses = await asyncio.gather(
+                    *(
+                        client.post(
+                            "/retrieve",
+                            json={
+                                "namespace": "agent-1",
+                                "query": f"concurrent {i}",
+                                "query_embedding": topic.query_vector(),
+                                "candidates": 20,
+                                "budget": 5,
+                            },
+                        )
+                        for i in range(20)
+                    )
+                )
+            assert all(r.status_code == 200 for r in responses), [r.text for r in responses]
+            return [r.json() for r in responses]
+
+        results = asyncio.run(burst())
+    assert sorted(r["query_index"] for r in results) == list(range(20))
+    engine = create_engine(judged_settings.database_url)
+    with engine.connect() as conn:
+        stored = dict(
+            conn.execute(text("SELECT query_id, count(*) FROM scores GROUP BY query_id")).all()
+        )
+        indexes = conn.execute(text("SELECT query_index FROM queries ORDER BY 1")).scalars().all()
+    engine.dispose()
+    assert indexes == list(range(20))
+    assert {r["query_id"]: 5 for r in results} == stored
+
+
+@pytest.mark.parametrize(
+    "fault",
+    ["http_500", "garbage", "out_of_range", "timeout"],
+)
+def test_scorer_failures_degrade_and_store_nothing_for_failed_pairs(
+    judged_client: TestClient, judge, judged_settings: Settings, fault: str
+) -> None:
+    topic = Topic()
+    ids = topic.ingest(judged_client, "agent-1")
+    failing = set(topic.memory_texts[::2])
+
+    async def reply(prompt: str) -> str:
+        memory = next(m for m in topic.memory_texts if m in prompt)
+        if memory not in failing:
+            return "0.5"
+        if fault == "http_500":
+            raise HTTPFault(500, "boom")
+        if fault == "timeout":
+            await asyncio.sleep(5)
+        return "I cannot answer that" if fault == "garbage" else "7"
+
+    with LoopbackServer(chat_completions_app(reply)) as failing_judge:
+        settings = judged_settings.model_copy(
+            update={"scorer_base_url": f"{failing_judge.url}/v1", "scorer_timeout_s": 0.5}
+        )
+        with TestClient(create_app(settings)) as client:
+            result = retrieve(
+                client, query="q", query_embedding=topic.query_vector(), candidates=N_MEMORIES, policy="full"
+            )
+    assert result["degraded"] is True
+    assert result["scorer_calls"] == N_MEMORIES
+    assert len(result["memories"]) == 10
+    engine = create_engine(judged_settings.database_url)
+    with engine.connect() as conn:
+        stored = conn.execute(text("SELECT memory_id, score FROM scores")).all()
+    engine.dispose()
+    failing_ids = {ids[i] for i, t in enumerate(topic.memory_texts) if t in failing}
+    assert len(stored) == N_MEMORIES - len(failing_ids)
+    assert not {memory_id for memory_id, _ in stored} & failing_ids
+    assert all(score == pytest.approx(0.5) for _, score in stored)
+
+
+def replay(client: TestClient, judge: LabelJudge) -> list[list[tuple]]:
+    topic = Topic(seed=11)
+    topic.ingest(client, "agent-1")
+    outputs = []
+    for i in range(8):
+        query = f"replayed {i}"
+        topic.label(judge, query)
+        result = retrieve(client, query=query, query_embedding=topic.query_vector(), candidates=30, k=8, seed=3)
+        outputs.append(
+            [(m["id"], round(m["score"], 9), m["source"], m["rank"]) for m in result["memories"]]
+            + [(result["budget"], result["scorer_calls"], result["query_index"])]
+        )
+    return outputs
+
+
+def test_sequential_replay_is_deterministic(judged_settings: Settings, judge) -> None:
+    with TestClient(create_app(judged_settings)) as client:
+        first = replay(client, judge[0])
+    engine = create_engine(judged_settings.database_url)
+    with engine.begin() as conn:
+        conn.execute(text("TRUNCATE namespaces, memories, queries, scores, memory_factors RESTART IDENTITY CASCADE"))
+    engine.dispose()
+    with TestClient(create_app(judged_settings)) as client:
+        second = replay(client, judge[0])
+    assert first == second
+
+
+def test_feedback_changes_later_estimates(judged_client: TestClient, judge) -> None:
+    topic = Topic()
+    hidden_scores = {}
+    for namespace, give_feedback in (("with-feedback", True), ("without-feedback", False)):
+        topic.rng = np.random.default_rng(5)  # identical queries in both namespaces
+        ids = topic.ingest(judged_client, namespace)
+        learn_topic_queries = []
+        for i in range(5):
+            result = retrieve(
+                judged_client,
+                namespace=namespace,
+                query=f"unlabelled {i}",
+                query_embedding=topic.query_vector(),
+                candidates=N_MEMORIES,
+                budget=3,
+            )
+            learn_topic_queries.append(result["query_id"])
+        if give_feedback:
+            for query_id in learn_topic_queries:
+                response = judged_client.post(
+                    "/feedback",
+                    json={
+                        "namespace": namespace,
+                        "query_id": query_id,
+                        "scores": [{"memory_id": ids[topic.hidden], "score": 1.0}],
+                    },
+                )
+                assert response.status_code == 200
+                assert response.json() == {"recorded": 1, "already_observed": 0}
+        result = retrieve(
+            judged_client,
+            namespace=namespace,
+            query="later",
+            query_embedding=topic.query_vector(),
+            candidates=N_MEMORIES,
+            budget=2,
+            k=N_MEMORIES,
+            order="relevance",
+        )
+        hidden_scores[namespace] = next(m for m in result["memories"] if m["id"] == ids[topic.hidden])
+    assert hidden_scores["with-feedback"]["source"] == "estimated"
+    assert hidden_scores["with-feedback"]["score"] > hidden_scores["without-feedback"]["score"] + 0.1
+    assert hidden_scores["with-feedback"]["rank"] < hidden_scores["without-feedback"]["rank"]
+
+
+def test_feedback_for_unknown_query_or_foreign_memory_is_a_404(judged_client: TestClient) -> None:
+    topic = Topic()
+    ids = topic.ingest(judged_client, "agent-1")
+    other = topic.ingest(judged_client, "agent-2")
+    query_id = retrieve(judged_client, query="q", query_embedding=topic.query_vector(), policy="semantic")["query_id"]
+    unknown_query = judged_client.post(
+        "/feedback", json={"namespace": "agent-1", "query_id": 999999, "scores": [{"memory_id": ids[0], "score": 1}]}
+    )
+    foreign_memory = judged_client.post(
+        "/feedback", json={"namespace": "agent-1", "query_id": query_id, "scores": [{"memory_id": other[0], "score": 1}]}
+    )
+    out_of_range = judged_client.post(
+        "/feedback", json={"namespace": "agent-1", "query_id": query_id, "scores": [{"memory_id": ids[0], "score": 1.5}]}
+    )
+    assert unknown_query.status_code == 404 and foreign_memory.status_code == 404
+    assert out_of_range.status_code == 422
+
+
+def test_candidates_are_filled_when_namespace_is_a_small_share_of_the_table(
+    client: TestClient,
+) -> None:
+    rng = np.random.default_rng(0)
+    for start in range(0, 5000, 1000):
+        vectors = rng.normal(size=(1000, DIM))
+        response = client.post(
+            "/memories",
+            json={"namespace": "big", "memories": [{"text": f"b{start + i}", "embedding": v.tolist()} for i, v in enumerate(vectors)]},
+        )
+        assert response.status_code == 201
+    small = rng.normal(size=(300, DIM))
+    response = client.post(
+        "/memories",
+        json={"namespace": "small", "memories": [{"text": f"s{i}", "embedding": v.tolist()} for i, v in enumerate(small)]},
+    )
+    assert response.status_code == 201
+    result = retrieve(client, namespace="small", query="q", query_embedding=rng.normal(size=DIM).tolist(), policy="full", candidates=200)
+    assert result["scorer_calls"] == 200
+
+
+def test_chronological_order_sorts_by_occurred_at_and_keeps_relevance_rank(client: TestClient) -> None:
+    rng = np.random.default_rng(1)
+    center = unit(rng.normal(size=DIM))
+    dates = ["2023-05-01T00:00:00Z", "2021-01-01T00:00:00Z", "2022-03-01T00:00:00Z", None]
+    memories = [
+        {"text": f"m{i}", "embedding": (center + 0.1 * i * unit(rng.normal(size=DIM))).tolist(), **({"occurred_at": d} if d else {})}
+        for i, d in enumerate(dates)
+    ]
+    client.post("/memories", json={"namespace": "agent-1", "memories": memories})
+    result = retrieve(client, query="q", query_embedding=center.tolist(), policy="semantic", k=4)
+    assert [m["text"] for m in result["memories"]] == ["m1", "m2", "m0", "m3"]
+    assert [m["rank"] for m in result["memories"]] == [2, 3, 1, 4]
+    by_relevance = retrieve(client, query="q", query_embedding=center.tolist(), policy="semantic", k=4, order="relevance")
+    assert [m["rank"] for m in by_relevance["memories"]] == [1, 2, 3, 4]
+    assert all(m["source"] == "semantic" for m in by_relevance["memories"])
+
+
+def test_local_scorer_and_embedder_answer_without_any_network(client: TestClient) -> None:
+    client.post("/memories", json={"namespace": "agent-1", "memories": [{"text": "My dog is called Rex"}, {"text": "I work as a nurse"}]})
+    result = retrieve(client, query="What is my dog's name?", k=1, policy="full")
+    assert result["memories"][0]["text"] == "My dog is called Rex"
+    assert result["memories"][0]["source"] == "observed"
+    assert set(result["timings"]) >= {"embed_ms", "search_ms", "score_ms", "complete_ms", "total_ms"}
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "code"),
+    [
+        ({"policy": "magic"}, 422, "validation_error"),
+        ({"budget": 500, "candidates": 200}, 422, "invalid_input"),
+        ({"k": 101}, 413, "limit_exceeded"),
+        ({"candidates": 1001}, 413, "limit_exceeded"),
+        ({"k": 0}, 422, "validation_error"),
+        ({"query": ""}, 422, "validation_error"),
+        ({"query_embedding": [0.1, 0.2]}, 422, "dimension_mismatch"),
+        ({"namespace": "nobody-here"}, 404, "not_found"),
+    ],
+)
+def test_invalid_retrieve_is_a_precise_4xx(client: TestClient, body: dict, status: int, code: str) -> None:
+    client.post("/memories", json={"namespace": "agent-1", "memories": [{"text": "x", "embedding": [1.0] + [0.0] * (DIM - 1)}]})
+    request = {"namespace": "agent-1", "query": "q", "query_embedding": [1.0] + [0.0] * (DIM - 1)} | body
+    response = client.post("/retrieve", json=request)
+    assert response.status_code == status, response.text
+    assert response.json()["error"]["code"] == code
+
+
+def test_retrieve_without_embedder_needs_a_query_vector(clean_database: str) -> None:
+    settings = Settings(database_url=clean_database, embedder="none", _env_file=None)
+    with TestClient(create_app(settings)) as client:
+        client.post("/memories", json={"namespace": "agent-1", "memories": [{"text": "x", "embedding": [1.0] + [0.0] * (DIM - 1)}]})
+        response = client.post("/retrieve", json={"namespace": "agent-1", "query": "q"})
+        assert response.status_code == 422
+        assert response.json()["error"]["code"] == "embedding_required"
+        with_vector = client.post("/retrieve", json={"namespace": "agent-1", "query": "q", "query_embedding": [1.0] + [0.0] * (DIM - 1)})
+        assert with_vector.status_code == 200
+
