@@ -7,7 +7,7 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from service.settings import Settings, get_settings
+from service.settings import Settings
 
 
 def _serve(args: argparse.Namespace, settings: Settings) -> int:
@@ -72,7 +72,7 @@ def _add_benchmarks(bench_commands: argparse._SubParsersAction) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    settings = get_settings()
+    settings = Settings()
     logging.basicConfig(level=settings.log_level.upper(), stream=sys.stderr)
     if args.command == "bench":
         return int(args.func(args) or 0)

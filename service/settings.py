@@ -6,7 +6,6 @@ the environment and tests build their own ``Settings(...)`` instead of patching 
 
 from __future__ import annotations
 
-from functools import lru_cache
 from pathlib import Path
 from typing import Literal
 
@@ -87,9 +86,3 @@ class Settings(BaseSettings):
     @classmethod
     def _strip_trailing_slash(cls, url: str | None) -> str | None:
         return url.rstrip("/") if url else url
-
-
-@lru_cache
-def get_settings() -> Settings:
-    """Settings of this process, read once from the environment."""
-    return Settings()

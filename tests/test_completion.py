@@ -19,6 +19,7 @@ from service.completion import (
     calibrate_similarity,
     causal_estimates,
     fold_in_query,
+    leave_one_out_predictions,
     objective,
     predict_scores,
     solve_rows_batch,
@@ -500,3 +501,17 @@ def test_calibration_rejects_mismatched_or_non_finite_input() -> None:
         calibrate_similarity(np.array([0.1, 0.2]), np.array([0.5]))
     with pytest.raises(ModelFitError, match=r"non-finite"):
         calibrate_similarity(np.array([0.1, np.nan]), np.array([0.5, 0.5]))
+
+
+@pytest.mark.parametrize("n_anchors", [1, 3, 12])
+def test_leave_one_out_predictions_equal_fold_ins_without_each_anchor(n_anchors: int) -> None:
+    rng = np.random.default_rng(n_anchors)
+    bias = rng.normal(scale=0.1, size=n_anchors)
+    factors = rng.normal(scale=0.3, size=(n_anchors, 3))
+    scores = rng.uniform(size=n_anchors)
+    loo = leave_one_out_predictions(0.3, bias, factors, scores, 0.5)
+    for i in range(n_anchors):
+        keep = np.arange(n_anchors) != i
+        c, v = fold_in_query(0.3, bias[keep], factors[keep], scores[keep], 0.5)
+        expected = predict_scores(0.3, bias[i : i + 1], factors[i : i + 1], c, v)[0]
+        assert loo[i] == pytest.approx(expected, abs=1e-10)

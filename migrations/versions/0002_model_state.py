@@ -29,6 +29,17 @@ def upgrade() -> None:
     op.add_column("namespaces", sa.Column("last_refit_at", sa.DateTime(timezone=True)))
     op.add_column("queries", sa.Column("bias", sa.Double(), nullable=True))
     op.add_column("queries", sa.Column("factors", ARRAY(sa.REAL()), nullable=True))
+    # Per-query quality and mix, so /stats and /metrics read a few recent rows, not the matrix.
+    op.add_column("queries", sa.Column("prequential_abs_error", sa.Double(), nullable=True))
+    op.add_column(
+        "queries", sa.Column("prequential_count", sa.Integer(), server_default="0", nullable=False)
+    )
+    op.add_column(
+        "queries", sa.Column("returned_count", sa.Integer(), server_default="0", nullable=False)
+    )
+    op.add_column(
+        "queries", sa.Column("returned_estimated", sa.Integer(), server_default="0", nullable=False)
+    )
     op.create_table(
         "memory_factors",
         sa.Column(
@@ -47,6 +58,8 @@ def upgrade() -> None:
 
 def downgrade() -> None:
     op.drop_table("memory_factors")
+    for name in ("returned_estimated", "returned_count", "prequential_count", "prequential_abs_error"):
+        op.drop_column("queries", name)
     op.drop_column("queries", "factors")
     op.drop_column("queries", "bias")
     for name in (

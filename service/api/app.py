@@ -15,11 +15,13 @@ from service.db.database import open_database
 from service.embedders import LocalEmbedder, build_embedder
 from service.retrieval.pipeline import RetrievalPipeline
 from service.scorers import build_scorer
-from service.settings import Settings, get_settings
+from service.settings import Settings
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
-    settings = settings or get_settings()
+    """Build the app; without ``settings`` they are read from the environment (``EARM_*``),
+    which is what ``uvicorn --factory service.api.app:create_app`` relies on."""
+    settings = settings or Settings()
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

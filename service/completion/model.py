@@ -34,6 +34,7 @@ __all__ = [
     "SimilarityCalibration",
     "calibrate_similarity",
     "fold_in_query",
+    "leave_one_out_predictions",
     "objective",
     "predict_scores",
     "solve_rows_batch",
@@ -323,6 +324,40 @@ def fold_in_query(
     call site. No anchors give (0.0, zeros(r)), i.e. the estimate falls back to μ + b_m.
     """
     return solve_side(mu, anchor_memory_bias, anchor_memory_factors, anchor_scores, reg)
+
+
+def leave_one_out_predictions(
+    mu: float,
+    anchor_memory_bias: ArrayLike,
+    anchor_memory_factors: ArrayLike,
+    anchor_scores: ArrayLike,
+    reg: float,
+) -> NDArray[np.float64]:
+    """For each anchor, ŝ predicted by a fold-in from the *other* anchors, clipped to [0, 1].
+
+    This is the prequential check of the completion model: each observed score is compared with
+    what the model would have estimated had that cell not been scored. Closed form for ridge:
+    with hat matrix H = X (XᵀX + λI)⁻¹ Xᵀ, the left-out residual is eᵢ / (1 − Hᵢᵢ), so all n
+    predictions cost one (r+1)x(r+1) solve instead of n.
+    """
+    mu_ = _finite_scalar("mu", mu)
+    lam = _positive_reg(reg)
+    b, f = _side("anchor_memory_bias", anchor_memory_bias, "anchor_memory_factors", anchor_memory_factors)
+    s = _scores("anchor_scores", anchor_scores)
+    _length("anchor_scores", s, f.shape[0], "anchor_memory_factors")
+    n, rank = f.shape
+    if n == 0:
+        return np.zeros(0)
+    design = np.empty((n, rank + 1))
+    design[:, 0] = 1.0
+    design[:, 1:] = f
+    target = s - mu_ - b
+    gram_inverse = np.linalg.inv(design.T @ design + lam * np.eye(rank + 1))
+    leverage = np.einsum("ij,jk,ik->i", design, gram_inverse, design)
+    residual = target - design @ (gram_inverse @ (design.T @ target))
+    # λ > 0 keeps every leverage strictly below 1.
+    left_out_residual = residual / (1.0 - leverage)
+    return np.clip(s - left_out_residual, 0.0, 1.0)
 
 
 def solve_rows_batch(

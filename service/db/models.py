@@ -82,6 +82,12 @@ class Query(Base):
     # Query-side parameters of the completion model, solved from this query's anchors (NULL until then).
     bias: Mapped[float | None] = mapped_column(Double)
     factors: Mapped[list[float] | None] = mapped_column(ARRAY(REAL))
+    # Mean |prediction - observed| over this query's anchors that had history, each predicted
+    # before it was folded in (leave-one-out); NULL when no anchor had history.
+    prequential_abs_error: Mapped[float | None] = mapped_column(Double)
+    prequential_count: Mapped[int] = mapped_column(Integer, server_default="0")
+    returned_count: Mapped[int] = mapped_column(Integer, server_default="0")
+    returned_estimated: Mapped[int] = mapped_column(Integer, server_default="0")
 
 
 class Score(Base):

@@ -22,6 +22,7 @@ from service.memories import check_embedding, embed_texts
 from service.retrieval import store
 from service.retrieval.budget import BudgetSchedule, anchor_seed, sample_anchors
 from service.retrieval.rerank import (
+    ESTIMATED,
     CandidateState,
     Policy,
     Ranking,
@@ -195,6 +196,7 @@ class RetrievalPipeline:
             state.mean_score,
             self.settings.reg,
         )
+        memories = self._top_k(request, candidates, ranking)
         since = watch.lap("complete_ms", since)
 
         recorded = await self._record_and_learn(
@@ -204,6 +206,7 @@ class RetrievalPipeline:
             budget,
             len(anchors),
             ranking,
+            memories,
             candidates.ids[observed_positions],
             observed_scores,
             state.mean_score,
@@ -217,7 +220,7 @@ class RetrievalPipeline:
             budget=budget,
             scorer_calls=len(anchors),
             degraded=bool(np.any(~succeeded)),
-            memories=self._top_k(request, candidates, ranking),
+            memories=memories,
             timings=watch.total(),
         )
 
@@ -247,6 +250,7 @@ class RetrievalPipeline:
         budget: int,
         scorer_calls: int,
         ranking: Ranking,
+        memories: list[RetrievedMemory],
         observed_ids: np.ndarray,
         observed_scores: np.ndarray,
         mean_score: float,
@@ -265,6 +269,9 @@ class RetrievalPipeline:
                 scorer_calls=scorer_calls,
                 query_bias=ranking.query_bias,
                 query_factors=ranking.query_factors,
+                prequential_errors=ranking.prequential_errors,
+                returned_count=len(memories),
+                returned_estimated=sum(m.source == ESTIMATED for m in memories),
                 observed_ids=observed_ids,
                 observed_scores=observed_scores,
             )

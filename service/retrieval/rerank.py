@@ -13,6 +13,7 @@ import numpy as np
 from service.completion import (
     calibrate_similarity,
     fold_in_query,
+    leave_one_out_predictions,
     predict_scores,
     solve_rows_batch,
 )
@@ -40,6 +41,9 @@ class Ranking:
     sources: list[str]  # "observed" | "estimated" | "semantic" per candidate position
     query_bias: float | None  # this query's solved parameters (None: nothing observed)
     query_factors: np.ndarray | None
+    # |estimate - observed| for the observed anchors that had history, each estimated as if
+    # it had not been scored (leave-one-out fold-in): the completion's prequential error.
+    prequential_errors: np.ndarray
 
 
 def rank_candidates(
@@ -64,6 +68,7 @@ def rank_candidates(
     sources = [SEMANTIC] * n
     query_bias: float | None = None
     query_factors: np.ndarray | None = None
+    prequential_errors = np.zeros(0)
 
     if len(observed_positions):
         # Every policy that observed something solves the query's parameters, so the model
@@ -75,6 +80,16 @@ def rank_candidates(
             observed_scores,
             reg,
         )
+        had_history = candidates.observation_count[observed_positions] > 0
+        if np.any(had_history):
+            left_out = leave_one_out_predictions(
+                mean_score,
+                candidates.memory_bias[observed_positions],
+                candidates.memory_factors[observed_positions],
+                observed_scores,
+                reg,
+            )
+            prequential_errors = np.abs(left_out - observed_scores)[had_history]
         calibration = calibrate_similarity(
             candidates.similarities[observed_positions], observed_scores
         )
@@ -98,7 +113,7 @@ def rank_candidates(
     # Ties (e.g. equal observed scores) keep the semantic order: the candidates arrive most
     # similar first and the sort is stable.
     order = np.argsort(-scores, kind="stable")
-    return Ranking(order, scores, sources, query_bias, query_factors)
+    return Ranking(order, scores, sources, query_bias, query_factors, prequential_errors)
 
 
 @dataclass(frozen=True)

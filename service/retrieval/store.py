@@ -187,6 +187,9 @@ async def record_query(
     scorer_calls: int,
     query_bias: float | None,
     query_factors: np.ndarray | None,
+    prequential_errors: np.ndarray,
+    returned_count: int,
+    returned_estimated: int,
     observed_ids: np.ndarray,
     observed_scores: np.ndarray,
 ) -> RecordedQuery:
@@ -225,9 +228,11 @@ async def record_query(
             text(
                 """
                 INSERT INTO queries (namespace, query_index, text, embedding, policy, candidates,
-                                     budget, scorer_calls, bias, factors)
+                                     budget, scorer_calls, bias, factors, prequential_abs_error,
+                                     prequential_count, returned_count, returned_estimated)
                 VALUES (:namespace, :query_index, :text, :embedding, :policy, :candidates,
-                        :budget, :calls, :bias, :factors)
+                        :budget, :calls, :bias, :factors, :prequential_error,
+                        :prequential_count, :returned_count, :returned_estimated)
                 RETURNING id
                 """
             ).bindparams(
@@ -244,6 +249,12 @@ async def record_query(
                 "calls": scorer_calls,
                 "bias": query_bias,
                 "factors": None if query_factors is None else [float(x) for x in query_factors],
+                "prequential_error": (
+                    float(np.mean(prequential_errors)) if len(prequential_errors) else None
+                ),
+                "prequential_count": len(prequential_errors),
+                "returned_count": returned_count,
+                "returned_estimated": returned_estimated,
             },
         )
     ).scalar_one()
