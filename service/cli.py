@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from collections.abc import Sequence
 
@@ -15,12 +16,32 @@ def _serve(args: argparse.Namespace, settings: Settings) -> int:
 
     from service.api.app import create_app
 
-    uvicorn.run(
-        create_app(settings),
-        host=args.host or settings.host,
-        port=args.port if args.port is not None else settings.port,
-        log_level=settings.log_level.lower(),
-    )
+    from service.observability import configure_logging, logging_config, multiprocess_directory
+
+    host = args.host or settings.host
+    port = args.port if args.port is not None else settings.port
+    # The app sees the real bind address: without API keys it refuses a non-loopback one.
+    settings = settings.model_copy(update={"host": host, "port": port})
+    # JSON lines on stderr; our one line per request replaces uvicorn's access log.
+    configure_logging(settings.log_level)
+    options = {
+        "host": host,
+        "port": port,
+        "log_level": settings.log_level.lower(),
+        "log_config": logging_config(settings.log_level),
+        "access_log": False,
+    }
+    if args.workers > 1:
+        if not settings.database_url:
+            print("earm serve --workers needs EARM_DATABASE_URL (an external Postgres)", file=sys.stderr)
+            return 2
+        # Each worker builds its app from the environment: hand the bind address on, and
+        # share one metrics directory so /metrics adds up every worker.
+        os.environ.update({"EARM_HOST": host, "EARM_PORT": str(port)})
+        with multiprocess_directory():
+            uvicorn.run("service.api.app:create_app", factory=True, workers=args.workers, **options)
+        return 0
+    uvicorn.run(create_app(settings), **options)
     return 0
 
 
@@ -49,12 +70,19 @@ def build_parser() -> argparse.ArgumentParser:
     serve = commands.add_parser("serve", help="run the HTTP service")
     serve.add_argument("--host", default=None, help="bind address (default EARM_HOST, 127.0.0.1)")
     serve.add_argument("--port", type=int, default=None, help="port (default EARM_PORT, 8000)")
+    serve.add_argument(
+        "--workers", type=int, default=1, help="worker processes (> 1 needs EARM_DATABASE_URL)"
+    )
     serve.set_defaults(func=_serve)
 
     migrate = commands.add_parser(
         "migrate", help="bring the database schema to the current version (Alembic upgrade head)"
     )
     migrate.set_defaults(func=_migrate)
+
+    from service.auth import add_keys_parser
+
+    add_keys_parser(commands)
 
     bench = commands.add_parser("bench", help="benchmarks")
     bench_commands = bench.add_subparsers(dest="bench", required=True)
@@ -68,6 +96,9 @@ def _add_benchmarks(bench_commands: argparse._SubParsersAction) -> None:
     except ImportError:  # benchmarks are optional extras of the package
         return
     add_locomo_parser(bench_commands)
+    from bench.load_mix import add_load_mix_parser
+
+    add_load_mix_parser(bench_commands)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -53,3 +53,15 @@ class SchemaOutOfDate(EarmError):
     """The database schema is not at the Alembic head this code was written for."""
 
     code = "schema_out_of_date"
+
+
+class Unauthenticated(EarmError):
+    """No API key, or one that is unknown or revoked (service/auth.py)."""
+
+    code = "unauthenticated"
+
+
+class Forbidden(EarmError):
+    """The API key is valid but its namespace patterns do not cover the namespace."""
+
+    code = "forbidden"

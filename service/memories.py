@@ -152,7 +152,7 @@ async def ingest(
                     Memory.namespace == namespace, Memory.external_id.in_(missing)
                 )
             )
-            known.update(dict(rows.tuples().all()))
+            known.update(dict(rows.all()))
     for position, item in enumerate(items):
         if item.external_id is not None:
             ids[position] = known[item.external_id]

@@ -39,6 +39,7 @@ __all__ = [
     "OpenAIChatScorer",
     "Outcome",
     "RelevanceScorer",
+    "ScorerObserver",
     "build_scorer",
     "cosine_to_score",
     "parse_score",
@@ -100,6 +101,24 @@ def cosine_to_score(cosine: np.ndarray | float) -> np.ndarray:
     return 1.0 / (1.0 + np.exp(-np.clip(z, -60.0, 60.0)))
 
 
+class ScorerObserver(Protocol):
+    """Told about every scored pair: which scorer, how the call ended, how long it took (for
+    Prometheus, see ``service.observability``). Scorers stay free of metrics libraries."""
+
+    def __call__(self, scorer: str, outcome: Outcome, duration_s: float) -> None:
+        ...
+
+
+def _notify(observer: ScorerObserver | None, scorer: str, outcome: Outcome, duration_s: float) -> None:
+    """Call the observer; its failure must never fail scoring."""
+    if observer is None:
+        return
+    try:
+        observer(scorer, outcome, duration_s)
+    except Exception:  # pragma: no cover - an observer bug is logged, not propagated
+        logger.exception("relevance scorer: observer failed")
+
+
 @runtime_checkable
 class RelevanceScorer(Protocol):
     """What the retrieve pipeline needs from a scorer."""
@@ -127,6 +146,9 @@ class LocalScorer:
 
     name = "local"
 
+    def __init__(self, observer: ScorerObserver | None = None) -> None:
+        self.observer = observer
+
     async def score(
         self,
         query_text: str,
@@ -148,8 +170,14 @@ class LocalScorer:
             )
         memories = memories / np.maximum(np.linalg.norm(memories, axis=1, keepdims=True), 1e-12)
         query = query / max(float(np.linalg.norm(query)), 1e-12)
+        started = time.perf_counter()
         cosines = np.clip(memories @ query, -1.0, 1.0)
-        return [float(s) for s in cosine_to_score(cosines)]
+        scores = [float(s) for s in cosine_to_score(cosines)]
+        if self.observer is not None and scores:
+            per_pair = (time.perf_counter() - started) / len(scores)
+            for _ in scores:
+                _notify(self.observer, self.name, "ok", per_pair)
+        return scores
 
     async def aclose(self) -> None:
         """Nothing to release."""
@@ -192,6 +220,7 @@ class OpenAIChatScorer:
         *,
         max_tokens: int = 16,
         backoff_base_s: float = 0.25,
+        observer: ScorerObserver | None = None,
     ) -> None:
         if concurrency < 1:
             raise ValueError("concurrency must be >= 1")
@@ -203,6 +232,7 @@ class OpenAIChatScorer:
         self.max_tokens = max_tokens
         self.backoff_base_s = backoff_base_s
         self.outcomes: collections.Counter[str] = collections.Counter()
+        self.observer = observer
         self._semaphore = asyncio.Semaphore(concurrency)
         self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._owns_client = client is None
@@ -260,6 +290,7 @@ class OpenAIChatScorer:
         async with self._semaphore:
             outcome: Outcome
             value: float | None = None
+            started = time.perf_counter()
             try:
                 async with asyncio.timeout(self.timeout_s):
                     value = await self._call_with_retries(body)
@@ -271,7 +302,9 @@ class OpenAIChatScorer:
             except Exception:  # the contract is None, never an exception, for any pair
                 logger.exception("relevance scorer: unexpected error scoring a pair")
                 outcome = "error"
+            duration_s = time.perf_counter() - started
         self.outcomes[outcome] += 1
+        _notify(self.observer, self.name, outcome, duration_s)
         return value, outcome
 
     async def _call_with_retries(self, body: dict[str, Any]) -> float:
@@ -329,10 +362,10 @@ class OpenAIChatScorer:
         return f"OpenAIChatScorer(url={self.url!r}, model={self.model!r}, concurrency={self.concurrency})"
 
 
-def build_scorer(settings: Settings) -> RelevanceScorer:
-    """The deployment's relevance scorer."""
+def build_scorer(settings: Settings, observer: ScorerObserver | None = None) -> RelevanceScorer:
+    """The deployment's relevance scorer; ``observer`` hears about every scored pair."""
     if settings.scorer == "local":
-        return LocalScorer()
+        return LocalScorer(observer=observer)
     if settings.scorer == "openai":
         if not settings.scorer_base_url:
             raise ValueError(
@@ -347,5 +380,6 @@ def build_scorer(settings: Settings) -> RelevanceScorer:
             concurrency=settings.scorer_concurrency,
             timeout_s=settings.scorer_timeout_s,
             max_retries=settings.scorer_max_retries,
+            observer=observer,
         )
     raise ValueError(f"unknown scorer {settings.scorer!r}; expected 'local' or 'openai'")

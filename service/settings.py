@@ -68,6 +68,28 @@ class Settings(BaseSettings):
     max_candidates: int = Field(default=1000, ge=1)
     default_candidates: int = Field(default=200, ge=1)
     max_page_size: int = Field(default=500, ge=1)
+    max_body_bytes: int = Field(
+        default=16 * 1024 * 1024, ge=1, description="Request body size limit (413 above it)."
+    )
+    max_metadata_bytes: int = Field(
+        default=64 * 1024, ge=2, description="Serialized JSON size of one memory's metadata or filters."
+    )
+    max_metadata_depth: int = Field(
+        default=16, ge=1, description="Nesting depth of one memory's metadata or filters."
+    )
+
+    # --- authentication (service/auth.py, docs/security.md) -------------------------------
+    api_keys: SecretStr | None = Field(
+        default=None,
+        description="Keys seeded at start-up: 'KEY=PATTERN[,PATTERN...]' entries separated by ';'.",
+    )
+    allow_anonymous: bool = Field(
+        default=False,
+        description="Serve without API keys on a non-loopback address (earm serve refuses otherwise).",
+    )
+    auth_cache_ttl_s: float = Field(
+        default=2.0, ge=0, le=60, description="Key lookups are cached this long (revocation delay)."
+    )
 
     # --- serving --------------------------------------------------------------------------
     host: str = "127.0.0.1"

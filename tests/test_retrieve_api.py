@@ -208,7 +208,9 @@ def test_concurrent_retrieves_get_gap_free_indexes_and_store_every_observation(
     judged_settings: Settings,
 ) -> None:
     topic = Topic()
-    with LoopbackServer(create_app(judged_settings)) as service:
+    # A generous scorer deadline: this test is about indexes and storage, not timeouts.
+    settings = judged_settings.model_copy(update={"scorer_timeout_s": 60.0})
+    with LoopbackServer(create_app(settings)) as service:
         with httpx.Client(base_url=service.url) as sync_client:
             response = sync_client.post(
                 "/memories",
@@ -273,12 +275,17 @@ def test_scorer_failures_degrade_and_store_nothing_for_failed_pairs(
         if fault == "http_500":
             raise HTTPFault(500, "boom")
         if fault == "timeout":
-            await asyncio.sleep(5)
+            await asyncio.sleep(10)
         return "I cannot answer that" if fault == "garbage" else "7"
 
     with LoopbackServer(chat_completions_app(reply)) as failing_judge:
+        # Deadline short enough to keep the test quick, long enough that answering pairs
+        # never miss it on a loaded machine.
         settings = judged_settings.model_copy(
-            update={"scorer_base_url": f"{failing_judge.url}/v1", "scorer_timeout_s": 0.5}
+            update={
+                "scorer_base_url": f"{failing_judge.url}/v1",
+                "scorer_timeout_s": 2.0 if fault == "timeout" else 10.0,
+            }
         )
         with TestClient(create_app(settings)) as client:
             result = retrieve(

@@ -94,6 +94,8 @@ def upgrade() -> None:
         ),
         sa.Column("namespace", sa.Text(), nullable=False),
         sa.Column("score", sa.REAL(), nullable=False),
+        # Cosine similarity of query and memory: the completion model's per-cell feature.
+        sa.Column("similarity", sa.REAL(), nullable=False),
         sa.Column("source", sa.Text(), nullable=False),
         sa.Column("created_at", sa.DateTime(timezone=True), server_default=sa.func.now(), nullable=False),
         sa.CheckConstraint("score >= 0 AND score <= 1", name="ck_scores_score_range"),

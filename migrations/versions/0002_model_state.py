@@ -28,6 +28,7 @@ def upgrade() -> None:
         op.add_column("namespaces", sa.Column(name, type_, server_default="0", nullable=False))
     op.add_column("namespaces", sa.Column("last_refit_at", sa.DateTime(timezone=True)))
     op.add_column("queries", sa.Column("bias", sa.Double(), nullable=True))
+    op.add_column("queries", sa.Column("slope", sa.Double(), nullable=True))
     op.add_column("queries", sa.Column("factors", ARRAY(sa.REAL()), nullable=True))
     # Per-query quality and mix, so /stats and /metrics read a few recent rows, not the matrix.
     op.add_column("queries", sa.Column("prequential_abs_error", sa.Double(), nullable=True))
@@ -61,6 +62,7 @@ def downgrade() -> None:
     for name in ("returned_estimated", "returned_count", "prequential_count", "prequential_abs_error"):
         op.drop_column("queries", name)
     op.drop_column("queries", "factors")
+    op.drop_column("queries", "slope")
     op.drop_column("queries", "bias")
     for name in (
         "last_refit_at",

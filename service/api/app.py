@@ -6,13 +6,16 @@ import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from fastapi import FastAPI
+from fastapi import Depends, FastAPI
 
-from service.api import health, memories, retrieve
+from service.api import health, memories, retrieve, stats
 from service.api.deps import Components
 from service.api.errors import install_error_handlers
+from service.auth import Authenticator, authenticate
 from service.db.database import open_database
 from service.embedders import LocalEmbedder, build_embedder
+from service.observability import Metrics, RequestObservabilityMiddleware
+from service.limits import BodySizeLimit
 from service.retrieval.pipeline import RetrievalPipeline
 from service.scorers import build_scorer
 from service.settings import Settings
@@ -22,21 +25,26 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     """Build the app; without ``settings`` they are read from the environment (``EARM_*``),
     which is what ``uvicorn --factory service.api.app:create_app`` relies on."""
     settings = settings or Settings()
+    metrics = Metrics()
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         async with open_database(settings) as database:
+            # Seeds EARM_API_KEYS; refuses a non-loopback EARM_HOST without keys.
+            app.state.authenticator = Authenticator.from_settings(settings, database.sessions)
+            await app.state.authenticator.start(bind_host=settings.host)
             embedder = build_embedder(settings)
             if isinstance(embedder, LocalEmbedder):
                 # Load the ONNX model now, not on the first request (~0.4 s).
                 await asyncio.to_thread(embedder.load)
-            scorer = build_scorer(settings)
+            scorer = build_scorer(settings, observer=metrics.observe_scorer_call)
             app.state.components = Components(
                 settings=settings,
                 database=database,
                 embedder=embedder,
                 scorer=scorer,
                 pipeline=RetrievalPipeline(database.sessions, embedder, scorer, settings),
+                metrics=metrics,
             )
             try:
                 yield
@@ -50,9 +58,15 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         version="1",
         summary="Retrieval for long-term agent memory that learns from its own reranking.",
         lifespan=lifespan,
+        # Every route needs a key once keys exist, except auth.PUBLIC_PATHS (docs/security.md).
+        dependencies=[Depends(authenticate)],
     )
+    app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
+    app.state.metrics = metrics
+    app.add_middleware(RequestObservabilityMiddleware, metrics=metrics)
     install_error_handlers(app)
     app.include_router(health.router)
     app.include_router(memories.router)
     app.include_router(retrieve.router)
+    app.include_router(stats.router)
     return app

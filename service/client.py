@@ -1,0 +1,268 @@
+"""Python clients of the earm HTTP API: :class:`EarmClient` (sync) and :class:`AsyncEarmClient`.
+
+Results are the API's own response models (pydantic), so they cannot drift from the service::
+
+    from service.client import EarmClient
+
+    with EarmClient("http://127.0.0.1:8000", api_key="earm_...") as earm:
+        earm.add("agent-42", ["Caroline went to a support group on 7 May.",
+                              {"text": "Melanie is planning a camping trip.", "external_id": "D1:7"}])
+        result = earm.retrieve("agent-42", "What did Caroline do on 7 May?", k=5)
+        for memory in result.memories:
+            print(memory.rank, memory.score, memory.source, memory.text)
+        earm.feedback("agent-42", result.query_id, {result.memories[0].id: 1.0})
+        print(earm.stats("agent-42").calls_saved)
+
+Any non-2xx answer raises :class:`EarmAPIError` with the API's stable error ``code``; transport
+failures (connection refused, timeouts) raise httpx's exceptions unchanged.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import httpx
+from pydantic import BaseModel
+
+from service.api.schemas import (
+    FeedbackOut,
+    IngestResponse,
+    MemoryOut,
+    MemoryPageOut,
+    RetrieveOut,
+)
+
+if TYPE_CHECKING:  # pragma: no cover
+    from service.api.stats import NamespaceStatsOut
+
+__all__ = [
+    "AsyncEarmClient",
+    "EarmAPIError",
+    "EarmClient",
+    "FeedbackResult",
+    "IngestResult",
+    "Memory",
+    "MemoryPage",
+    "RetrieveResult",
+]
+
+IngestResult = IngestResponse
+Memory = MemoryOut
+MemoryPage = MemoryPageOut
+RetrieveResult = RetrieveOut
+FeedbackResult = FeedbackOut
+
+#: A memory to add: its text, or the fields of ``POST /memories`` (text, embedding,
+#: external_id, occurred_at, metadata).
+MemoryInput = str | Mapping[str, Any]
+#: Feedback scores: ``{memory_id: score}`` or ``[(memory_id, score), ...]``.
+ScoresInput = Mapping[int, float] | Iterable[tuple[int, float]]
+
+DEFAULT_TIMEOUT_S = 30.0
+
+Model = TypeVar("Model", bound=BaseModel)
+
+
+class EarmAPIError(Exception):
+    """The service answered with an error: HTTP ``status`` and the API's ``code`` (e.g.
+    ``not_found``, ``validation_error``, ``limit_exceeded``, ``unauthenticated``)."""
+
+    def __init__(self, status: int, code: str, message: str, request_id: str | None = None) -> None:
+        super().__init__(status, code, message)
+        self.status = status
+        self.code = code
+        self.message = message
+        self.request_id = request_id
+
+    def __str__(self) -> str:
+        return f"HTTP {self.status} {self.code}: {self.message}"
+
+
+def _error(response: httpx.Response) -> EarmAPIError:
+    try:
+        body = response.json()["error"]
+        code, message = str(body["code"]), str(body["message"])
+    except (ValueError, KeyError, TypeError):
+        code, message = "http_error", response.text[:500] or response.reason_phrase
+    return EarmAPIError(response.status_code, code, message, response.headers.get("x-request-id"))
+
+
+def _checked(response: httpx.Response) -> httpx.Response:
+    if response.is_success:
+        return response
+    raise _error(response)
+
+
+def _memory_body(memory: MemoryInput) -> dict[str, Any]:
+    if isinstance(memory, str):
+        return {"text": memory}
+    body = dict(memory)
+    if "occurred_at" in body and hasattr(body["occurred_at"], "isoformat"):
+        body["occurred_at"] = body["occurred_at"].isoformat()
+    return body
+
+
+def _scores_body(scores: ScoresInput) -> list[dict[str, Any]]:
+    pairs = scores.items() if isinstance(scores, Mapping) else scores
+    return [{"memory_id": int(memory_id), "score": float(score)} for memory_id, score in pairs]
+
+
+def _retrieve_body(namespace: str, query: str, options: Mapping[str, Any]) -> dict[str, Any]:
+    body: dict[str, Any] = {"namespace": namespace, "query": query}
+    for name, value in options.items():
+        if value is None:
+            continue
+        if name == "query_embedding":
+            value = [float(x) for x in value]  # numpy arrays too
+        body[name] = value
+    return body
+
+
+def _stats_result(payload: Any) -> NamespaceStatsOut | list[NamespaceStatsOut]:
+    from service.api.stats import NamespaceStatsOut, StatsListOut
+
+    if "namespaces" in payload:
+        return StatsListOut.model_validate(payload).namespaces
+    return NamespaceStatsOut.model_validate(payload)
+
+
+def _headers(api_key: str | None) -> dict[str, str]:
+    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
+
+
+class EarmClient:
+    """Synchronous client over one ``httpx.Client`` (connection pooling); a context manager.
+
+    ``base_url`` e.g. ``http://127.0.0.1:8000``; ``api_key`` is sent as a bearer token;
+    ``timeout`` in seconds applies to every request (a full-budget ``/retrieve`` with an LLM
+    scorer can take seconds).
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        api_key: str | None = None,
+        timeout: float = DEFAULT_TIMEOUT_S,
+        *,
+        http_client: httpx.Client | None = None,
+    ) -> None:
+        self._owns_client = http_client is None
+        self._http = http_client or httpx.Client(
+            base_url=base_url.rstrip("/"), headers=_headers(api_key), timeout=timeout
+        )
+
+    def _call(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        return _checked(self._http.request(method, path, **kwargs))
+
+    def _parse(self, model: type[Model], method: str, path: str, **kwargs: Any) -> Model:
+        return model.model_validate(self._call(method, path, **kwargs).json())
+
+    def add(self, namespace: str, memories: Sequence[MemoryInput]) -> IngestResult:
+        """``POST /memories``: ids in input order; idempotent on ``external_id``."""
+        body = {"namespace": namespace, "memories": [_memory_body(m) for m in memories]}
+        return self._parse(IngestResult, "POST", "/memories", json=body)
+
+    def retrieve(self, namespace: str, query: str, **options: Any) -> RetrieveResult:
+        """``POST /retrieve``; options: k, candidates, policy, budget, seed, order, filters,
+        query_embedding."""
+        return self._parse(
+            RetrieveResult, "POST", "/retrieve", json=_retrieve_body(namespace, query, options)
+        )
+
+    def feedback(self, namespace: str, query_id: int, scores: ScoresInput) -> FeedbackResult:
+        """``POST /feedback``: scores in [0, 1] for memories of a past query."""
+        body = {"namespace": namespace, "query_id": query_id, "scores": _scores_body(scores)}
+        return self._parse(FeedbackResult, "POST", "/feedback", json=body)
+
+    def stats(self, namespace: str | None = None) -> NamespaceStatsOut | list[NamespaceStatsOut]:
+        """``GET /stats``: one namespace's stats, or (no namespace) a list of every visible one."""
+        params = {"namespace": namespace} if namespace is not None else None
+        return _stats_result(self._call("GET", "/stats", params=params).json())
+
+    def get(self, memory_id: int) -> Memory:
+        return self._parse(Memory, "GET", f"/memories/{int(memory_id)}")
+
+    def list(self, namespace: str, limit: int = 100, cursor: str | None = None) -> MemoryPage:
+        """One page of a namespace's memories by id; pass ``page.next_cursor`` for the next."""
+        params: dict[str, Any] = {"namespace": namespace, "limit": limit}
+        if cursor is not None:
+            params["cursor"] = cursor
+        return self._parse(MemoryPage, "GET", "/memories", params=params)
+
+    def delete(self, memory_id: int) -> None:
+        self._call("DELETE", f"/memories/{int(memory_id)}")
+
+    def close(self) -> None:
+        if self._owns_client:
+            self._http.close()
+
+    def __enter__(self) -> EarmClient:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+class AsyncEarmClient:
+    """The same API over one ``httpx.AsyncClient``; an async context manager."""
+
+    def __init__(
+        self,
+        base_url: str,
+        api_key: str | None = None,
+        timeout: float = DEFAULT_TIMEOUT_S,
+        *,
+        http_client: httpx.AsyncClient | None = None,
+    ) -> None:
+        self._owns_client = http_client is None
+        self._http = http_client or httpx.AsyncClient(
+            base_url=base_url.rstrip("/"), headers=_headers(api_key), timeout=timeout
+        )
+
+    async def _call(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        return _checked(await self._http.request(method, path, **kwargs))
+
+    async def _parse(self, model: type[Model], method: str, path: str, **kwargs: Any) -> Model:
+        return model.model_validate((await self._call(method, path, **kwargs)).json())
+
+    async def add(self, namespace: str, memories: Sequence[MemoryInput]) -> IngestResult:
+        body = {"namespace": namespace, "memories": [_memory_body(m) for m in memories]}
+        return await self._parse(IngestResult, "POST", "/memories", json=body)
+
+    async def retrieve(self, namespace: str, query: str, **options: Any) -> RetrieveResult:
+        return await self._parse(
+            RetrieveResult, "POST", "/retrieve", json=_retrieve_body(namespace, query, options)
+        )
+
+    async def feedback(self, namespace: str, query_id: int, scores: ScoresInput) -> FeedbackResult:
+        body = {"namespace": namespace, "query_id": query_id, "scores": _scores_body(scores)}
+        return await self._parse(FeedbackResult, "POST", "/feedback", json=body)
+
+    async def stats(
+        self, namespace: str | None = None
+    ) -> NamespaceStatsOut | list[NamespaceStatsOut]:
+        params = {"namespace": namespace} if namespace is not None else None
+        return _stats_result((await self._call("GET", "/stats", params=params)).json())
+
+    async def get(self, memory_id: int) -> Memory:
+        return await self._parse(Memory, "GET", f"/memories/{int(memory_id)}")
+
+    async def list(self, namespace: str, limit: int = 100, cursor: str | None = None) -> MemoryPage:
+        params: dict[str, Any] = {"namespace": namespace, "limit": limit}
+        if cursor is not None:
+            params["cursor"] = cursor
+        return await self._parse(MemoryPage, "GET", "/memories", params=params)
+
+    async def delete(self, memory_id: int) -> None:
+        await self._call("DELETE", f"/memories/{int(memory_id)}")
+
+    async def aclose(self) -> None:
+        if self._owns_client:
+            await self._http.aclose()
+
+    async def __aenter__(self) -> AsyncEarmClient:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()

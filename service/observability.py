@@ -1,0 +1,430 @@
+"""Prometheus metrics, the per-request log line and JSON logging.
+
+- :class:`Metrics` — one per app (``create_app`` builds it; no module-level registry). With
+  ``PROMETHEUS_MULTIPROC_DIR`` set in the environment before the process starts, values go to
+  prometheus-client's per-process files in that directory and ``/metrics`` merges every
+  worker's; otherwise they live in the app's own ``CollectorRegistry``.
+- :class:`RequestObservabilityMiddleware` — a pure ASGI middleware: request id (``X-Request-ID``
+  accepted when sane, generated otherwise, echoed in the response), request count and latency
+  by route template and status, and one JSON log line per request.
+- :class:`JsonFormatter` / :func:`logging_config` — stdlib logging as one JSON object a line.
+
+Logs never carry memory text, query text or keys: the access line has fixed fields plus what a
+router put in with :func:`annotate` (namespace, policy, scorer calls).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import logging.config
+import os
+import re
+import shutil
+import tempfile
+import time
+import uuid
+from collections import Counter as Tally
+from collections.abc import Iterable, Iterator
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    GCCollector,
+    Histogram,
+    PlatformCollector,
+    ProcessCollector,
+    generate_latest,
+    values,
+)
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.multiprocess import MultiProcessCollector
+from starlette.datastructures import MutableHeaders
+from starlette.requests import Request
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+if TYPE_CHECKING:  # pragma: no cover
+    from service.retrieval.budget import BudgetSchedule
+    from service.retrieval.pipeline import RetrieveResult
+    from service.stats import CounterSnapshot
+
+__all__ = [
+    "ACCESS_LOGGER",
+    "CONTENT_TYPE_LATEST",
+    "JsonFormatter",
+    "Metrics",
+    "RequestObservabilityMiddleware",
+    "annotate",
+    "configure_logging",
+    "logging_config",
+    "multiprocess_directory",
+]
+
+ACCESS_LOGGER = "earm.access"
+REQUEST_ID_HEADER = "X-Request-ID"
+#: A client's request id is kept if it looks like an id (no spaces, no control characters).
+_SANE_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:/+=@-]{1,128}$")
+#: Label of requests that matched no route (keeps the label set bounded).
+UNMATCHED_ROUTE = "<unmatched>"
+_LOG_FIELDS = "log_fields"
+
+log = logging.getLogger(__name__)
+
+_HTTP_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+_PHASE_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+_COMPLETION_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
+_SCORER_BUCKETS = (0.0001, 0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+
+
+def multiprocess_enabled() -> bool:
+    """True when prometheus-client writes per-process files: PROMETHEUS_MULTIPROC_DIR was set
+    before it was imported (it picks its value class at import time)."""
+    return bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR")) and bool(
+        getattr(values.ValueClass, "_multiprocess", False)
+    )
+
+
+class _Families:
+    """A collector that yields metric families gathered elsewhere (one exposition)."""
+
+    def __init__(self, families: Iterable[Metric]) -> None:
+        self.families = list(families)
+
+    def collect(self) -> Iterator[Metric]:
+        return iter(self.families)
+
+
+class Metrics:
+    """Every metric of one app. Thread- and task-safe (prometheus-client locks its values)."""
+
+    def __init__(self) -> None:
+        self.multiprocess = multiprocess_enabled()
+        if os.environ.get("PROMETHEUS_MULTIPROC_DIR") and not self.multiprocess:
+            log.warning(
+                "PROMETHEUS_MULTIPROC_DIR was set after prometheus_client was imported; "
+                "/metrics reports this process only (set it before the process starts)"
+            )
+        self.registry = CollectorRegistry()
+        if not self.multiprocess:
+            # Process and runtime metrics are per process; multiprocess mode cannot merge them.
+            ProcessCollector(registry=self.registry)
+            PlatformCollector(registry=self.registry)
+            GCCollector(registry=self.registry)
+        registry = self.registry
+        self.http_requests = Counter(
+            "earm_http_requests",
+            "HTTP requests by method, route template and status.",
+            ["method", "route", "status"],
+            registry=registry,
+        )
+        self.http_duration = Histogram(
+            "earm_http_request_duration_seconds",
+            "HTTP request latency by method, route template and status.",
+            ["method", "route", "status"],
+            buckets=_HTTP_BUCKETS,
+            registry=registry,
+        )
+        self.retrieves = Counter(
+            "earm_retrieves",
+            "Answered /retrieve requests by policy and whether some scorer calls failed.",
+            ["policy", "degraded"],
+            registry=registry,
+        )
+        self.retrieve_phase = Histogram(
+            "earm_retrieve_phase_seconds",
+            "Time of each /retrieve phase (embed, search, score, complete, record, total).",
+            ["phase", "policy"],
+            buckets=_PHASE_BUCKETS,
+            registry=registry,
+        )
+        self.completion = Histogram(
+            "earm_completion_seconds",
+            "Time of the completion and rerank of one /retrieve (the `complete` phase).",
+            ["policy"],
+            buckets=_COMPLETION_BUCKETS,
+            registry=registry,
+        )
+        self.retrieve_scorer_calls = Counter(
+            "earm_retrieve_scorer_calls",
+            "Scorer calls made by /retrieve, by policy (one per scored pair).",
+            ["policy"],
+            registry=registry,
+        )
+        self.returned = Counter(
+            "earm_returned_memories",
+            "Memories returned by /retrieve, by where their score came from.",
+            ["source"],
+            registry=registry,
+        )
+        self.scorer_calls = Counter(
+            "earm_scorer_calls",
+            "Relevance scorer calls (one per (query, memory) pair) by scorer and outcome.",
+            ["scorer", "outcome"],
+            registry=registry,
+        )
+        self.scorer_duration = Histogram(
+            "earm_scorer_call_duration_seconds",
+            "Latency of one scorer call, retries included, by scorer.",
+            ["scorer"],
+            buckets=_SCORER_BUCKETS,
+            registry=registry,
+        )
+
+    # ------------------------------------------------------------------------- recording
+
+    def observe_request(self, method: str, route: str, status: int, duration_s: float) -> None:
+        labels = {"method": method, "route": route, "status": str(status)}
+        self.http_requests.labels(**labels).inc()
+        self.http_duration.labels(**labels).observe(duration_s)
+
+    def observe_retrieve(self, result: RetrieveResult) -> None:
+        policy = str(result.policy)
+        self.retrieves.labels(policy=policy, degraded=str(bool(result.degraded)).lower()).inc()
+        for name, milliseconds in result.timings.items():
+            phase = name.removesuffix("_ms")
+            self.retrieve_phase.labels(phase=phase, policy=policy).observe(milliseconds / 1000.0)
+        if "complete_ms" in result.timings:
+            self.completion.labels(policy=policy).observe(result.timings["complete_ms"] / 1000.0)
+        if result.scorer_calls:
+            self.retrieve_scorer_calls.labels(policy=policy).inc(result.scorer_calls)
+        for source, count in Tally(m.source for m in result.memories).items():
+            self.returned.labels(source=source).inc(count)
+
+    def observe_scorer_call(self, scorer: str, outcome: str, duration_s: float) -> None:
+        """A :class:`service.scorers.ScorerObserver`."""
+        self.scorer_calls.labels(scorer=scorer, outcome=outcome).inc()
+        self.scorer_duration.labels(scorer=scorer).observe(duration_s)
+
+    # ------------------------------------------------------------------------- exposition
+
+    def render(
+        self, snapshot: CounterSnapshot | None, schedule: BudgetSchedule
+    ) -> bytes:
+        """The exposition: this app's (or every worker's) metrics plus the database gauges
+        (``snapshot`` None: the database did not answer, ``earm_database_up 0``)."""
+        if self.multiprocess:
+            families = list(MultiProcessCollector(None).collect())
+        else:
+            families = list(self.registry.collect())
+        families.extend(database_gauges(snapshot, schedule))
+        return generate_latest(_Families(families))  # type: ignore[arg-type]
+
+
+def database_gauges(snapshot: CounterSnapshot | None, schedule: BudgetSchedule) -> list[Metric]:
+    """Gauges from the namespace counters (read at scrape time; identical in every worker)."""
+    up = GaugeMetricFamily("earm_database_up", "1 if the database answered this scrape.")
+    up.add_metric([], 0.0 if snapshot is None else 1.0)
+    if snapshot is None:
+        return [up]
+
+    def total(name: str, documentation: str, value: float) -> GaugeMetricFamily:
+        family = GaugeMetricFamily(name, documentation)
+        family.add_metric([], value)
+        return family
+
+    saved = (
+        1.0 - snapshot.scorer_calls / snapshot.full_rerank_calls
+        if snapshot.full_rerank_calls
+        else 0.0
+    )
+    families: list[Metric] = [
+        up,
+        total("earm_namespaces", "Namespaces.", snapshot.namespaces),
+        total("earm_queries_recorded", "Queries recorded, all namespaces.", snapshot.queries),
+        total("earm_observations", "Observed cells, all namespaces.", snapshot.observations),
+        total(
+            "earm_scorer_calls_recorded",
+            "Scorer calls recorded with queries, all namespaces.",
+            snapshot.scorer_calls,
+        ),
+        total(
+            "earm_full_rerank_calls",
+            "Scorer calls full reranking would have made for the same queries, all namespaces.",
+            snapshot.full_rerank_calls,
+        ),
+        total(
+            "earm_calls_saved_ratio",
+            "1 - scorer calls / full rerank calls, all namespaces (0 before any query).",
+            saved,
+        ),
+    ]
+    per_namespace = {
+        "queries": ("Queries recorded.", lambda c: c.queries),
+        "observations": ("Observed cells (running count, exact after each refit).", lambda c: c.observations),
+        "scorer_calls": ("Scorer calls recorded with queries.", lambda c: c.scorer_calls),
+        "full_rerank_calls": ("Calls full reranking would have made.", lambda c: c.full_rerank_calls),
+        "calls_saved_ratio": (
+            "1 - scorer calls / full rerank calls (0 before any query).",
+            lambda c: 1.0 - c.scorer_calls / c.full_rerank_calls if c.full_rerank_calls else 0.0,
+        ),
+        "stage": ("Budget stage of the next query.", lambda c: schedule.stage_for(c.queries)),
+        "next_budget_ratio": (
+            "Share of candidates the next query will score.",
+            lambda c: schedule.stages[schedule.stage_for(c.queries)][1],
+        ),
+        "last_refit_timestamp_seconds": (
+            "Unix time of the last full refit (0: never).",
+            lambda c: c.last_refit_at.timestamp() if c.last_refit_at else 0.0,
+        ),
+    }
+    for suffix, (documentation, value) in per_namespace.items():
+        family = GaugeMetricFamily(
+            f"earm_namespace_{suffix}",
+            documentation + " Namespaces with the most queries only.",
+            labels=["namespace"],
+        )
+        for counters in snapshot.busiest:
+            family.add_metric([counters.namespace], float(value(counters)))
+        families.append(family)
+    return families
+
+
+@contextlib.contextmanager
+def multiprocess_directory() -> Iterator[str]:
+    """For ``earm serve --workers N``: the PROMETHEUS_MULTIPROC_DIR the workers will share.
+    A given one is used as is (empty it before start); otherwise a fresh temporary directory is
+    created and removed at exit. Workers are spawned after this, so they see the variable."""
+    given = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+    if given:
+        os.makedirs(given, exist_ok=True)
+        yield given
+        return
+    directory = tempfile.mkdtemp(prefix="earm-metrics-")
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = directory
+    try:
+        yield directory
+    finally:
+        os.environ.pop("PROMETHEUS_MULTIPROC_DIR", None)
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+# ----------------------------------------------------------------------------- requests
+
+
+def annotate(request: Request, **fields: Any) -> None:
+    """Add fields to this request's log line (namespace, policy, scorer_calls, ...). Never
+    memory text, query text or keys."""
+    state = request.scope.setdefault("state", {})
+    state.setdefault(_LOG_FIELDS, {}).update(fields)
+
+
+def _request_id(scope: Scope) -> str:
+    for name, value in scope.get("headers", ()):
+        if name == b"x-request-id":
+            candidate = value.decode("latin-1")
+            if _SANE_REQUEST_ID.match(candidate):
+                return candidate
+            break
+    return uuid.uuid4().hex
+
+
+def route_template(scope: Scope) -> str:
+    route = scope.get("route")
+    path = getattr(route, "path", None)
+    return path if isinstance(path, str) else UNMATCHED_ROUTE
+
+
+class RequestObservabilityMiddleware:
+    """Request id, HTTP metrics and one access log line per HTTP request (pure ASGI, so it
+    neither buffers bodies nor breaks streaming)."""
+
+    def __init__(self, app: ASGIApp, metrics: Metrics, logger_name: str = ACCESS_LOGGER) -> None:
+        self.app = app
+        self.metrics = metrics
+        self.logger = logging.getLogger(logger_name)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = time.perf_counter()
+        request_id = _request_id(scope)
+        state = scope.setdefault("state", {})
+        state["request_id"] = request_id
+        status = 500  # if the app raises before answering, the server answers 500
+
+        async def send_with_id(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = int(message["status"])
+                MutableHeaders(scope=message)[REQUEST_ID_HEADER] = request_id
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_with_id)
+        finally:
+            duration_s = time.perf_counter() - started
+            route = route_template(scope)
+            method = scope.get("method", "GET")
+            self.metrics.observe_request(method, route, status, duration_s)
+            fields = {
+                "method": method,
+                "path": route,
+                "status": status,
+                "duration_ms": round(duration_s * 1000.0, 3),
+                "request_id": request_id,
+                **state.get(_LOG_FIELDS, {}),
+            }
+            self.logger.log(logging.WARNING if status >= 500 else logging.INFO, "request", extra=fields)
+
+
+# ----------------------------------------------------------------------------- logging
+
+# Attributes every LogRecord has; everything else on a record came in through `extra=`.
+_RECORD_ATTRIBUTES = frozenset(
+    logging.LogRecord("", 0, "", 0, "", None, None).__dict__
+) | {"message", "asctime", "taskName", "color_message"}
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line: ts, level, logger, message, then the record's extra fields."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        payload: dict[str, Any] = {
+            "ts": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
+            "level": record.levelname,
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        for key, value in record.__dict__.items():
+            if key not in _RECORD_ATTRIBUTES and not key.startswith("_"):
+                payload[key] = value
+        if record.exc_info:
+            payload["exc_info"] = self.formatException(record.exc_info)
+        if record.stack_info:
+            payload["stack_info"] = self.formatStack(record.stack_info)
+        return json.dumps(payload, default=str, ensure_ascii=False)
+
+
+def logging_config(level: str) -> dict[str, Any]:
+    """A ``logging.config.dictConfig`` (also given to uvicorn, so every worker applies it):
+    JSON lines on stderr at ``level``; uvicorn's loggers propagate to it; its access log is
+    replaced by ours."""
+    level = level.upper()
+    return {
+        "version": 1,
+        "disable_existing_loggers": False,
+        "formatters": {"json": {"()": f"{__name__}.JsonFormatter"}},
+        "handlers": {
+            "stderr": {
+                "class": "logging.StreamHandler",
+                "formatter": "json",
+                "stream": "ext://sys.stderr",
+            }
+        },
+        "root": {"level": level, "handlers": ["stderr"]},
+        "loggers": {
+            "uvicorn": {"level": level, "handlers": [], "propagate": True},
+            "uvicorn.error": {"level": level, "handlers": [], "propagate": True},
+            "uvicorn.access": {"level": "WARNING", "handlers": [], "propagate": False},
+        },
+    }
+
+
+def configure_logging(level: str) -> None:
+    logging.config.dictConfig(logging_config(level))
+
