@@ -127,8 +127,8 @@ def test_delete_removes_memory_and_its_observations(client: TestClient, settings
         ).scalar_one()
         conn.execute(
             text(
-                "INSERT INTO scores (query_id, memory_id, namespace, score, source)"
-                " VALUES (:q, :m, 'agent-1', 0.9, 'scorer')"
+                "INSERT INTO scores (query_id, memory_id, namespace, score, similarity, source)"
+                " VALUES (:q, :m, 'agent-1', 0.9, 0.5, 'scorer')"
             ),
             {"q": query_id, "m": ids[0]},
         )

@@ -280,11 +280,13 @@ def test_scorer_failures_degrade_and_store_nothing_for_failed_pairs(
 
     with LoopbackServer(chat_completions_app(reply)) as failing_judge:
         # Deadline short enough to keep the test quick, long enough that answering pairs
-        # never miss it on a loaded machine.
+        # never miss it on a loaded machine; every pair in flight at once, so the hung ones
+        # do not hold the answering ones back until the request's deadline.
         settings = judged_settings.model_copy(
             update={
                 "scorer_base_url": f"{failing_judge.url}/v1",
                 "scorer_timeout_s": 2.0 if fault == "timeout" else 10.0,
+                "scorer_concurrency": N_MEMORIES,
             }
         )
         with TestClient(create_app(settings)) as client:

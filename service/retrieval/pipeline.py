@@ -302,7 +302,13 @@ class RetrievalPipeline:
         if refit_due(
             recorded.queries_since_refit, recorded.query_index + 1, self.settings.refit_every
         ):
-            await self.refit(request.namespace)
+            try:
+                await self.refit(request.namespace)
+            except Exception:
+                # The query is committed and the online state is consistent; a failed refit
+                # is retried by the next query (its counter was not reset), so the client gets
+                # its answer instead of an error that would invite a duplicate retry.
+                log.exception("full refit of namespace %r failed", request.namespace)
         return recorded
 
     async def _resolve_memory_rows(
@@ -440,6 +446,7 @@ class RetrievalPipeline:
                 )
                 await session.commit()
             finally:
+                await session.rollback()  # a failed write must not hide its error in the unlock
                 await store.unlock_namespace_refit(session, namespace)
                 await session.commit()
         return True
@@ -467,6 +474,4 @@ class RetrievalPipeline:
             model.query_bias,
             model.query_slope,
             model.query_factors,
-            float(np.sum(observations.scores)),
-            len(observations.scores),
         )

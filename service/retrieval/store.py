@@ -46,6 +46,21 @@ class NamespaceState:
     queries_since_refit: int
 
 
+def as_real(values: np.ndarray) -> list[float]:
+    """Values for a Postgres ``real`` column: float32, with magnitudes below float32's smallest
+    normal flushed to zero (Postgres rejects subnormal ``real`` input as out of range, and ALS
+    can drive an unused factor arbitrarily close to zero)."""
+    single = np.asarray(values, dtype=np.float32)
+    single = np.where(np.abs(single) < np.finfo(np.float32).tiny, np.float32(0.0), single)
+    return [float(x) for x in single]
+
+
+def real_array_literals(rows: np.ndarray) -> list[str]:
+    """Rows of a 2-D array as ``'{...}'`` literals for a ``real[]`` column (Postgres has no
+    ragged 2-D arrays, so each row travels as text)."""
+    return ["{" + ",".join(repr(x) for x in as_real(row)) + "}" for row in rows]
+
+
 def factor_matrix(factor_lists: Sequence[Sequence[float] | None], rank: int) -> np.ndarray:
     """Stored factor arrays as an (n, rank) matrix; missing or other-rank rows become zeros
     (a changed EARM_RANK is healed by the next full refit)."""
@@ -286,7 +301,7 @@ async def record_query(
                 "calls": scorer_calls,
                 "bias": None if query is None else query.bias,
                 "slope": None if query is None else query.slope,
-                "factors": None if query is None else [float(x) for x in query.factors],
+                "factors": None if query is None else as_real(query.factors),
                 "prequential_error": (
                     float(np.mean(prequential_errors)) if len(prequential_errors) else None
                 ),
@@ -448,8 +463,7 @@ async def upsert_memory_factors(
             "namespace": namespace,
             "ids": [int(m) for m in memory_ids],
             "bias": [float(b) for b in bias],
-            # Postgres has no ragged 2-D arrays; each row travels as a '{...}' array literal.
-            "factors": ["{" + ",".join(repr(float(x)) for x in row) + "}" for row in factors],
+            "factors": real_array_literals(factors),
             "counts": [int(n) for n in observation_count],
         },
     )
@@ -477,7 +491,7 @@ async def update_query_factors(
             "ids": [int(q) for q in query_ids],
             "bias": [float(b) for b in bias],
             "slope": [float(s) for s in slope],
-            "factors": ["{" + ",".join(repr(float(x)) for x in row) + "}" for row in factors],
+            "factors": real_array_literals(factors),
         },
     )
 
@@ -538,8 +552,6 @@ async def replace_model(
     query_bias: np.ndarray,
     query_slope: np.ndarray,
     query_factors: np.ndarray,
-    score_sum: float,
-    score_count: int,
     refitted_at: datetime,
 ) -> None:
     """Write a full refit: every memory row and query column of the namespace, and reset the counter."""
@@ -553,14 +565,14 @@ async def replace_model(
     await update_query_factors(session, query_ids, query_bias, query_slope, query_factors)
     await session.execute(
         text(
-            "UPDATE namespaces SET queries_since_refit = 0, last_refit_at = :at, "
-            "score_sum = :score_sum, score_count = :score_count WHERE name = :namespace"
+            """
+            UPDATE namespaces SET queries_since_refit = 0, last_refit_at = :at,
+                score_sum = (SELECT coalesce(sum(score), 0) FROM scores WHERE namespace = :namespace),
+                score_count = (SELECT count(*) FROM scores WHERE namespace = :namespace)
+            WHERE name = :namespace
+            """
         ),
-        # The refit resets the running mean to the data, healing drift from deleted memories.
-        {
-            "namespace": namespace,
-            "at": refitted_at,
-            "score_sum": score_sum,
-            "score_count": score_count,
-        },
+        # The running mean is recomputed from the data under the namespace lock: it heals drift
+        # from deleted memories and counts observations recorded while the fit ran.
+        {"namespace": namespace, "at": refitted_at},
     )
