@@ -196,10 +196,11 @@ class OpenAIChatScorer:
 
     All pairs of one :meth:`score` call are issued concurrently, bounded by one
     ``asyncio.Semaphore(concurrency)`` per scorer instance, so concurrent /retrieve requests
-    share the provider's limit instead of multiplying it. Each pair, once it holds a slot, gets
-    ``timeout_s`` in total (attempts + backoff) via ``asyncio.timeout``: a hung endpoint costs a
-    request about ``timeout_s`` per wave of ``concurrency`` pairs, then the pipeline proceeds
-    ``degraded``. 429, 5xx and transport errors are retried (``max_retries``), with jittered
+    share the provider's limit instead of multiplying it. One :meth:`score` call has
+    ``timeout_s`` in total (waiting for a slot, attempts and backoff of all its pairs): a hung
+    or slow endpoint costs a request at most about ``timeout_s``, then the pipeline proceeds
+    ``degraded`` with the pairs that finished. Size it for the budget: with latency L per call,
+    ``timeout_s`` should exceed L · ceil(budget / concurrency). 429, 5xx and transport errors are retried (``max_retries``), with jittered
     exponential backoff or the server's ``Retry-After`` when it fits in the remaining time.
 
     Temperature 0 and a small ``max_tokens`` keep judgments repeatable and cheap. Outcomes of
@@ -270,7 +271,10 @@ class OpenAIChatScorer:
         if not memory_texts:
             return []
         started = time.perf_counter()
-        results = await asyncio.gather(*(self._score_pair(query_text, m) for m in memory_texts))
+        deadline = asyncio.get_running_loop().time() + self.timeout_s
+        results = await asyncio.gather(
+            *(self._score_pair(query_text, m, deadline) for m in memory_texts)
+        )
         failed = [outcome for _, outcome in results if outcome != "ok"]
         if failed:
             logger.warning(
@@ -280,37 +284,41 @@ class OpenAIChatScorer:
             )
         return [value for value, _ in results]
 
-    async def _score_pair(self, query_text: str, memory_text: str) -> tuple[float | None, Outcome]:
+    async def _score_pair(
+        self, query_text: str, memory_text: str, deadline: float
+    ) -> tuple[float | None, Outcome]:
         body = {
             "model": self.model,
             "messages": self.build_messages(query_text, memory_text),
             "temperature": 0,
             "max_tokens": self.max_tokens,
         }
-        async with self._semaphore:
-            outcome: Outcome
-            value: float | None = None
-            started = time.perf_counter()
-            try:
-                async with asyncio.timeout(self.timeout_s):
-                    value = await self._call_with_retries(body)
-                outcome = "ok"
-            except TimeoutError:
-                outcome = "timeout"
-            except _PairFailed as failure:
-                outcome = failure.outcome
-            except Exception:  # the contract is None, never an exception, for any pair
-                logger.exception("relevance scorer: unexpected error scoring a pair")
-                outcome = "error"
-            duration_s = time.perf_counter() - started
+        outcome: Outcome
+        value: float | None = None
+        started = time.perf_counter()
+        try:
+            # The deadline covers the wait for a slot too: one request's scoring never
+            # outlives timeout_s, however many pairs queue behind a hung endpoint.
+            async with asyncio.timeout_at(deadline):
+                async with self._semaphore:
+                    started = time.perf_counter()
+                    value = await self._call_with_retries(body, deadline)
+            outcome = "ok"
+        except TimeoutError:
+            outcome = "timeout"
+        except _PairFailed as failure:
+            outcome = failure.outcome
+        except Exception:  # the contract is None, never an exception, for any pair
+            logger.exception("relevance scorer: unexpected error scoring a pair")
+            outcome = "error"
+        duration_s = time.perf_counter() - started
         self.outcomes[outcome] += 1
         _notify(self.observer, self.name, outcome, duration_s)
         return value, outcome
 
-    async def _call_with_retries(self, body: dict[str, Any]) -> float:
-        """The parsed score, or :class:`_PairFailed`; runs inside the pair's time budget."""
+    async def _call_with_retries(self, body: dict[str, Any], deadline: float) -> float:
+        """The parsed score, or :class:`_PairFailed`; runs inside the request's time budget."""
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.timeout_s
         attempt = 0
         while True:
             wait: float | None = None

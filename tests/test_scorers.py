@@ -275,6 +275,23 @@ def test_openai_scorer_times_out_slow_server_and_returns_promptly(
     assert scorer.outcomes == {"timeout": 3}
 
 
+def test_openai_scorer_deadline_covers_pairs_queued_behind_a_hung_endpoint(
+    serve: list[LoopbackServer],
+) -> None:
+    async def reply(prompt: str) -> str:
+        await asyncio.sleep(5.0)
+        return "0.5"
+
+    server = start(serve, chat_completions_app(reply))
+    scorer = make_scorer(server.url, timeout_s=0.4, concurrency=2)
+    started = time.perf_counter()
+    scores = asyncio.run(score_with(scorer, "q", [f"m{i}" for i in range(10)]))
+    elapsed = time.perf_counter() - started
+    assert scores == [None] * 10
+    assert elapsed < 0.4 + 0.6  # one deadline for the request, not five waves of 0.4 s
+    assert scorer.outcomes == {"timeout": 10}
+
+
 def test_openai_scorer_respects_its_concurrency_limit(serve: list[LoopbackServer]) -> None:
     async def reply(prompt: str) -> str:
         await asyncio.sleep(0.05)
