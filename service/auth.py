@@ -357,6 +357,10 @@ async def authenticate(request: Request) -> Principal:
     peer = request.client.host if request.client else None
     principal = await authenticator.authenticate(request.headers.get("authorization"), peer)
     request.state.principal = principal
+    if principal.key_id is not None:
+        from service.observability import annotate  # the access log names the key, never shows it
+
+        annotate(request, api_key_id=principal.key_id)
     return principal
 
 

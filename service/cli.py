@@ -14,16 +14,17 @@ from service.settings import Settings
 def _serve(args: argparse.Namespace, settings: Settings) -> int:
     import uvicorn
 
-    from service.api.app import create_app
-
     from service.observability import configure_logging, logging_config, multiprocess_directory
+
+    # JSON lines on stderr (before the app's imports log anything); our one line per request
+    # replaces uvicorn's access log.
+    configure_logging(settings.log_level)
+    from service.api.app import create_app
 
     host = args.host or settings.host
     port = args.port if args.port is not None else settings.port
     # The app sees the real bind address: without API keys it refuses a non-loopback one.
     settings = settings.model_copy(update={"host": host, "port": port})
-    # JSON lines on stderr; our one line per request replaces uvicorn's access log.
-    configure_logging(settings.log_level)
     options = {
         "host": host,
         "port": port,

@@ -10,13 +10,14 @@ process memory ever sees more than the limit.
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from service.errors import LimitExceeded
+from service.errors import InvalidInput, LimitExceeded
 
 PAYLOAD_TOO_LARGE = "payload_too_large"
 
@@ -100,32 +101,61 @@ class BodySizeLimit:
         await send({"type": "http.response.body", "body": body})
 
 
-def json_depth(value: Any) -> int:
-    """Nesting depth of a JSON value: 0 for a scalar, 1 for a flat object or array. Iterative,
-    so a hostile document cannot exhaust the stack."""
+def storable_text_problem(value: str) -> str | None:
+    """Why Postgres cannot store this string as text/JSONB, or None: NUL characters, and lone
+    UTF-16 surrogates (legal in a JSON escape, not encodable as UTF-8)."""
+    if "\x00" in value:
+        return "contains a NUL (\\u0000) character"
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return "contains a lone surrogate (not valid Unicode)"
+    return None
+
+
+def _walk(value: Any) -> tuple[int, str | None]:
+    """(nesting depth, first problem) of a JSON value, iteratively, so a hostile document
+    cannot exhaust the stack. Depth: 0 for a scalar, 1 for a flat object or array."""
     deepest = 0
+    problem: str | None = None
     stack: list[tuple[Any, int]] = [(value, 0)]
     while stack:
         node, depth = stack.pop()
         if isinstance(node, dict):
-            children = node.values()
+            deepest = max(deepest, depth + 1)
+            for key, child in node.items():
+                if problem is None and (found := storable_text_problem(str(key))):
+                    problem = f"a key {found}"
+                stack.append((child, depth + 1))
         elif isinstance(node, list):
-            children = node
+            deepest = max(deepest, depth + 1)
+            stack.extend((child, depth + 1) for child in node)
         else:
             deepest = max(deepest, depth)
-            continue
-        deepest = max(deepest, depth + 1)
-        stack.extend((child, depth + 1) for child in children)
-    return deepest
+            if problem is None:
+                if isinstance(node, str):
+                    if found := storable_text_problem(node):
+                        problem = f"a string {found}"
+                elif isinstance(node, float) and not math.isfinite(node):
+                    problem = "a number is NaN or infinite, which JSON cannot hold"
+    return deepest, problem
+
+
+def json_depth(value: Any) -> int:
+    """Nesting depth of a JSON value: 0 for a scalar, 1 for a flat object or array."""
+    return _walk(value)[0]
 
 
 def check_metadata(value: dict[str, Any] | None, max_bytes: int, max_depth: int, what: str) -> None:
-    """413 ``limit_exceeded`` when a metadata object (or a filter) is too large or too deep."""
+    """413 ``limit_exceeded`` when a metadata object (or a filter) is too large or too deep;
+    422 ``invalid_input`` when Postgres could not store it as JSONB."""
     if value is None:
         return
-    depth = json_depth(value)
+    depth, problem = _walk(value)
     if depth > max_depth:
         raise LimitExceeded(f"{what} is nested {depth} levels deep; the limit is {max_depth}")
+    if problem is not None:
+        raise InvalidInput(f"{what}: {problem}")
     size = len(json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode())
     if size > max_bytes:
         raise LimitExceeded(f"{what} takes {size} bytes as JSON; the limit is {max_bytes}")

