@@ -245,20 +245,19 @@ def replay(
     conversations: Sequence[Conversation],
     judge: RunningJudge,
     run_id: str,
+    policies: Sequence[str],
+    bar: Any,
 ) -> dict[str, list[QueryRecord]]:
-    """Replay every conversation under every policy; records per policy."""
+    """Replay every conversation under the given policies; records per policy."""
     k = max(config.ks)
     streams = {c.sample_id: _stream(c, config) for c in conversations}
-    total = sum(len(s) for s in streams.values()) * len(config.policies)
-    records: dict[str, list[QueryRecord]] = {p: [] for p in config.policies}
-    with httpx.Client(base_url=base_url, timeout=config.request_timeout_s) as client, _progress(
-        total, config.progress
-    ) as bar:
+    records: dict[str, list[QueryRecord]] = {p: [] for p in policies}
+    with httpx.Client(base_url=base_url, timeout=config.request_timeout_s) as client:
         for conv in conversations:
             if judge.oracle is not None:
                 judge.oracle.set_active([conv.sample_id])
             memories = conv.memories()
-            for policy in config.policies:
+            for policy in policies:
                 namespace = namespace_for(
                     conv.sample_id, policy, run_id if config.url or config.database_url else None
                 )
@@ -281,13 +280,16 @@ def replay(
 def namespace_for(sample_id: str, policy: str, run_id: str | None = None) -> str:
     """The namespace of one (conversation, policy) replay.
 
-    The in-process service starts from an empty database, so the name carries no run id there:
-    the service derives anchor samples from (namespace, query index, seed), and a stable name
-    makes a run reproducible. Against a long-lived service or database (``--url``,
-    ``--database-url``) the run id keeps every run in fresh namespaces.
+    In-process, every policy gets its own service and empty database, so the name is the same
+    for all policies and carries no run id: the service derives anchors from (namespace, query
+    index, seed), so ``observed`` and ``earm`` score the very same anchors and differ only in
+    how they rank the rest (a paired comparison), and a run is reproducible. Against a shared
+    service or database (``--url``, ``--database-url``) policy and run id keep every replay in
+    a fresh namespace; the policies then sample different anchors.
     """
-    name = f"locomo-{sample_id}-{policy}"
-    return f"{name}-{run_id}" if run_id else name
+    if run_id is None:
+        return f"locomo-{sample_id}"
+    return f"locomo-{sample_id}-{policy}-{run_id}"
 
 
 def _stream(conv: Conversation, config: LocomoConfig) -> list[Question]:
@@ -388,9 +390,18 @@ def run_locomo(config: LocomoConfig) -> dict[str, Any]:
         miss=config.judge_miss, false=config.judge_false, noise=config.judge_noise, seed=config.seed
     )
     judge_kind = cast(JudgeKind, config.judge)
-    with start_judge(judge_kind, conversations, noise, port=config.judge_port) as judge:
-        with _service(config, judge) as (base_url, service_settings):
-            records = replay(config, base_url, conversations, judge, run_id)
+    total = sum(len(_stream(c, config)) for c in conversations) * len(config.policies)
+    records: dict[str, list[QueryRecord]] = {}
+    shared_service = bool(config.url or config.database_url)
+    # One service (and empty database) per policy in-process, so policies never share
+    # experience yet replay identical namespaces; one shared service otherwise.
+    policy_groups = [config.policies] if shared_service else [(p,) for p in config.policies]
+    with start_judge(judge_kind, conversations, noise, port=config.judge_port) as judge, _progress(
+        total, config.progress
+    ) as bar:
+        for policies in policy_groups:
+            with _service(config, judge) as (base_url, service_settings):
+                records |= replay(config, base_url, conversations, judge, run_id, policies, bar)
         judge_block = judge.describe()
         if judge.oracle is not None:
             judge_block["stats"] = judge.oracle.stats()
