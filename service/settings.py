@@ -58,13 +58,6 @@ class Settings(BaseSettings):
     reg: float = Field(default=1.0, gt=0, description="L2 weight of the ridge solves.")
     refit_every: int = Field(default=50, ge=1, description="Full refit every this many queries.")
     als_iterations: int = Field(default=10, ge=1, le=200)
-    prior_neighbours: int = Field(
-        default=10,
-        ge=0,
-        le=1000,
-        description="Past queries whose parameters, weighted by embedding similarity, center a "
-        "new query's fold-in (0: center on zero).",
-    )
     budget_schedule: str = DEFAULT_BUDGET_SCHEDULE
 
     # --- request limits -------------------------------------------------------------------

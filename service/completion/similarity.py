@@ -40,7 +40,6 @@ __all__ = [
     "fit_with_similarity",
     "fold_in_with_similarity",
     "leave_one_out_with_similarity",
-    "neighbour_prior",
     "predict_with_similarity",
 ]
 
@@ -58,33 +57,6 @@ def _with_similarity(similarities: NDArray[np.float64], factors: NDArray[np.floa
     return np.column_stack([similarities, factors])
 
 
-def neighbour_prior(
-    similarities: ArrayLike,
-    bias: ArrayLike,
-    slope: ArrayLike,
-    factors: ArrayLike,
-    sharpness: float = 4.0,
-) -> QueryParameters | None:
-    """The prior of a new query's parameters: past queries' parameters weighted by how similar
-    their embeddings are to it (weights cos⁺ ** sharpness, so the closest dominate).
-
-    Why: the anchors of one query rarely include the memories that made similar past queries'
-    factors informative, so a ridge toward zero leaves v_q nearly empty; a ridge toward the
-    neighbours' parameters lets the memory side's learned structure reach the new query.
-    None when there is no past query with positive similarity.
-    """
-    sims = np.clip(_float_array("similarities", similarities, ndim=1), 0.0, 1.0)
-    weights = sims**sharpness
-    if sims.size == 0 or weights.sum() <= 0.0:
-        return None
-    weights = weights / weights.sum()
-    return QueryParameters(
-        bias=float(weights @ _float_array("bias", bias, ndim=1)),
-        slope=float(weights @ _float_array("slope", slope, ndim=1)),
-        factors=weights @ _float_array("factors", factors, ndim=2),
-    )
-
-
 def fold_in_with_similarity(
     mu: float,
     anchor_memory_bias: ArrayLike,
@@ -93,12 +65,9 @@ def fold_in_with_similarity(
     anchor_scores: ArrayLike,
     reg: float,
     min_slope: float = 1e-3,
-    prior: QueryParameters | None = None,
 ) -> QueryParameters:
     """Causal fold-in of a new query: (c_q, β_q, v_q) by ridge over its anchors, memory side fixed.
 
-    The ridge pulls toward ``prior`` (zero when None): minimises
-    Σ (s − ŝ)² + reg·‖θ − θ_prior‖², solved as an ordinary ridge on the prior's residuals.
     The slope is floored at ``min_slope``: among memories the model knows nothing about, the
     estimate must never reverse the semantic order (a few noisy anchors can fit a negative slope).
     With the floor active, (c_q, v_q) are re-solved for the fixed slope.
@@ -107,16 +76,12 @@ def fold_in_with_similarity(
     factors = _float_array("anchor_memory_factors", anchor_memory_factors, ndim=2)
     sims = _float_array("anchor_similarities", anchor_similarities, ndim=1)
     _length("anchor_similarities", sims, factors.shape[0], "anchor_memory_factors")
-    center = prior or QueryParameters(0.0, 0.0, np.zeros(factors.shape[1]))
-    offset = bias + center.bias + center.slope * sims + factors @ center.factors
-    delta_bias, delta = solve_side(mu, offset, _with_similarity(sims, factors), anchor_scores, reg)
-    slope = center.slope + float(delta[0])
-    if slope >= min_slope:
-        return QueryParameters(center.bias + delta_bias, slope, center.factors + delta[1:])
-    slope = float(min_slope)
-    offset = bias + center.bias + slope * sims + factors @ center.factors
-    delta_bias, delta_factors = solve_side(mu, offset, factors, anchor_scores, reg)
-    return QueryParameters(center.bias + delta_bias, slope, center.factors + delta_factors)
+    query_bias, theta = solve_side(mu, bias, _with_similarity(sims, factors), anchor_scores, reg)
+    slope, query_factors = float(theta[0]), theta[1:]
+    if slope < min_slope:
+        slope = float(min_slope)
+        query_bias, query_factors = solve_side(mu, bias + slope * sims, factors, anchor_scores, reg)
+    return QueryParameters(float(query_bias), slope, query_factors)
 
 
 def predict_with_similarity(
@@ -140,16 +105,12 @@ def leave_one_out_with_similarity(
     anchor_similarities: ArrayLike,
     anchor_scores: ArrayLike,
     reg: float,
-    prior: QueryParameters | None = None,
 ) -> NDArray[np.float64]:
     """Each anchor's estimate from a fold-in over the other anchors (unfloored slope)."""
-    bias = _float_array("anchor_memory_bias", anchor_memory_bias, ndim=1)
     factors = _float_array("anchor_memory_factors", anchor_memory_factors, ndim=2)
     sims = _float_array("anchor_similarities", anchor_similarities, ndim=1)
-    if prior is not None:
-        bias = bias + prior.bias + prior.slope * sims + factors @ prior.factors
     return leave_one_out_predictions(
-        mu, bias, _with_similarity(sims, factors), anchor_scores, reg
+        mu, anchor_memory_bias, _with_similarity(sims, factors), anchor_scores, reg
     )
 
 

@@ -15,12 +15,7 @@ import numpy as np
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from service.completion.similarity import (
-    QueryParameters,
-    fit_with_similarity,
-    fold_in_with_similarity,
-    neighbour_prior,
-)
+from service.completion.similarity import fit_with_similarity, fold_in_with_similarity
 from service.embedders import Embedder
 from service.errors import InvalidInput, LimitExceeded, NotFound
 from service.memories import check_embedding, embed_texts
@@ -169,7 +164,6 @@ class RetrievalPipeline:
                 self.settings.rank,
                 request.filters,
             )
-            prior = await self._query_prior(session, request.namespace, query_vector)
             await session.commit()
         since = watch.lap("search_ms", since)
 
@@ -201,7 +195,6 @@ class RetrievalPipeline:
             observed_scores,
             state.mean_score,
             self.settings.reg,
-            prior,
         )
         memories = self._top_k(request, candidates, ranking)
         since = watch.lap("complete_ms", since)
@@ -230,19 +223,6 @@ class RetrievalPipeline:
             degraded=bool(np.any(~succeeded)),
             memories=memories,
             timings=watch.total(),
-        )
-
-    async def _query_prior(
-        self, session: AsyncSession, namespace: str, query_vector: np.ndarray
-    ) -> QueryParameters | None:
-        """Center of the fold-in: the parameters of the most similar past queries."""
-        if self.settings.prior_neighbours == 0:
-            return None
-        neighbours = await store.similar_queries(
-            session, namespace, query_vector, self.settings.prior_neighbours, self.settings.rank
-        )
-        return neighbour_prior(
-            neighbours.similarities, neighbours.bias, neighbours.slope, neighbours.factors
         )
 
     async def _score(

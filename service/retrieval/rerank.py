@@ -18,9 +18,6 @@ from service.completion.similarity import (
     predict_with_similarity,
 )
 
-# The semantic-order floor of a query's similarity slope (see fold_in_with_similarity).
-MIN_SLOPE = 1e-3
-
 Policy = Literal["earm", "semantic", "full", "observed"]
 POLICIES: tuple[Policy, ...] = ("earm", "semantic", "full", "observed")
 
@@ -55,7 +52,6 @@ def rank_candidates(
     observed_scores: np.ndarray,
     mean_score: float,
     reg: float,
-    prior: QueryParameters | None = None,
 ) -> Ranking:
     """Final scores for every candidate and their order.
 
@@ -84,10 +80,10 @@ def rank_candidates(
             observed_scores,
             reg,
         )
-        query = fold_in_with_similarity(*anchors, min_slope=MIN_SLOPE, prior=prior)
+        query = fold_in_with_similarity(*anchors)
         had_history = candidates.observation_count[observed_positions] > 0
         if np.any(had_history):
-            left_out = leave_one_out_with_similarity(*anchors, prior=prior)
+            left_out = leave_one_out_with_similarity(*anchors)
             prequential_errors = np.abs(left_out - observed_scores)[had_history]
         if policy == "earm":
             scores = predict_with_similarity(

@@ -185,42 +185,6 @@ async def _candidate_rows(
 
 
 @dataclass(frozen=True)
-class SimilarQueries:
-    """Past queries of the namespace closest to a query embedding, with their parameters."""
-
-    similarities: np.ndarray
-    bias: np.ndarray
-    slope: np.ndarray
-    factors: np.ndarray
-
-
-async def similar_queries(
-    session: AsyncSession, namespace: str, query_embedding: np.ndarray, limit: int, rank: int
-) -> SimilarQueries:
-    """The ``limit`` most similar past queries that have model parameters (exact scan of the
-    namespace's queries)."""
-    rows = (
-        await session.execute(
-            text(
-                """
-                SELECT 1 - (embedding <=> :query) AS similarity, bias, slope, factors
-                FROM queries
-                WHERE namespace = :namespace AND bias IS NOT NULL
-                ORDER BY embedding <=> :query LIMIT :limit
-                """
-            ).bindparams(bindparam("query", type_=VECTOR())),
-            {"namespace": namespace, "query": query_embedding, "limit": limit},
-        )
-    ).all()
-    return SimilarQueries(
-        similarities=np.array([r[0] for r in rows], dtype=np.float64),
-        bias=np.array([r[1] for r in rows], dtype=np.float64),
-        slope=np.array([r[2] or 0.0 for r in rows], dtype=np.float64),
-        factors=factor_matrix([r[3] for r in rows], rank),
-    )
-
-
-@dataclass(frozen=True)
 class RecordedQuery:
     query_id: int
     query_index: int
