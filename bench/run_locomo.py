@@ -23,6 +23,7 @@ EARM_SCORER_BASE_URL=http://127.0.0.1:P/v1`` (the budget schedule is the service
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import logging
 import secrets
@@ -771,6 +772,10 @@ def run_locomo_command(args: argparse.Namespace) -> int:
         config = config_from_args(args)
     except ValueError as exc:
         logger.error("%s", exc)
+        return 2
+    if config.plot is not None and importlib.util.find_spec("matplotlib") is None:
+        # Say so before a run of many minutes, not after it.
+        logger.error("--plot needs matplotlib: pip install -e '.[bench]'")
         return 2
     # One INFO line per HTTP request (hundreds of thousands of scorer calls) drowns the run.
     for noisy in ("httpx", "httpcore", "earm.access"):

@@ -92,13 +92,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _add_benchmarks(bench_commands: argparse._SubParsersAction) -> None:
-    try:
-        from bench.run_locomo import add_locomo_parser
-    except ImportError:  # benchmarks are optional extras of the package
-        return
-    add_locomo_parser(bench_commands)
+    # Imported here, not at module level: `earm serve` should not load benchmark code.
     from bench.load_mix import add_load_mix_parser
+    from bench.run_locomo import add_locomo_parser
 
+    add_locomo_parser(bench_commands)
     add_load_mix_parser(bench_commands)
 
 
