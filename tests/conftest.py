@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 from fastapi.testclient import TestClient
@@ -32,6 +32,12 @@ def create_database(server_url: str, name: str) -> str:
         conn.execute(text(f'CREATE DATABASE "{name}"'))
     engine.dispose()
     return server_url.replace("/postgres?", f"/{name}?")
+
+
+@pytest.fixture
+def new_database(postgres_server: str) -> Callable[[str], str]:
+    """Factory of empty databases (no schema) on the session's server, by name."""
+    return lambda name: create_database(postgres_server, name)
 
 
 @pytest.fixture(scope="session")

@@ -8,6 +8,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -20,20 +21,19 @@ from service.cli import main as earm
 from service.db import migrate
 from service.errors import SchemaOutOfDate
 from service.settings import Settings
-from tests.conftest import create_database
 
 VECTOR = (np.arange(384) % 7 + 1.0).tolist()
 
 
-def test_service_refuses_an_empty_database_and_names_the_fix(postgres_server: str) -> None:
-    url = create_database(postgres_server, "earm_empty")
+def test_service_refuses_an_empty_database_and_names_the_fix(new_database: Callable[[str], str]) -> None:
+    url = new_database("earm_empty")
     with pytest.raises(SchemaOutOfDate, match="earm migrate"):
         with TestClient(create_app(Settings(database_url=url, embedder="none", _env_file=None))):
             pass
 
 
-def test_service_refuses_a_schema_behind_head(postgres_server: str) -> None:
-    url = create_database(postgres_server, "earm_behind")
+def test_service_refuses_a_schema_behind_head(new_database: Callable[[str], str]) -> None:
+    url = new_database("earm_behind")
     from alembic import command
 
     command.upgrade(migrate.alembic_config(url, 384), "0001")
@@ -42,8 +42,8 @@ def test_service_refuses_a_schema_behind_head(postgres_server: str) -> None:
             pass
 
 
-def test_service_refuses_a_database_of_another_embedding_dimension(postgres_server: str) -> None:
-    url = create_database(postgres_server, "earm_dim")
+def test_service_refuses_a_database_of_another_embedding_dimension(new_database: Callable[[str], str]) -> None:
+    url = new_database("earm_dim")
     migrate.upgrade_to_head(url, 8)
     with pytest.raises(SchemaOutOfDate, match="EARM_EMBEDDING_DIM"):
         with TestClient(create_app(Settings(database_url=url, embedder="none", _env_file=None))):
@@ -51,9 +51,9 @@ def test_service_refuses_a_database_of_another_embedding_dimension(postgres_serv
 
 
 def test_earm_migrate_brings_an_external_database_to_head(
-    postgres_server: str, monkeypatch: pytest.MonkeyPatch
+    new_database: Callable[[str], str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    url = create_database(postgres_server, "earm_migrate_cli")
+    url = new_database("earm_migrate_cli")
     monkeypatch.setenv("EARM_DATABASE_URL", url)
     assert earm(["migrate"]) == 0
     with TestClient(create_app(Settings(database_url=url, embedder="none", _env_file=None))) as client:
