@@ -98,6 +98,9 @@ def _add_benchmarks(bench_commands: argparse._SubParsersAction) -> None:
 
     add_locomo_parser(bench_commands)
     add_load_mix_parser(bench_commands)
+    from bench.load import add_load_parser
+
+    add_load_parser(bench_commands)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

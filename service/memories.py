@@ -10,6 +10,7 @@ from datetime import datetime
 from typing import Any
 
 import numpy as np
+from psycopg.types.json import Jsonb
 from sqlalchemy import delete, select
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncSession
@@ -115,29 +116,14 @@ async def ingest(
     ids: list[int | None] = [None] * len(items)
     created = 0
     if pending:
-        rows_to_insert = [
-            {
-                "namespace": namespace,
-                "external_id": items[p].external_id,
-                "text": items[p].text,
-                "embedding": vectors[i],
-                "embedding_model": model_id,
-                "occurred_at": items[p].occurred_at,
-                "metadata_": items[p].metadata,
-            }
-            for i, (p, model_id) in enumerate(zip(pending, _model_ids(embedder, items, pending)))
-        ]
-        statement = (
-            insert(Memory)
-            .values(rows_to_insert)
-            .on_conflict_do_nothing(index_elements=["namespace", "external_id"])
-            .returning(Memory.id, Memory.external_id)
+        model_ids = _model_ids(embedder, items, pending)
+        inserted = await _insert_memories(
+            session, namespace, [items[p] for p in pending], vectors, model_ids
         )
-        inserted = (await session.execute(statement)).all()
         created = len(inserted)
         inserted_by_external = {ext: mid for mid, ext in inserted if ext is not None}
-        # One multi-row INSERT draws identity values in VALUES order, so the sorted ids of the
-        # anonymous rows line up with their request positions.
+        # The INSERT draws identity values in request order (ORDER BY ordinality), so the
+        # sorted ids of the anonymous rows line up with their request positions.
         anonymous_ids = iter(sorted(mid for mid, ext in inserted if ext is None))
         known.update(inserted_by_external)
         for p in pending:
@@ -157,6 +143,45 @@ async def ingest(
         if item.external_id is not None:
             ids[position] = known[item.external_id]
     return IngestResult(ids=[int(i) for i in ids], created=created, existing=len(items) - created)
+
+
+_INSERT_SQL = """
+    INSERT INTO memories (namespace, external_id, text, embedding, embedding_model, occurred_at,
+                          metadata)
+    SELECT %(namespace)s::text, e, t, v, mdl, o, md
+    FROM unnest(%(external_ids)s::text[], %(texts)s::text[], %(embeddings)b::vector[],
+                %(models)s::text[], %(occurred_at)s::timestamptz[], %(metadata)s::jsonb[])
+        WITH ORDINALITY AS u(e, t, v, mdl, o, md, ord)
+    ORDER BY ord
+    ON CONFLICT (namespace, external_id) DO NOTHING
+    RETURNING id, external_id
+"""
+
+
+async def _insert_memories(
+    session: AsyncSession,
+    namespace: str,
+    items: Sequence[NewMemory],
+    vectors: Sequence[np.ndarray],
+    model_ids: Sequence[str],
+) -> list[tuple[int, str | None]]:
+    """One multi-row INSERT; vectors travel in pgvector's binary format (the engine registers
+    its adapters on every connection), with no per-value text formatting or parsing."""
+    connection = await session.connection()
+    conn = (await connection.get_raw_connection()).driver_connection
+    cursor = await conn.execute(
+        _INSERT_SQL,
+        {
+            "namespace": namespace,
+            "external_ids": [item.external_id for item in items],
+            "texts": [item.text for item in items],
+            "embeddings": [np.asarray(v, dtype=np.float32) for v in vectors],
+            "models": list(model_ids),
+            "occurred_at": [item.occurred_at for item in items],
+            "metadata": [Jsonb(item.metadata) for item in items],
+        },
+    )
+    return [(int(mid), ext) for mid, ext in await cursor.fetchall()]
 
 
 def _model_ids(

@@ -15,7 +15,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from sqlalchemy import text
+from sqlalchemy import event, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker, create_async_engine
 
@@ -95,12 +95,30 @@ class Database:
 
 
 def create_engine(url: str, pool_size: int) -> AsyncEngine:
-    return create_async_engine(
+    engine = create_async_engine(
         sqlalchemy_url(url),
         pool_size=pool_size,
         max_overflow=pool_size,
         pool_pre_ping=True,  # a restarted Postgres must not poison the pool
     )
+    event.listen(engine.sync_engine, "connect", _register_vector)
+    return engine
+
+
+def _register_vector(dbapi_connection, connection_record) -> None:  # noqa: ANN001 - SQLAlchemy's
+    """pgvector's psycopg adapters on every new connection, so vectors can travel in binary
+    (numpy arrays are dumped as ``vector``; ``vector`` values load as ``pgvector.Vector``). A
+    database without the extension yet (before ``earm migrate``) is left as it is."""
+    dbapi_connection.run_async(_register_vector_async)
+
+
+async def _register_vector_async(connection) -> None:  # noqa: ANN001 - a psycopg AsyncConnection
+    from pgvector.psycopg.vector import register_vector_info
+    from psycopg.types import TypeInfo
+
+    info = await TypeInfo.fetch(connection, "vector")
+    if info is not None:
+        register_vector_info(connection, info)
 
 
 @asynccontextmanager

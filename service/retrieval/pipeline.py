@@ -4,6 +4,7 @@ rerank, learn. Also client feedback and the full refit. No HTTP here."""
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from collections.abc import Sequence
@@ -29,7 +30,7 @@ from service.retrieval.rerank import (
     rank_candidates,
     resolve_memory_rows,
 )
-from service.scorers import RelevanceScorer
+from service.scorers import OpenAIChatScorer, RelevanceScorer
 from service.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -90,6 +91,13 @@ class _Stopwatch:
     def total(self) -> dict[str, float]:
         self.timings["total_ms"] = round((time.perf_counter() - self.start) * 1000, 3)
         return self.timings
+
+
+def _reads_embeddings(scorer: RelevanceScorer) -> bool:
+    """Whether the scorer looks at memory embeddings. The LLM judge reads texts only, so its
+    requests skip fetching them (it receives a zero-width array); any other scorer gets the
+    anchors' embeddings."""
+    return not isinstance(scorer, OpenAIChatScorer)
 
 
 def refit_due(queries_since_refit: int, queries_recorded: int, refit_every: int) -> bool:
@@ -155,8 +163,7 @@ class RetrievalPipeline:
         since = watch.lap("embed_ms", watch.start)
 
         async with self.sessions() as session:
-            state = await store.namespace_state(session, request.namespace)
-            candidates = await store.fetch_candidates(
+            state, candidates = await store.search(
                 session,
                 request.namespace,
                 query_vector,
@@ -164,19 +171,28 @@ class RetrievalPipeline:
                 self.settings.rank,
                 request.filters,
             )
+            # Stage, budget and anchors follow the index this query expects; under concurrent
+            # requests the recorded index can be a few higher, never lower.
+            stage = self.schedule.stage_for(state.next_query_index)
+            budget = self._budget(request, state.next_query_index, len(candidates))
+            anchors = sample_anchors(
+                len(candidates),
+                budget,
+                anchor_seed(request.namespace, state.next_query_index, request.seed),
+            )
+            anchor_embeddings = (
+                await store.memory_embeddings(
+                    session, candidates.ids[anchors], self.settings.embedding_dim
+                )
+                if _reads_embeddings(self.scorer)
+                else np.zeros((len(anchors), 0), dtype=np.float32)
+            )
             await session.commit()
         since = watch.lap("search_ms", since)
 
-        # Stage, budget and anchors follow the index this query expects; under concurrent
-        # requests the recorded index can be a few higher, never lower.
-        stage = self.schedule.stage_for(state.next_query_index)
-        budget = self._budget(request, state.next_query_index, len(candidates))
-        anchors = sample_anchors(
-            len(candidates),
-            budget,
-            anchor_seed(request.namespace, state.next_query_index, request.seed),
+        anchor_scores = await self._score(
+            request.query, query_vector, candidates, anchors, anchor_embeddings
         )
-        anchor_scores = await self._score(request.query, query_vector, candidates, anchors)
         since = watch.lap("score_ms", since)
 
         succeeded = ~np.isnan(anchor_scores)
@@ -231,6 +247,7 @@ class RetrievalPipeline:
         query_vector: np.ndarray,
         candidates: store.Candidates,
         anchors: np.ndarray,
+        anchor_embeddings: np.ndarray,
     ) -> np.ndarray:
         """Scores of the anchors, NaN where the scorer failed for that pair."""
         if len(anchors) == 0:
@@ -239,7 +256,7 @@ class RetrievalPipeline:
             query_text,
             query_vector,
             [candidates.rows[p]["text"] for p in anchors],
-            candidates.embeddings[anchors],
+            anchor_embeddings,
         )
         return np.array([np.nan if s is None else s for s in scores], dtype=np.float64)
 
@@ -260,7 +277,7 @@ class RetrievalPipeline:
         """Record the query and its observations, update the touched memory rows online, and
         commit, all before the response, so the next query learns from this one."""
         async with self.sessions() as session:
-            recorded = await store.record_query(
+            recorded, history = await store.record_query(
                 session,
                 namespace=request.namespace,
                 query_text=request.query,
@@ -276,8 +293,12 @@ class RetrievalPipeline:
                 observed_ids=observed_ids,
                 observed_similarities=observed_similarities,
                 observed_scores=observed_scores,
+                rank=self.settings.rank,
             )
-            await self._resolve_memory_rows(session, request.namespace, observed_ids, mean_score)
+            # The upsert carries the COMMIT (one round trip); session.commit() is then a no-op.
+            await self._resolve_memory_rows(
+                session, request.namespace, observed_ids, mean_score, history, commit=True
+            )
             await session.commit()
         if refit_due(
             recorded.queries_since_refit, recorded.query_index + 1, self.settings.refit_every
@@ -292,11 +313,21 @@ class RetrievalPipeline:
         return recorded
 
     async def _resolve_memory_rows(
-        self, session: AsyncSession, namespace: str, memory_ids: np.ndarray, mean_score: float
+        self,
+        session: AsyncSession,
+        namespace: str,
+        memory_ids: np.ndarray,
+        mean_score: float,
+        history: store.RowObservations | None = None,
+        commit: bool = False,
     ) -> None:
+        """Re-solve the rows of ``memory_ids`` from all their observations (``history``, when
+        the caller already read it in the same transaction); ``commit`` ends the transaction
+        with the write."""
         if len(memory_ids) == 0:
             return
-        history = await store.memory_row_observations(session, memory_ids, self.settings.rank)
+        if history is None:
+            history = await store.memory_row_observations(session, memory_ids, self.settings.rank)
         if len(history.scores) == 0:
             return
         update = await asyncio.to_thread(
@@ -317,6 +348,7 @@ class RetrievalPipeline:
             update.bias,
             update.factors,
             update.observation_count,
+            commit=commit,
         )
 
     def _top_k(
@@ -328,7 +360,7 @@ class RetrievalPipeline:
                 external_id=candidates.rows[p]["external_id"],
                 text=candidates.rows[p]["text"],
                 occurred_at=candidates.rows[p]["occurred_at"],
-                metadata=candidates.rows[p]["metadata"],
+                metadata=json.loads(candidates.rows[p]["metadata_json"]),
                 score=float(ranking.scores[p]),
                 source=ranking.sources[p],
                 similarity=float(candidates.similarities[p]),
@@ -413,8 +445,15 @@ class RetrievalPipeline:
 
     async def refit(self, namespace: str) -> bool:
         """Full refit of a namespace's model from all its observations. Returns False when
-        another process holds the refit lock (it will do the work)."""
-        async with self.sessions() as session:
+        another process holds the refit lock (it will do the work).
+
+        The lock is a session-level advisory lock, so every statement of the refit must run on
+        the connection that took it: a session commits by handing its connection back to the
+        pool, and the unlock would then run on another connection, leaking the lock (and
+        silently disabling later refits of the namespace). Hence one pinned connection.
+        """
+        engine = self.sessions.kw["bind"]
+        async with engine.connect() as connection, self.sessions(bind=connection) as session:
             if not await store.try_lock_namespace_refit(session, namespace):
                 return False
             try:

@@ -6,17 +6,18 @@ pipeline decides what commits together.
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 import numpy as np
-from pgvector.sqlalchemy import VECTOR
-from sqlalchemy import bindparam, text
-from sqlalchemy.dialects.postgresql import ARRAY, JSONB
+import psycopg
+import psycopg.sql
+from psycopg.types.json import Jsonb
+from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession
-from sqlalchemy.types import REAL
 
 from service.completion.similarity import QueryParameters
 from service.errors import NotFound
@@ -24,15 +25,20 @@ from service.errors import NotFound
 
 @dataclass(frozen=True)
 class Candidates:
-    """The semantic candidates of one query, most similar first, as parallel arrays."""
+    """The semantic candidates of one query, most similar first, as parallel arrays.
+
+    Embeddings are not fetched here: only a scorer that reads them needs them, and only for the
+    anchors (:func:`memory_embeddings`).
+    """
 
     ids: np.ndarray  # int64 (n,)
     similarities: np.ndarray  # float64 (n,) cosine similarity
-    embeddings: np.ndarray  # float32 (n, dim)
     memory_bias: np.ndarray  # float64 (n,), 0 where the memory has no history
     memory_factors: np.ndarray  # float64 (n, rank), 0 where the memory has no history
     observation_count: np.ndarray  # int64 (n,)
-    rows: list[dict[str, Any]]  # id, external_id, text, occurred_at, created_at, metadata
+    # id, external_id, text, occurred_at, metadata_json (the metadata as JSON text: only the
+    # returned top-k parse it)
+    rows: list[dict[str, Any]]
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -46,13 +52,30 @@ class NamespaceState:
     queries_since_refit: int
 
 
-def as_real(values: np.ndarray) -> list[float]:
+async def driver_connection(session: AsyncSession) -> psycopg.AsyncConnection[Any]:
+    """The psycopg connection under the session, in the session's transaction.
+
+    Hot paths talk to it directly: vectors travel in pgvector's binary format (the engine
+    registers the adapters on every connection, see ``service.db.database``), statements can be
+    pipelined into one round trip, and rows skip SQLAlchemy's per-row processing. Values are
+    read in the same (text) result format as through SQLAlchemy, so they are bit-identical.
+    """
+    connection = await session.connection()
+    raw = await connection.get_raw_connection()
+    return raw.driver_connection  # type: ignore[return-value]
+
+
+def real_values(values: np.ndarray) -> np.ndarray:
     """Values for a Postgres ``real`` column: float32, with magnitudes below float32's smallest
     normal flushed to zero (Postgres rejects subnormal ``real`` input as out of range, and ALS
     can drive an unused factor arbitrarily close to zero)."""
     single = np.asarray(values, dtype=np.float32)
-    single = np.where(np.abs(single) < np.finfo(np.float32).tiny, np.float32(0.0), single)
-    return [float(x) for x in single]
+    return np.where(np.abs(single) < np.finfo(np.float32).tiny, np.float32(0.0), single)
+
+
+def as_real(values: np.ndarray) -> list[float]:
+    """:func:`real_values` as a list of Python floats."""
+    return [float(x) for x in real_values(values)]
 
 
 def real_array_literals(rows: np.ndarray) -> list[str]:
@@ -85,6 +108,16 @@ async def namespace_state(
             {"namespace": namespace},
         )
     ).first()
+    return _namespace_state(row, namespace)
+
+
+_STATE_SQL = (
+    "SELECT next_query_index, score_sum, score_count, queries_since_refit "
+    "FROM namespaces WHERE name = %(namespace)s"
+)
+
+
+def _namespace_state(row: Sequence[Any] | None, namespace: str) -> NamespaceState:
     if row is None:
         raise NotFound(f"namespace {namespace!r} has no memories")
     next_index, score_sum, score_count, since_refit = row
@@ -92,25 +125,74 @@ async def namespace_state(
     return NamespaceState(int(next_index), mean, int(score_count), int(since_refit))
 
 
-_CANDIDATE_COLUMNS = (
-    "id, external_id, text, occurred_at, created_at, metadata, embedding, "
-    "embedding <=> :query AS distance"
-)
-
-
 def _candidate_sql(exact: bool, filtered: bool) -> str:
     # `+ 0` hides the operator from the planner, forcing an exact scan for the fallback.
-    order = "(embedding <=> :query) + 0" if exact else "embedding <=> :query"
-    where = "namespace = :namespace" + (" AND metadata @> :filters" if filtered else "")
+    order = "(embedding <=> %(query)b) + 0" if exact else "embedding <=> %(query)b"
+    where = "namespace = %(namespace)s" + (" AND metadata @> %(filters)s" if filtered else "")
     return f"""
         WITH c AS MATERIALIZED (
-            SELECT {_CANDIDATE_COLUMNS} FROM memories
-            WHERE {where} ORDER BY {order} LIMIT :limit
+            SELECT id, external_id, text, occurred_at, metadata::text AS metadata_json,
+                   embedding <=> %(query)b AS distance
+            FROM memories
+            WHERE {where} ORDER BY {order} LIMIT %(limit)s
         )
         SELECT c.*, f.bias, f.factors, f.observation_count
         FROM c LEFT JOIN memory_factors f ON f.memory_id = c.id
         ORDER BY c.distance, c.id
     """
+
+
+# plan_cache_mode: the candidate query is prepared (psycopg prepares a statement from its
+# 5th execution on a connection), and Postgres may then switch to a generic plan, which does
+# not know the query vector or the limit and is slower (measured 18 vs 10 ms at 100k
+# memories). A custom plan costs ~0.2 ms of planning.
+_SEARCH_SETTINGS_SQL = (
+    "SELECT set_config('hnsw.ef_search', %(ef)s, true), "
+    "set_config('hnsw.iterative_scan', 'relaxed_order', true), "
+    "set_config('plan_cache_mode', 'force_custom_plan', true)"
+)
+
+
+async def search(
+    session: AsyncSession,
+    namespace: str,
+    query_embedding: np.ndarray,
+    limit: int,
+    rank: int,
+    filters: dict[str, Any] | None = None,
+) -> tuple[NamespaceState, Candidates]:
+    """The namespace's counters and its top-``limit`` memories by cosine similarity, with
+    their completion-model parameters, in one round trip: the settings, both reads and the
+    COMMIT that ends this read-only transaction are pipelined. (The session's own commit is
+    then a no-op: psycopg skips COMMIT on an idle connection.)
+
+    pgvector's HNSW scan yields at most ``hnsw.ef_search`` rows, and a namespace filter can
+    leave fewer, so ef_search is raised to ``limit`` and iterative scanning is enabled for this
+    transaction; if the index still returns too few, an exact scan of the namespace answers.
+    """
+    conn = await driver_connection(session)
+    params: dict[str, Any] = {
+        "namespace": namespace,
+        "query": np.asarray(query_embedding, dtype=np.float32),
+        "limit": limit,
+        "ef": str(min(1000, max(40, limit))),
+    }
+    filtered = filters is not None
+    if filtered:
+        params["filters"] = Jsonb(filters)
+    async with conn.pipeline():
+        await conn.execute(_SEARCH_SETTINGS_SQL, params)
+        state_cursor = await conn.execute(_STATE_SQL, params)
+        candidates_cursor = await conn.execute(_candidate_sql(False, filtered), params)
+        await conn.commit()
+    state = _namespace_state(await state_cursor.fetchone(), namespace)
+    rows = await candidates_cursor.fetchall()
+    if len(rows) < limit:
+        async with conn.pipeline():
+            exact_cursor = await conn.execute(_candidate_sql(True, filtered), params)
+            await conn.commit()
+        rows = await exact_cursor.fetchall()
+    return state, _candidates(rows, rank)
 
 
 async def fetch_candidates(
@@ -121,67 +203,53 @@ async def fetch_candidates(
     rank: int,
     filters: dict[str, Any] | None = None,
 ) -> Candidates:
-    """Top-``limit`` memories by cosine similarity, with their completion-model parameters.
+    """:func:`search` without the counters."""
+    return (await search(session, namespace, query_embedding, limit, rank, filters))[1]
 
-    pgvector's HNSW scan yields at most ``hnsw.ef_search`` rows, and a namespace filter can
-    leave fewer, so ef_search is raised to ``limit`` and iterative scanning is enabled for this
-    transaction; if the index still returns too few, an exact scan of the namespace answers.
-    """
-    await session.execute(
-        text(
-            "SELECT set_config('hnsw.ef_search', :ef, true), "
-            "set_config('hnsw.iterative_scan', 'relaxed_order', true)"
-        ),
-        {"ef": str(min(1000, max(40, limit)))},
-    )
-    params = {
-        "namespace": namespace,
-        "query": query_embedding,
-        "limit": limit,
-        "filters": filters,
-    }
-    rows = await _candidate_rows(session, params, exact=False, filtered=filters is not None)
-    if len(rows) < limit:
-        rows = await _candidate_rows(session, params, exact=True, filtered=filters is not None)
+
+def _candidates(rows: Sequence[Sequence[Any]], rank: int) -> Candidates:
+    # Row layout: id, external_id, text, occurred_at, metadata_json, distance, bias, factors,
+    # observation_count.
     return Candidates(
-        ids=np.array([r.id for r in rows], dtype=np.int64),
-        similarities=np.array([1.0 - r.distance for r in rows], dtype=np.float64),
-        embeddings=(
-            np.array([r.embedding for r in rows], dtype=np.float32)
-            if rows
-            else np.zeros((0, len(query_embedding)), dtype=np.float32)
-        ),
-        memory_bias=np.array([r.bias or 0.0 for r in rows], dtype=np.float64),
-        memory_factors=factor_matrix([r.factors for r in rows], rank),
-        observation_count=np.array([r.observation_count or 0 for r in rows], dtype=np.int64),
+        ids=np.array([r[0] for r in rows], dtype=np.int64),
+        similarities=np.array([1.0 - r[5] for r in rows], dtype=np.float64),
+        memory_bias=np.array([r[6] or 0.0 for r in rows], dtype=np.float64),
+        memory_factors=factor_matrix([r[7] for r in rows], rank),
+        observation_count=np.array([r[8] or 0 for r in rows], dtype=np.int64),
         rows=[
             {
-                "id": r.id,
-                "external_id": r.external_id,
-                "text": r.text,
-                "occurred_at": r.occurred_at,
-                "created_at": r.created_at,
-                "metadata": r.metadata,
+                "id": r[0],
+                "external_id": r[1],
+                "text": r[2],
+                "occurred_at": r[3],
+                "metadata_json": r[4],
             }
             for r in rows
         ],
     )
 
 
-async def _candidate_rows(
-    session: AsyncSession, params: dict[str, Any], exact: bool, filtered: bool
-) -> list[Any]:
-    statement = (
-        text(_candidate_sql(exact, filtered))
-        .bindparams(
-            bindparam("query", type_=VECTOR()),
-            *([bindparam("filters", type_=JSONB())] if filtered else []),
+async def memory_embeddings(
+    session: AsyncSession, memory_ids: np.ndarray, dim: int
+) -> np.ndarray:
+    """Embeddings (float32, in the order of ``memory_ids``), fetched in binary format, in a
+    read-only transaction of their own (committed in the same round trip)."""
+    if len(memory_ids) == 0:
+        return np.zeros((0, dim), dtype=np.float32)
+    conn = await driver_connection(session)
+    async with conn.pipeline():
+        cursor = await conn.execute(
+            "SELECT m.embedding FROM unnest(%(ids)s::bigint[]) WITH ORDINALITY AS t(id, ord) "
+            "LEFT JOIN memories m ON m.id = t.id ORDER BY t.ord",
+            {"ids": [int(m) for m in memory_ids]},
+            binary=True,
         )
-        .columns(embedding=VECTOR())
-    )
-    if not filtered:
-        params = {k: v for k, v in params.items() if k != "filters"}
-    return list((await session.execute(statement, params)).all())
+        await conn.commit()
+    embeddings = np.zeros((len(memory_ids), dim), dtype=np.float32)
+    for i, (vector,) in enumerate(await cursor.fetchall()):
+        if vector is not None:  # None: deleted since the search, by a concurrent request
+            embeddings[i] = vector.to_numpy()
+    return embeddings
 
 
 @dataclass(frozen=True)
@@ -189,6 +257,39 @@ class RecordedQuery:
     query_id: int
     query_index: int
     queries_since_refit: int
+
+
+_RECORD_SQL = """
+    WITH n AS (
+        UPDATE namespaces SET
+            next_query_index = next_query_index + 1,
+            scorer_calls = scorer_calls + %(calls)s,
+            full_rerank_calls = full_rerank_calls + %(n_candidates)s,
+            score_sum = score_sum + %(score_sum)s,
+            score_count = score_count + %(score_count)s,
+            queries_since_refit = queries_since_refit + 1
+        WHERE name = %(namespace)s
+        RETURNING next_query_index - 1 AS query_index, queries_since_refit
+    ), q AS (
+        INSERT INTO queries (namespace, query_index, text, embedding, policy, candidates,
+                             budget, scorer_calls, bias, slope, factors, prequential_abs_error,
+                             prequential_count, returned_count, returned_estimated)
+        SELECT %(namespace)s::text, n.query_index, %(text)s::text, %(embedding)b,
+               %(policy)s::text, %(n_candidates)s::int, %(budget)s::int, %(calls)s::int,
+               %(bias)s::float8, %(slope)s::float8, %(factors)s::real[],
+               %(prequential_error)s::float8, %(prequential_count)s::int,
+               %(returned_count)s::int, %(returned_estimated)s::int
+        FROM n
+        RETURNING id, query_index
+    ), s AS (
+        INSERT INTO scores (query_id, memory_id, namespace, score, similarity, source)
+        SELECT q.id, t.m, %(namespace)s::text, t.s, t.c, 'scorer'
+        FROM q, unnest(%(memory_ids)s::bigint[], %(scores)s::real[],
+                       %(similarities)s::real[]) AS t(m, s, c)
+        ON CONFLICT (query_id, memory_id) DO NOTHING
+    )
+    SELECT q.id, q.query_index, n.queries_since_refit FROM q, n
+"""
 
 
 async def record_query(
@@ -208,61 +309,29 @@ async def record_query(
     observed_ids: np.ndarray,
     observed_similarities: np.ndarray,
     observed_scores: np.ndarray,
-) -> RecordedQuery:
-    """Record a query and its observations in the caller's transaction.
+    rank: int,
+) -> tuple[RecordedQuery, RowObservations]:
+    """Record a query and its observations in the caller's transaction, in one statement, and
+    read the full observation history of the observed memories (this query's cells included)
+    for their online re-solve: one round trip for both (pipelined).
 
     The namespace row's UPDATE takes its lock, so concurrent requests get consecutive indexes
     and a rolled-back request leaves no gap.
     """
-    index_row = (
-        await session.execute(
-            text(
-                """
-                UPDATE namespaces SET
-                    next_query_index = next_query_index + 1,
-                    scorer_calls = scorer_calls + :calls,
-                    full_rerank_calls = full_rerank_calls + :n_candidates,
-                    score_sum = score_sum + :score_sum,
-                    score_count = score_count + :score_count,
-                    queries_since_refit = queries_since_refit + 1
-                WHERE name = :namespace
-                RETURNING next_query_index - 1, queries_since_refit
-                """
-            ),
+    conn = await driver_connection(session)
+    async with conn.pipeline():
+        cursor = await conn.execute(
+            _RECORD_SQL,
             {
                 "namespace": namespace,
                 "calls": scorer_calls,
                 "n_candidates": n_candidates,
                 "score_sum": float(np.sum(observed_scores)),
                 "score_count": len(observed_scores),
-            },
-        )
-    ).one()
-    query_index, since_refit = int(index_row[0]), int(index_row[1])
-    query_id = (
-        await session.execute(
-            text(
-                """
-                INSERT INTO queries (namespace, query_index, text, embedding, policy, candidates,
-                                     budget, scorer_calls, bias, slope, factors, prequential_abs_error,
-                                     prequential_count, returned_count, returned_estimated)
-                VALUES (:namespace, :query_index, :text, :embedding, :policy, :candidates,
-                        :budget, :calls, :bias, :slope, :factors, :prequential_error,
-                        :prequential_count, :returned_count, :returned_estimated)
-                RETURNING id
-                """
-            ).bindparams(
-                bindparam("embedding", type_=VECTOR()), bindparam("factors", type_=ARRAY(REAL))
-            ),
-            {
-                "namespace": namespace,
-                "query_index": query_index,
                 "text": query_text,
-                "embedding": query_embedding,
+                "embedding": np.asarray(query_embedding, dtype=np.float32),
                 "policy": policy,
-                "candidates": n_candidates,
                 "budget": budget,
-                "calls": scorer_calls,
                 "bias": None if query is None else query.bias,
                 "slope": None if query is None else query.slope,
                 "factors": None if query is None else as_real(query.factors),
@@ -272,20 +341,24 @@ async def record_query(
                 "prequential_count": len(prequential_errors),
                 "returned_count": returned_count,
                 "returned_estimated": returned_estimated,
+                "memory_ids": [int(m) for m in observed_ids],
+                "scores": [float(x) for x in observed_scores],
+                "similarities": [float(c) for c in observed_similarities],
             },
         )
-    ).scalar_one()
-    if len(observed_ids):
-        await insert_scores(
-            session,
-            namespace,
-            query_id,
-            observed_ids,
-            observed_similarities,
-            observed_scores,
-            "scorer",
+        history = (
+            await conn.execute(_ROW_OBSERVATIONS_SQL, {"ids": [int(m) for m in observed_ids]})
+            if len(observed_ids)
+            else None
         )
-    return RecordedQuery(int(query_id), query_index, since_refit)
+    row = await cursor.fetchone()
+    if row is None:
+        raise NotFound(f"namespace {namespace!r} has no memories")
+    query_id, query_index, since_refit = row
+    return (
+        RecordedQuery(int(query_id), int(query_index), int(since_refit)),
+        _row_observations(await history.fetchall() if history is not None else [], rank),
+    )
 
 
 async def insert_scores(
@@ -351,22 +424,23 @@ class RowObservations:
     query_factors: np.ndarray
 
 
+_ROW_OBSERVATIONS_SQL = """
+    SELECT s.memory_id, s.similarity, s.score, q.bias, q.slope, q.factors
+    FROM scores s JOIN queries q ON q.id = s.query_id
+    WHERE s.memory_id = ANY(%(ids)s::bigint[]) AND q.bias IS NOT NULL
+    ORDER BY s.memory_id, s.query_id
+"""
+
+
 async def memory_row_observations(
     session: AsyncSession, memory_ids: Sequence[int], rank: int
 ) -> RowObservations:
-    rows = (
-        await session.execute(
-            text(
-                """
-                SELECT s.memory_id, s.similarity, s.score, q.bias, q.slope, q.factors
-                FROM scores s JOIN queries q ON q.id = s.query_id
-                WHERE s.memory_id = ANY(CAST(:ids AS bigint[])) AND q.bias IS NOT NULL
-                ORDER BY s.memory_id, s.query_id
-                """
-            ),
-            {"ids": [int(m) for m in memory_ids]},
-        )
-    ).all()
+    conn = await driver_connection(session)
+    cursor = await conn.execute(_ROW_OBSERVATIONS_SQL, {"ids": [int(m) for m in memory_ids]})
+    return _row_observations(await cursor.fetchall(), rank)
+
+
+def _row_observations(rows: Sequence[Sequence[Any]], rank: int) -> RowObservations:
     return RowObservations(
         memory_ids=np.array([r[0] for r in rows], dtype=np.int64),
         similarities=np.array([r[1] for r in rows], dtype=np.float64),
@@ -401,6 +475,17 @@ async def query_observations(
     )
 
 
+_UPSERT_FACTORS_SQL = """
+    INSERT INTO memory_factors (memory_id, namespace, bias, factors, observation_count)
+    SELECT m, %(namespace)s::text, b, f::real[], n
+    FROM unnest(%(ids)s::bigint[], %(bias)s::float8[], %(factors)s::text[], %(counts)s::int[])
+        AS t(m, b, f, n)
+    ON CONFLICT (memory_id) DO UPDATE SET
+        bias = EXCLUDED.bias, factors = EXCLUDED.factors,
+        observation_count = EXCLUDED.observation_count
+"""
+
+
 async def upsert_memory_factors(
     session: AsyncSession,
     namespace: str,
@@ -408,29 +493,26 @@ async def upsert_memory_factors(
     bias: np.ndarray,
     factors: np.ndarray,
     observation_count: np.ndarray,
+    *,
+    commit: bool = False,
 ) -> None:
-    if len(memory_ids) == 0:
-        return
-    await session.execute(
-        text(
-            """
-            INSERT INTO memory_factors (memory_id, namespace, bias, factors, observation_count)
-            SELECT m, :namespace, b, CAST(f AS real[]), n
-            FROM unnest(CAST(:ids AS bigint[]), CAST(:bias AS float8[]),
-                        CAST(:factors AS text[]), CAST(:counts AS int[])) AS t(m, b, f, n)
-            ON CONFLICT (memory_id) DO UPDATE SET
-                bias = EXCLUDED.bias, factors = EXCLUDED.factors,
-                observation_count = EXCLUDED.observation_count
-            """
-        ),
-        {
-            "namespace": namespace,
-            "ids": [int(m) for m in memory_ids],
-            "bias": [float(b) for b in bias],
-            "factors": real_array_literals(factors),
-            "counts": [int(n) for n in observation_count],
-        },
-    )
+    """The online update of a few memory rows (a full refit writes with :func:`replace_model`).
+    ``commit``: also commit the transaction, in the same round trip."""
+    conn = await driver_connection(session)
+    async with conn.pipeline():
+        if len(memory_ids):
+            await conn.execute(
+                _UPSERT_FACTORS_SQL,
+                {
+                    "namespace": namespace,
+                    "ids": [int(m) for m in memory_ids],
+                    "bias": [float(b) for b in bias],
+                    "factors": real_array_literals(factors),
+                    "counts": [int(n) for n in observation_count],
+                },
+            )
+        if commit:
+            await conn.commit()
 
 
 async def update_query_factors(
@@ -468,22 +550,108 @@ class NamespaceObservations:
     scores: np.ndarray
 
 
+# Binary COPY framing (https://www.postgresql.org/docs/current/sql-copy.html#id-1.9.3.55.9.4).
+_COPY_SIGNATURE = b"PGCOPY\n\xff\r\n\x00"
+_COPY_HEADER = _COPY_SIGNATURE + struct.pack(">ii", 0, 0)
+_COPY_TRAILER = struct.pack(">h", -1)
+_FLOAT4_OID = 700
+
+# One row of COPY (SELECT memory_id, query_id, float8, float8) in binary: field count, then
+# length + value per field.
+_OBSERVATION_ROW = np.dtype(
+    [("fields", ">i2"), ("l0", ">i4"), ("memory_id", ">i8"), ("l1", ">i4"), ("query_id", ">i8"),
+     ("l2", ">i4"), ("similarity", ">f8"), ("l3", ">i4"), ("score", ">f8")]
+)
+
+
 async def namespace_observations(session: AsyncSession, namespace: str) -> NamespaceObservations:
-    rows = (
-        await session.execute(
-            text(
-                "SELECT memory_id, query_id, similarity, score FROM scores "
-                "WHERE namespace = :namespace"
-            ),
-            {"namespace": namespace},
-        )
-    ).all()
+    """Every observation of the namespace, read with a binary COPY into numpy arrays.
+
+    ``real`` values are sent as ``real::text::float8``: the same float64 a text-format read
+    parses (the shortest decimal of the float32), so a refit fits exactly the same numbers.
+    """
+    conn = await driver_connection(session)
+    data = bytearray()
+    statement = psycopg.sql.SQL(
+        "COPY (SELECT memory_id, query_id, similarity::text::float8, score::text::float8 "
+        "FROM scores WHERE namespace = {}) TO STDOUT (FORMAT BINARY)"
+    ).format(psycopg.sql.Literal(namespace))
+    async with conn.cursor() as cursor:
+        async with cursor.copy(statement) as copy:
+            async for chunk in copy:
+                data += chunk
+    rows = _parse_binary_copy(bytes(data), _OBSERVATION_ROW)
     return NamespaceObservations(
-        memory_ids=np.array([r[0] for r in rows], dtype=np.int64),
-        query_ids=np.array([r[1] for r in rows], dtype=np.int64),
-        similarities=np.array([r[2] for r in rows], dtype=np.float64),
-        scores=np.array([r[3] for r in rows], dtype=np.float64),
+        memory_ids=rows["memory_id"].astype(np.int64),
+        query_ids=rows["query_id"].astype(np.int64),
+        similarities=rows["similarity"].astype(np.float64),
+        scores=rows["score"].astype(np.float64),
     )
+
+
+def _parse_binary_copy(data: bytes, row: np.dtype) -> np.ndarray:
+    """Rows of a binary COPY whose every field is fixed-size and non-NULL."""
+    if not data.startswith(_COPY_SIGNATURE):
+        raise ValueError("not a binary COPY stream")
+    extension = struct.unpack_from(">i", data, len(_COPY_SIGNATURE) + 4)[0]
+    start = len(_COPY_SIGNATURE) + 8 + extension
+    body = data[start : len(data) - len(_COPY_TRAILER)]
+    rows = np.frombuffer(body, dtype=row)
+    sizes = [row.fields[name][0].itemsize for name in row.names[2::2]]
+    lengths = [row.names[i] for i in range(1, len(row.names), 2)]
+    if len(body) % row.itemsize or np.any(rows["fields"] != len(sizes)) or any(
+        np.any(rows[name] != size) for name, size in zip(lengths, sizes)
+    ):
+        raise ValueError("unexpected row layout in a binary COPY stream")
+    return rows
+
+
+def _binary_copy(columns: Sequence[tuple[str, Any]], n_rows: int) -> bytes:
+    """A binary COPY stream of ``n_rows`` rows, built in numpy (no per-row Python).
+
+    Columns are (kind, values): ``int8``, ``int4``, ``float8`` (arrays of ``n_rows``), ``text``
+    (one ``str`` for every row) or ``real[]`` (an (n_rows, r) array, written as float32).
+    """
+    fields: list[tuple[Any, ...]] = [("fields", ">i2")]
+    for i, (kind, values) in enumerate(columns):
+        fields.append((f"l{i}", ">i4"))
+        if kind == "int8":
+            fields.append((f"v{i}", ">i8"))
+        elif kind == "int4":
+            fields.append((f"v{i}", ">i4"))
+        elif kind == "float8":
+            fields.append((f"v{i}", ">f8"))
+        elif kind == "text":
+            fields.append((f"v{i}", f"S{len(values.encode())}"))
+        elif kind == "real[]":
+            rank = values.shape[1]
+            fields.append((f"h{i}", ">i4", (5,)))  # ndim, has-nulls, element oid, size, lbound
+            fields.append((f"v{i}", [("length", ">i4"), ("value", ">f4")], (rank,)))
+        else:  # pragma: no cover - programming error
+            raise ValueError(f"unknown column kind {kind!r}")
+    rows = np.zeros(n_rows, dtype=np.dtype(fields))
+    rows["fields"] = len(columns)
+    for i, (kind, values) in enumerate(columns):
+        if kind == "text":
+            encoded = values.encode()
+            rows[f"l{i}"] = len(encoded)
+            rows[f"v{i}"] = encoded
+        elif kind == "real[]":
+            rank = values.shape[1]
+            rows[f"l{i}"] = 20 + 8 * rank
+            rows[f"h{i}"] = (1, 0, _FLOAT4_OID, rank, 1)
+            rows[f"v{i}"]["length"] = 4
+            rows[f"v{i}"]["value"] = real_values(values)
+        else:
+            rows[f"l{i}"] = rows.dtype[f"v{i}"].itemsize
+            rows[f"v{i}"] = values
+    return _COPY_HEADER + rows.tobytes() + _COPY_TRAILER
+
+
+async def _copy_in(conn: psycopg.AsyncConnection[Any], statement: str, data: bytes) -> None:
+    async with conn.cursor() as cursor:
+        async with cursor.copy(statement) as copy:
+            await copy.write(data)
 
 
 async def try_lock_namespace_refit(session: AsyncSession, namespace: str) -> bool:
@@ -518,15 +686,42 @@ async def replace_model(
     query_factors: np.ndarray,
     refitted_at: datetime,
 ) -> None:
-    """Write a full refit: every memory row and query column of the namespace, and reset the counter."""
+    """Write a full refit: every memory row and query column of the namespace, and reset the
+    counter. Rows travel by binary COPY (the memory side straight into ``memory_factors``,
+    emptied for the namespace first; the query side through a temporary table)."""
     await namespace_state(session, namespace, for_update=True)
-    await session.execute(
-        text("DELETE FROM memory_factors WHERE namespace = :namespace"), {"namespace": namespace}
-    )
-    await upsert_memory_factors(
-        session, namespace, memory_ids, memory_bias, memory_factors, observation_count
-    )
-    await update_query_factors(session, query_ids, query_bias, query_slope, query_factors)
+    conn = await driver_connection(session)
+    await conn.execute("DELETE FROM memory_factors WHERE namespace = %s", (namespace,))
+    if len(memory_ids):
+        await _copy_in(
+            conn,
+            "COPY memory_factors (memory_id, namespace, bias, factors, observation_count) "
+            "FROM STDIN (FORMAT BINARY)",
+            _binary_copy(
+                [("int8", memory_ids), ("text", namespace), ("float8", memory_bias),
+                 ("real[]", np.asarray(memory_factors)), ("int4", observation_count)],
+                len(memory_ids),
+            ),
+        )
+    if len(query_ids):
+        await conn.execute(
+            "CREATE TEMPORARY TABLE earm_refit_queries "
+            "(id bigint, bias float8, slope float8, factors real[]) ON COMMIT DROP"
+        )
+        await _copy_in(
+            conn,
+            "COPY earm_refit_queries (id, bias, slope, factors) FROM STDIN (FORMAT BINARY)",
+            _binary_copy(
+                [("int8", query_ids), ("float8", query_bias), ("float8", query_slope),
+                 ("real[]", np.asarray(query_factors))],
+                len(query_ids),
+            ),
+        )
+        await conn.execute(
+            "UPDATE queries q SET bias = t.bias, slope = t.slope, factors = t.factors "
+            "FROM earm_refit_queries t WHERE q.id = t.id"
+        )
+        await conn.execute("DROP TABLE earm_refit_queries")
     await session.execute(
         text(
             """

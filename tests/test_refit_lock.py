@@ -1,0 +1,52 @@
+"""The refit's advisory lock is released on the connection that took it, so refits keep
+running: a leaked lock (unlocking on another pooled connection) would make every later refit
+of the namespace return False forever."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+from sqlalchemy import text
+
+from service.db.database import open_database
+from service.memories import NewMemory, ingest
+from service.retrieval.pipeline import RetrievalPipeline, RetrieveRequest
+from service.scorers import LocalScorer
+from service.settings import Settings
+
+
+async def _refits_and_locks(settings: Settings) -> tuple[list[bool], int]:
+    rng = np.random.default_rng(0)
+    async with open_database(settings) as db:
+        pipeline = RetrievalPipeline(db.sessions, None, LocalScorer(), settings)
+        async with db.sessions() as session:
+            await ingest(
+                session, None, 384, "lock",
+                [NewMemory(text=f"m{i}", embedding=rng.normal(size=384).tolist()) for i in range(30)],
+            )
+            await session.commit()
+
+        async def retrieve(i: int) -> None:
+            await pipeline.retrieve(RetrieveRequest(
+                namespace="lock", query=f"q{i}", query_embedding=rng.normal(size=384).tolist(),
+                candidates=20, budget=5,
+            ))
+
+        # Concurrent requests leave several idle connections in the pool, so a session that
+        # commits and continues would get a different one.
+        await asyncio.gather(*(retrieve(i) for i in range(6)))
+        results = [await pipeline.refit("lock") for _ in range(3)]
+        async with db.engine.connect() as conn:
+            held = await conn.scalar(
+                text("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'")
+            )
+    return results, int(held)
+
+
+def test_refit_releases_its_lock_so_later_refits_run(clean_database: str) -> None:
+    settings = Settings(database_url=clean_database, embedder="none", scorer="local",
+                        refit_every=1, _env_file=None)
+    results, held = asyncio.run(_refits_and_locks(settings))
+    assert results == [True, True, True]
+    assert held == 0
