@@ -195,18 +195,6 @@ async def search(
     return state, _candidates(rows, rank)
 
 
-async def fetch_candidates(
-    session: AsyncSession,
-    namespace: str,
-    query_embedding: np.ndarray,
-    limit: int,
-    rank: int,
-    filters: dict[str, Any] | None = None,
-) -> Candidates:
-    """:func:`search` without the counters."""
-    return (await search(session, namespace, query_embedding, limit, rank, filters))[1]
-
-
 def _candidates(rows: Sequence[Sequence[Any]], rank: int) -> Candidates:
     # Row layout: id, external_id, text, occurred_at, metadata_json, distance, bias, factors,
     # observation_count.
