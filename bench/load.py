@@ -13,8 +13,9 @@ The run builds synthetic data of known structure and drives the real service ove
 
 It reports, as markdown on stdout and JSON with ``--out``:
 
-1. **ingest** throughput (memories/s): ``POST /memories`` batches with client vectors; a raw
-   binary ``COPY`` of the same kind of rows into the same table and index (the ingest floor);
+1. **ingest** throughput (memories/s): ``POST /memories`` batches with client vectors; raw
+   binary ``COPY`` streams (as many as the batches in flight) of the same kind of rows into the
+   same table and index (the ingest floor);
    ``POST /memories`` with text only, embedded by the service's local embedder;
 2. **retrieve** latency p50/p95/p99 per policy at each ``--concurrency``: total (``timings.
    total_ms``), scorer time (``score_ms``), server-side overhead (total − score), and
@@ -27,7 +28,7 @@ It reports, as markdown on stdout and JSON with ``--out``:
 5. **completion vs observations**: for each ``--observations`` tier, observations are
    bulk-inserted (synthetic queries of ``--obs-per-query`` scored cells of their topic, scores
    from the same low-rank truth), a full refit runs (the pipeline's ``refit``, timed), the
-   statistics are refreshed (``ANALYZE``, as after ingest), then sequential ``earm``
+   database is vacuumed and analyzed (as after each ingest path), then sequential ``earm``
    retrieves report ``timings.complete_ms``; one more retrieve is made to
    trigger a full refit inside the service (its latency is reported), and the service's
    resident memory (psutil RSS, and the peak) is read after it.
@@ -588,39 +589,46 @@ class Run:
         }
 
     async def ingest_copy_floor(self) -> dict[str, Any]:
-        """The ingest floor: a raw binary COPY of rows like the service's into ``memories``
-        (same table, same HNSW index) in a namespace of its own."""
+        """The ingest floor: raw binary COPYs of rows like the service's into ``memories``
+        (same table, same HNSW index) in a namespace of its own, as many streams in parallel
+        as the service ingest had batches in flight."""
         config = self.config
         n = config.copy_memories
         namespace = self.namespace + "-copy"
         rng = np.random.default_rng([config.seed, 5])
         topics = rng.integers(config.topics, size=n)
         vectors = self.world._embeddings(rng, topics)
-        conn = await self.connect()
-        try:
-            await conn.execute("INSERT INTO namespaces (name) VALUES (%s)", (namespace,))
-            began = time.perf_counter()
-            for start in range(0, n, config.ingest_batch):
-                stop = min(n, start + config.ingest_batch)
+        starts = list(range(0, n, config.ingest_batch))
+        connections = [await self.connect() for _ in range(config.ingest_clients)]
+
+        async def worker(conn: Any) -> None:
+            while starts:
+                start = starts.pop(0)
                 async with conn.cursor() as cursor:
                     async with cursor.copy(
                         "COPY memories (namespace, external_id, text, embedding, embedding_model, "
                         "metadata) FROM STDIN WITH (FORMAT BINARY)"
                     ) as copy:
                         copy.set_types(["text", "text", "text", "vector", "text", "jsonb"])
-                        for i in range(start, stop):
+                        for i in range(start, min(n, start + config.ingest_batch)):
                             await copy.write_row((
                                 namespace, f"c{i}", self.world.memory_text(i, int(topics[i])),
                                 vectors[i], "client", json.dumps({"topic": int(topics[i])}),
                             ))
+
+        try:
+            await connections[0].execute("INSERT INTO namespaces (name) VALUES (%s)", (namespace,))
+            began = time.perf_counter()
+            await asyncio.gather(*(worker(conn) for conn in connections))
             seconds = time.perf_counter() - began
         finally:
-            await conn.close()
+            for conn in connections:
+                await conn.close()
         return {
             "path": "floor: raw binary COPY, same table and index",
             "memories": n,
             "batch": config.ingest_batch,
-            "clients": 1,
+            "clients": config.ingest_clients,
             "seconds": round(seconds, 2),
             "memories_per_s": round(n / seconds, 1),
         }
@@ -783,13 +791,14 @@ class Run:
         }
 
     async def analyze(self) -> None:
-        """Fresh planner statistics after a bulk load, as autovacuum would have them a minute
-        later. Without them a namespace the statistics do not know yet is estimated at one
-        row, and the planner answers its top-N query (earm's and the floor's alike) with an
-        exact scan instead of the HNSW index, depending on when each ran."""
+        """``VACUUM ANALYZE`` after a bulk load: the state autovacuum reaches a minute later,
+        without it running in the middle of a measurement. Without fresh statistics a
+        namespace the planner does not know yet is estimated at one row, and its top-N query
+        (earm's and the floor's alike) gets an exact scan instead of the HNSW index, depending
+        on when each ran."""
         conn = await self.connect()
         try:
-            await conn.execute("ANALYZE")
+            await conn.execute("VACUUM ANALYZE")
         finally:
             await conn.close()
 
@@ -858,9 +867,11 @@ async def _run(config: LoadConfig, world: World, judge: Judge, svc: Service,
         run.client = client
         report["rss_start"] = svc.rss_mb()
 
-        # 1. ingest
+        # 1. ingest (each path after the last one's housekeeping, so none pays for another)
         ingest = [await run.ingest_vectors()]
+        await run.analyze()
         ingest.append(await run.ingest_copy_floor())
+        await run.analyze()
         if config.embed_memories:
             ingest.append(await run.ingest_embedded())
         report["ingest"] = ingest

@@ -1,7 +1,9 @@
 """SQL of the retrieval pipeline: candidates with their model state, recording, model persistence.
 
 Every function takes an open ``AsyncSession`` and leaves the transaction to the caller, so the
-pipeline decides what commits together.
+pipeline decides what commits together; the exceptions say so: the read-only :func:`search`
+and :func:`memory_embeddings` commit their own reads, and :func:`upsert_memory_factors` can
+carry the caller's COMMIT, each in the same round trip as its statements.
 """
 
 from __future__ import annotations
