@@ -697,7 +697,7 @@ def add_locomo_parser(subparsers: argparse._SubParsersAction) -> argparse.Argume
                         help="semantic candidates N per query (default 200)")
     parser.add_argument("--schedule", default=None,
                         help="budget schedule 't:ratio,…' (default: the service's, "
-                             "0:1.0,10:0.6,30:0.4,60:0.25,100:0.175)")
+                             "0:1.0,5:0.5,15:0.3,30:0.175)")
     parser.add_argument("--judge", choices=("oracle", "local"), default="oracle",
                         help="oracle: labels + noise over loopback chat-completions; "
                              "local: the service's offline scorer")

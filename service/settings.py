@@ -13,7 +13,7 @@ import platformdirs
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-DEFAULT_BUDGET_SCHEDULE = "0:1.0,10:0.6,30:0.4,60:0.25,100:0.175"
+DEFAULT_BUDGET_SCHEDULE = "0:1.0,5:0.5,15:0.3,30:0.175"
 
 
 def default_data_dir() -> Path:
@@ -55,7 +55,18 @@ class Settings(BaseSettings):
 
     # --- completion model and budget ------------------------------------------------------
     rank: int = Field(default=8, ge=1, le=64, description="Rank r of the completion model.")
-    reg: float = Field(default=1.0, gt=0, description="L2 weight of the ridge solves.")
+    reg: float = Field(
+        default=1.0, gt=0, description="L2 weight of the query-side ridge solves (c_q, β_q, v_q)."
+    )
+    memory_reg: float = Field(
+        default=1000.0,
+        gt=0,
+        description="L2 weight of a memory's own terms (b_m, u_m): how much history a memory "
+        "needs before it departs from the content prior (docs/benchmarks.md).",
+    )
+    content_reg: float = Field(
+        default=100.0, gt=0, description="L2 weight of the content prior's embedding weights w."
+    )
     refit_every: int = Field(default=50, ge=1, description="Full refit every this many queries.")
     als_iterations: int = Field(default=10, ge=1, le=200)
     budget_schedule: str = DEFAULT_BUDGET_SCHEDULE

@@ -60,6 +60,10 @@ def judged_settings(clean_database: str, judge: tuple[LabelJudge, str]) -> Setti
         budget_schedule="0:1.0,4:0.2",
         refit_every=5,
         rank=4,
+        # The label judge is consistent, so a memory's own history may count after a few
+        # observations (the default suits a noisy judge); the content prior is tested with the
+        # default in test_content_prior_lifts_new_memories_that_look_like_judged_relevant_ones.
+        memory_reg=1.0,
         _env_file=None,
     )
 
@@ -181,6 +185,61 @@ def test_earm_ranks_memory_relevant_to_earlier_similar_queries_above_semantic(
     semantic_rank = position_of(semantic, hidden) or 21
     assert hidden_in_earm["rank"] < semantic_rank
     assert hidden_in_earm["rank"] <= 5
+
+
+def test_content_prior_lifts_new_memories_that_look_like_judged_relevant_ones(
+    judged_settings: Settings, judge
+) -> None:
+    """Default memory_reg: memories never scored (ingested after the learning) are ranked by
+    what the judge taught about memories that look like them, above more similar ones."""
+    label_judge = judge[0]
+    rng = np.random.default_rng(3)
+    facts, chat = unit(rng.normal(size=DIM)), unit(rng.normal(size=DIM))
+
+    def near(direction: np.ndarray, n: int) -> list[np.ndarray]:
+        return [unit(direction + 0.25 * unit(rng.normal(size=DIM))) for _ in range(n)]
+
+    def query_vector() -> list[float]:
+        # Closer to the small-talk memories than to the factual ones.
+        return unit(0.55 * facts + 0.8 * chat + 0.3 * unit(rng.normal(size=DIM))).tolist()
+
+    def ingest(prefix: str, vectors: list[np.ndarray]) -> list[int]:
+        response = client.post(
+            "/memories",
+            json={
+                "namespace": "agent-1",
+                "memories": [
+                    {"text": f"{prefix} {i}", "embedding": v.tolist()} for i, v in enumerate(vectors)
+                ],
+            },
+        )
+        assert response.status_code == 201, response.text
+        return response.json()["ids"]
+
+    settings = judged_settings.model_copy(update={"memory_reg": Settings().memory_reg})
+    with TestClient(create_app(settings)) as client:
+        ingest("fact", near(facts, 15))
+        ingest("chat", near(chat, 25))
+        label_judge.memory_texts = [f"fact {i}" for i in range(20)] + [f"chat {i}" for i in range(30)]
+        for i in range(10):
+            query = f"question {i}"
+            label_judge.queries.append(query)
+            for text_ in label_judge.memory_texts:
+                label_judge.labels[(query, text_)] = 1.0 if text_.startswith("fact") else 0.0
+            retrieve(client, query=query, query_embedding=query_vector(), candidates=40, policy="full")
+        new_facts = ingest("fact", near(facts, 5))  # texts "fact 0".."fact 4" again: same labels
+        new_chat = ingest("chat", near(chat, 5))
+        common = {"query": "question 0", "query_embedding": query_vector(), "candidates": 50, "k": 50, "order": "relevance"}
+        semantic = retrieve(client, policy="semantic", **common)
+        earm = retrieve(client, policy="earm", budget=2, **common)
+
+    def mean_rank(result: dict, ids: list[int]) -> float:
+        return float(np.mean([position_of(result, i) for i in ids]))
+
+    assert mean_rank(semantic, new_facts) > mean_rank(semantic, new_chat)
+    assert mean_rank(earm, new_facts) < mean_rank(earm, new_chat)
+    unobserved_new = [m for m in earm["memories"] if m["id"] in new_facts and m["source"] != "observed"]
+    assert unobserved_new and all(m["source"] == "estimated" for m in unobserved_new)
 
 
 def test_restart_keeps_the_learned_state(judged_settings: Settings, judge) -> None:

@@ -50,6 +50,9 @@ class Namespace(Base):
     full_rerank_calls: Mapped[int] = mapped_column(BigInteger, server_default="0")
     queries_since_refit: Mapped[int] = mapped_column(Integer, server_default="0")
     last_refit_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    # The completion model's content prior γ·cos + w·e_m, written by each full refit.
+    content_slope: Mapped[float | None] = mapped_column(Double)
+    content_weights: Mapped[np.ndarray | None] = mapped_column(VECTOR())
 
 
 class Memory(Base):

@@ -206,6 +206,7 @@ class RetrievalPipeline:
                 candidates.memory_bias,
                 candidates.memory_factors,
                 candidates.observation_count,
+                state.content_slope * candidates.similarities + candidates.content_scores,
             ),
             observed_positions,
             observed_scores,
@@ -339,7 +340,8 @@ class RetrievalPipeline:
             history.query_bias,
             history.query_slope,
             history.query_factors,
-            self.settings.reg,
+            history.prior_offsets,
+            self.settings.memory_reg,
         )
         await store.upsert_memory_factors(
             session,
@@ -458,8 +460,12 @@ class RetrievalPipeline:
                 return False
             try:
                 observations = await store.namespace_observations(session, namespace)
-                await session.commit()  # no transaction stays open during the fit
-                fitted = await asyncio.to_thread(self._fit, observations)
+                memory_ids = np.unique(observations.memory_ids)
+                # The fetch commits: no transaction stays open during the fit.
+                embeddings = await store.memory_embeddings(
+                    session, memory_ids, self.settings.embedding_dim
+                )
+                fitted = await asyncio.to_thread(self._fit, observations, embeddings)
                 await store.replace_model(
                     session, namespace, *fitted, refitted_at=datetime.now(UTC)
                 )
@@ -470,7 +476,10 @@ class RetrievalPipeline:
                 await session.commit()
         return True
 
-    def _fit(self, observations: store.NamespaceObservations) -> tuple[Any, ...]:
+    def _fit(
+        self, observations: store.NamespaceObservations, memory_embeddings: np.ndarray
+    ) -> tuple[Any, ...]:
+        """The refit; ``memory_embeddings`` are those of the observed memories in id order."""
         memory_ids, memory_idx = np.unique(observations.memory_ids, return_inverse=True)
         query_ids, query_idx = np.unique(observations.query_ids, return_inverse=True)
         model = fit_with_similarity(
@@ -483,6 +492,9 @@ class RetrievalPipeline:
             rank=self.settings.rank,
             reg=self.settings.reg,
             n_iterations=self.settings.als_iterations,
+            memory_embeddings=memory_embeddings,
+            content_reg=self.settings.content_reg,
+            memory_reg=self.settings.memory_reg,
         )
         return (
             memory_ids,
@@ -493,4 +505,5 @@ class RetrievalPipeline:
             model.query_bias,
             model.query_slope,
             model.query_factors,
+            model.prior,
         )

@@ -32,6 +32,9 @@ class CandidateState:
     memory_bias: np.ndarray  # (n,)
     memory_factors: np.ndarray  # (n, rank)
     observation_count: np.ndarray  # (n,) observations before this query
+    # (n,) the namespace's content prior γ·cos + w·e_m per candidate; zeros before the first
+    # refit, when the namespace has no prior yet
+    prior_offsets: np.ndarray
 
 
 @dataclass(frozen=True)
@@ -58,8 +61,10 @@ def rank_candidates(
     - observed cells keep their score (every policy);
     - ``earm``: every unobserved memory gets the completion estimate from the model fitted on
       earlier queries with this query folded in from its anchors; for a memory without history
-      that estimate is its similarity calibrated on this query's anchors (source "semantic"),
-      for a memory with history it adds what the memory side learned (source "estimated");
+      that estimate is its similarity calibrated on this query's anchors (source "semantic")
+      unless the namespace has learned a content prior, which then adds what the judge's
+      scores of similar memories taught it (source "estimated"); for a memory with history it
+      adds what the memory side learned (source "estimated");
     - ``observed`` / ``full``: unobserved memories get the calibrated similarity only;
     - ``semantic``, or nothing observed: the cosine similarity itself.
     """
@@ -72,9 +77,11 @@ def rank_candidates(
     if len(observed_positions):
         # Every policy that observed something solves the query's parameters, so the model
         # learns from all traffic, not only from earm requests.
+        # The content prior is a known offset per cell, like the memory bias it sits beside.
+        memory_offsets = candidates.memory_bias + candidates.prior_offsets
         anchors = (
             mean_score,
-            candidates.memory_bias[observed_positions],
+            memory_offsets[observed_positions],
             candidates.memory_factors[observed_positions],
             candidates.similarities[observed_positions],
             observed_scores,
@@ -88,12 +95,13 @@ def rank_candidates(
         if policy == "earm":
             scores = predict_with_similarity(
                 mean_score,
-                candidates.memory_bias,
+                memory_offsets,
                 candidates.memory_factors,
                 candidates.similarities,
                 query,
             )
-            for position in np.flatnonzero(candidates.observation_count > 0):
+            learned = (candidates.observation_count > 0) | (candidates.prior_offsets != 0)
+            for position in np.flatnonzero(learned):
                 sources[position] = ESTIMATED
         else:
             calibration = calibrate_similarity(
@@ -126,13 +134,14 @@ def resolve_memory_rows(
     query_bias: np.ndarray,
     query_slope: np.ndarray,
     query_factors: np.ndarray,
+    prior_offsets: np.ndarray,
     reg: float,
 ) -> MemoryRowUpdate:
     """Online update: re-solve each touched memory row from all of its observations.
 
     Inputs are one entry per observation (the memory observed, the cell's similarity and score,
-    and the observing query's parameters); the query side stays fixed, so each cell's
-    c_q + β_q·cos(q, m) is a known offset.
+    the observing query's parameters and the cell's content-prior offset); the query side stays
+    fixed, so each cell's c_q + β_q·cos(q, m) + p(q, m) is a known offset.
     """
     rows, compact = np.unique(memory_ids, return_inverse=True)
     bias, factors = solve_rows_batch(
@@ -140,7 +149,7 @@ def resolve_memory_rows(
         compact,
         np.arange(len(scores)),
         scores,
-        query_bias + query_slope * similarities,
+        query_bias + query_slope * similarities + prior_offsets,
         query_factors,
         reg,
         n_rows=len(rows),

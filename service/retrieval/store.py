@@ -21,7 +21,7 @@ from psycopg.types.json import Jsonb
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from service.completion.similarity import QueryParameters
+from service.completion.similarity import ContentPrior, QueryParameters
 from service.errors import NotFound
 
 
@@ -38,6 +38,7 @@ class Candidates:
     memory_bias: np.ndarray  # float64 (n,), 0 where the memory has no history
     memory_factors: np.ndarray  # float64 (n, rank), 0 where the memory has no history
     observation_count: np.ndarray  # int64 (n,)
+    content_scores: np.ndarray  # float64 (n,) e_m·w of the namespace's content prior, or 0
     # id, external_id, text, occurred_at, metadata_json (the metadata as JSON text: only the
     # returned top-k parse it)
     rows: list[dict[str, Any]]
@@ -52,6 +53,7 @@ class NamespaceState:
     mean_score: float  # μ of the completion model
     score_count: int
     queries_since_refit: int
+    content_slope: float  # γ of the content prior (0 before the first refit)
 
 
 async def driver_connection(session: AsyncSession) -> psycopg.AsyncConnection[Any]:
@@ -104,7 +106,8 @@ async def namespace_state(
     row = (
         await session.execute(
             text(
-                "SELECT next_query_index, score_sum, score_count, queries_since_refit "
+                "SELECT next_query_index, score_sum, score_count, queries_since_refit, "
+                "coalesce(content_slope, 0) "
                 "FROM namespaces WHERE name = :namespace" + (" FOR UPDATE" if for_update else "")
             ),
             {"namespace": namespace},
@@ -114,17 +117,19 @@ async def namespace_state(
 
 
 _STATE_SQL = (
-    "SELECT next_query_index, score_sum, score_count, queries_since_refit "
-    "FROM namespaces WHERE name = %(namespace)s"
+    "SELECT next_query_index, score_sum, score_count, queries_since_refit, "
+    "coalesce(content_slope, 0) FROM namespaces WHERE name = %(namespace)s"
 )
 
 
 def _namespace_state(row: Sequence[Any] | None, namespace: str) -> NamespaceState:
     if row is None:
         raise NotFound(f"namespace {namespace!r} has no memories")
-    next_index, score_sum, score_count, since_refit = row
+    next_index, score_sum, score_count, since_refit, content_slope = row
     mean = float(score_sum) / score_count if score_count else 0.0
-    return NamespaceState(int(next_index), mean, int(score_count), int(since_refit))
+    return NamespaceState(
+        int(next_index), mean, int(score_count), int(since_refit), float(content_slope)
+    )
 
 
 def _candidate_sql(exact: bool, filtered: bool) -> str:
@@ -134,7 +139,11 @@ def _candidate_sql(exact: bool, filtered: bool) -> str:
     return f"""
         WITH c AS MATERIALIZED (
             SELECT id, external_id, text, occurred_at, metadata::text AS metadata_json,
-                   embedding <=> %(query)b AS distance
+                   embedding <=> %(query)b AS distance,
+                   -- e_m·w of the content prior (<#> is the negated inner product); the
+                   -- weights are read once per statement (an InitPlan), NULL before a refit
+                   coalesce(-(embedding <#> (SELECT content_weights FROM namespaces
+                                             WHERE name = %(namespace)s)), 0) AS content_score
             FROM memories
             WHERE {where} ORDER BY {order} LIMIT %(limit)s
         )
@@ -198,14 +207,15 @@ async def search(
 
 
 def _candidates(rows: Sequence[Sequence[Any]], rank: int) -> Candidates:
-    # Row layout: id, external_id, text, occurred_at, metadata_json, distance, bias, factors,
-    # observation_count.
+    # Row layout: id, external_id, text, occurred_at, metadata_json, distance, content_score,
+    # bias, factors, observation_count.
     return Candidates(
         ids=np.array([r[0] for r in rows], dtype=np.int64),
         similarities=np.array([1.0 - r[5] for r in rows], dtype=np.float64),
-        memory_bias=np.array([r[6] or 0.0 for r in rows], dtype=np.float64),
-        memory_factors=factor_matrix([r[7] for r in rows], rank),
-        observation_count=np.array([r[8] or 0 for r in rows], dtype=np.int64),
+        memory_bias=np.array([r[7] or 0.0 for r in rows], dtype=np.float64),
+        memory_factors=factor_matrix([r[8] for r in rows], rank),
+        observation_count=np.array([r[9] or 0 for r in rows], dtype=np.int64),
+        content_scores=np.array([r[6] for r in rows], dtype=np.float64),
         rows=[
             {
                 "id": r[0],
@@ -412,11 +422,18 @@ class RowObservations:
     query_bias: np.ndarray
     query_slope: np.ndarray
     query_factors: np.ndarray
+    prior_offsets: np.ndarray  # the content prior's γ·cos + e_m·w of each cell
 
 
-_ROW_OBSERVATIONS_SQL = """
-    SELECT s.memory_id, s.similarity, s.score, q.bias, q.slope, q.factors
+# A cell's content-prior offset γ·cos + e_m·w, in SQL (0 before the namespace's first refit).
+_PRIOR_OFFSET_SQL = (
+    "coalesce(n.content_slope * s.similarity - (m.embedding <#> n.content_weights), 0)"
+)
+
+_ROW_OBSERVATIONS_SQL = f"""
+    SELECT s.memory_id, s.similarity, s.score, q.bias, q.slope, q.factors, {_PRIOR_OFFSET_SQL}
     FROM scores s JOIN queries q ON q.id = s.query_id
+    JOIN memories m ON m.id = s.memory_id JOIN namespaces n ON n.name = s.namespace
     WHERE s.memory_id = ANY(%(ids)s::bigint[]) AND q.bias IS NOT NULL
     ORDER BY s.memory_id, s.query_id
 """
@@ -438,19 +455,23 @@ def _row_observations(rows: Sequence[Sequence[Any]], rank: int) -> RowObservatio
         query_bias=np.array([r[3] for r in rows], dtype=np.float64),
         query_slope=np.array([r[4] or 0.0 for r in rows], dtype=np.float64),
         query_factors=factor_matrix([r[5] for r in rows], rank),
+        prior_offsets=np.array([r[6] for r in rows], dtype=np.float64),
     )
 
 
 async def query_observations(
     session: AsyncSession, query_id: int, rank: int
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """(scores, similarities, memory_bias, memory_factors) of every observed cell of one query."""
+    """(scores, similarities, memory_offsets, memory_factors) of every observed cell of one
+    query; a cell's memory offset is its memory bias plus its content-prior offset."""
     rows = (
         await session.execute(
             text(
-                """
-                SELECT s.score, s.similarity, coalesce(f.bias, 0), f.factors
+                f"""
+                SELECT s.score, s.similarity, coalesce(f.bias, 0) + {_PRIOR_OFFSET_SQL},
+                       f.factors
                 FROM scores s LEFT JOIN memory_factors f ON f.memory_id = s.memory_id
+                JOIN memories m ON m.id = s.memory_id JOIN namespaces n ON n.name = s.namespace
                 WHERE s.query_id = :query_id
                 """
             ),
@@ -674,6 +695,7 @@ async def replace_model(
     query_bias: np.ndarray,
     query_slope: np.ndarray,
     query_factors: np.ndarray,
+    prior: ContentPrior,
     refitted_at: datetime,
 ) -> None:
     """Write a full refit: every memory row and query column of the namespace, and reset the
@@ -716,6 +738,8 @@ async def replace_model(
         text(
             """
             UPDATE namespaces SET queries_since_refit = 0, last_refit_at = :at,
+                content_slope = :content_slope,
+                content_weights = CAST(:content_weights AS vector),
                 score_sum = (SELECT coalesce(sum(score), 0) FROM scores WHERE namespace = :namespace),
                 score_count = (SELECT count(*) FROM scores WHERE namespace = :namespace)
             WHERE name = :namespace
@@ -723,5 +747,14 @@ async def replace_model(
         ),
         # The running mean is recomputed from the data under the namespace lock: it heals drift
         # from deleted memories and counts observations recorded while the fit ran.
-        {"namespace": namespace, "at": refitted_at},
+        {
+            "namespace": namespace,
+            "at": refitted_at,
+            "content_slope": prior.slope if len(prior.weights) else None,
+            "content_weights": (
+                "[" + ",".join(repr(float(x)) for x in prior.weights) + "]"
+                if len(prior.weights)
+                else None
+            ),
+        },
     )
