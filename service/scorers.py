@@ -124,6 +124,9 @@ class RelevanceScorer(Protocol):
     """What the retrieve pipeline needs from a scorer."""
 
     name: str
+    # Whether score() looks at memory_embeddings: if not, the pipeline skips fetching them and
+    # passes a zero-width array.
+    reads_embeddings: bool
 
     async def score(
         self,
@@ -145,6 +148,7 @@ class LocalScorer:
     failures (a zero vector just has cosine 0)."""
 
     name = "local"
+    reads_embeddings = True
 
     def __init__(self, observer: ScorerObserver | None = None) -> None:
         self.observer = observer
@@ -208,6 +212,7 @@ class OpenAIChatScorer:
     """
 
     name = "openai"
+    reads_embeddings = False  # the judge reads texts only
 
     def __init__(
         self,

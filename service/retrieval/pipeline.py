@@ -30,7 +30,7 @@ from service.retrieval.rerank import (
     rank_candidates,
     resolve_memory_rows,
 )
-from service.scorers import OpenAIChatScorer, RelevanceScorer
+from service.scorers import RelevanceScorer
 from service.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -91,13 +91,6 @@ class _Stopwatch:
     def total(self) -> dict[str, float]:
         self.timings["total_ms"] = round((time.perf_counter() - self.start) * 1000, 3)
         return self.timings
-
-
-def _reads_embeddings(scorer: RelevanceScorer) -> bool:
-    """Whether the scorer looks at memory embeddings. The LLM judge reads texts only, so its
-    requests skip fetching them (it receives a zero-width array); any other scorer gets the
-    anchors' embeddings."""
-    return not isinstance(scorer, OpenAIChatScorer)
 
 
 def refit_due(queries_since_refit: int, queries_recorded: int, refit_every: int) -> bool:
@@ -184,7 +177,7 @@ class RetrievalPipeline:
                 await store.memory_embeddings(
                     session, candidates.ids[anchors], self.settings.embedding_dim
                 )
-                if _reads_embeddings(self.scorer)
+                if self.scorer.reads_embeddings
                 else np.zeros((len(anchors), 0), dtype=np.float32)
             )
             await session.commit()
