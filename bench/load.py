@@ -400,6 +400,9 @@ def service(config: LoadConfig, database_url: str, judge_url: str, tmp: Path) ->
         "EARM_DB_POOL_SIZE": str(config.db_pool_size),
         "EARM_MAX_CANDIDATES": str(max(1000, config.candidates)),
         "EARM_LOG_LEVEL": "WARNING",
+        # In the request that makes it due, so that request times the refit (the service's
+        # default runs it in the background, after the response).
+        "EARM_REFIT_IN_BACKGROUND": "false",
     }
     env = {k: v for k, v in os.environ.items() if not k.startswith("EARM_")} | settings
     log_path = tmp / "service.log"

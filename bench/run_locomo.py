@@ -146,6 +146,9 @@ def _service(config: LocomoConfig, judge: RunningJudge) -> Iterator[tuple[str, d
             "budget_schedule": config.schedule or DEFAULT_BUDGET_SCHEDULE,
             "max_candidates": max(config.candidates, 1000),
             "max_k": max(100, max(config.ks)),
+            # Refits inside the request that makes them due: the replay is then exactly
+            # reproducible (a background refit lands after a timing-dependent number of queries).
+            "refit_in_background": False,
             **judge.service_settings(),
         }
         settings = Settings(**kwargs)

@@ -68,6 +68,12 @@ class Settings(BaseSettings):
         default=100.0, gt=0, description="L2 weight of the content prior's embedding weights w."
     )
     refit_every: int = Field(default=50, ge=1, description="Full refit every this many queries.")
+    refit_in_background: bool = Field(
+        default=True,
+        description="Run a due refit after the response, in a task of the serving process (a "
+        "refit takes seconds at a million observations); false runs it inside the request that "
+        "makes it due, so a sequential replay is exactly reproducible.",
+    )
     als_iterations: int = Field(default=10, ge=1, le=200)
     budget_schedule: str = DEFAULT_BUDGET_SCHEDULE
 

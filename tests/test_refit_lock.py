@@ -1,14 +1,16 @@
 """The refit's advisory lock is released on the connection that took it, so refits keep
 running: a leaked lock (unlocking on another pooled connection) would make every later refit
-of the namespace return False forever."""
+of the namespace return False forever. And background refits finish before shutdown."""
 
 from __future__ import annotations
 
 import asyncio
 
 import numpy as np
-from sqlalchemy import text
+from fastapi.testclient import TestClient
+from sqlalchemy import create_engine, text
 
+from service.api.app import create_app
 from service.db.database import open_database
 from service.memories import NewMemory, ingest
 from service.retrieval.pipeline import RetrievalPipeline, RetrieveRequest
@@ -46,7 +48,35 @@ async def _refits_and_locks(settings: Settings) -> tuple[list[bool], int]:
 
 def test_refit_releases_its_lock_so_later_refits_run(clean_database: str) -> None:
     settings = Settings(database_url=clean_database, embedder="none", scorer="local",
-                        refit_every=1, _env_file=None)
+                        refit_every=1, refit_in_background=False, _env_file=None)
     results, held = asyncio.run(_refits_and_locks(settings))
     assert results == [True, True, True]
     assert held == 0
+
+
+def test_background_refit_runs_after_the_response_and_shutdown_waits_for_it(
+    clean_database: str,
+) -> None:
+    """With the default (background) refits, the retrieve that makes one due answers without
+    running it; leaving the app's lifespan waits for it, so nothing is lost at shutdown."""
+    settings = Settings(database_url=clean_database, embedder="local", scorer="local",
+                        refit_every=1, _env_file=None)
+    assert settings.refit_in_background
+    with TestClient(create_app(settings)) as client:
+        response = client.post("/memories", json={"namespace": "bg", "memories": [
+            {"text": f"memory {i} about topic {i % 3}"} for i in range(12)]})
+        assert response.status_code == 201, response.text
+        for i in range(3):
+            response = client.post("/retrieve", json={"namespace": "bg", "query": f"topic {i}",
+                                                      "candidates": 12, "budget": 6})
+            assert response.status_code == 200, response.text
+    engine = create_engine(clean_database)
+    try:
+        with engine.connect() as connection:
+            refitted_at, since_refit, slope = connection.execute(text(
+                "SELECT last_refit_at, queries_since_refit, content_slope "
+                "FROM namespaces WHERE name = 'bg'")).one()
+    finally:
+        engine.dispose()
+    assert refitted_at is not None and slope is not None
+    assert since_refit == 0  # the last query's refit ran too, after its response

@@ -64,6 +64,8 @@ def judged_settings(clean_database: str, judge: tuple[LabelJudge, str]) -> Setti
         # observations (the default suits a noisy judge); the content prior is tested with the
         # default in test_content_prior_lifts_new_memories_that_look_like_judged_relevant_ones.
         memory_reg=1.0,
+        # Refits inside the request, so each test sees the model its queries made due.
+        refit_in_background=False,
         _env_file=None,
     )
 

@@ -38,17 +38,19 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 # Load the ONNX model now, not on the first request (~0.4 s).
                 await asyncio.to_thread(embedder.load)
             scorer = build_scorer(settings, observer=metrics.observe_scorer_call)
+            pipeline = RetrievalPipeline(database.sessions, embedder, scorer, settings)
             app.state.components = Components(
                 settings=settings,
                 database=database,
                 embedder=embedder,
                 scorer=scorer,
-                pipeline=RetrievalPipeline(database.sessions, embedder, scorer, settings),
+                pipeline=pipeline,
                 metrics=metrics,
             )
             try:
                 yield
             finally:
+                await pipeline.drain()  # a refit in flight finishes while the database is up
                 await scorer.aclose()
                 if embedder is not None:
                     await embedder.aclose()

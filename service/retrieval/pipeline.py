@@ -109,6 +109,9 @@ class RetrievalPipeline:
         settings: Settings,
     ) -> None:
         self.sessions = sessions
+        # namespace -> its running background refit (the reference keeps the task from being
+        # garbage-collected; it is dropped when the task ends)
+        self._background_refits: dict[str, asyncio.Task[None]] = {}
         self.embedder = embedder
         self.scorer = scorer
         self.settings = settings
@@ -297,14 +300,43 @@ class RetrievalPipeline:
         if refit_due(
             recorded.queries_since_refit, recorded.query_index + 1, self.settings.refit_every
         ):
-            try:
-                await self.refit(request.namespace)
-            except Exception:
-                # The query is committed and the online state is consistent; a failed refit
-                # is retried by the next query (its counter was not reset), so the client gets
-                # its answer instead of an error that would invite a duplicate retry.
-                log.exception("full refit of namespace %r failed", request.namespace)
+            if self.settings.refit_in_background:
+                self._start_background_refit(request.namespace)
+            else:
+                await self._refit_logged(request.namespace)
         return recorded
+
+    async def _refit_logged(self, namespace: str) -> None:
+        try:
+            await self.refit(namespace)
+        except Exception:
+            # The query is committed and the online state is consistent; a failed refit is
+            # retried by the next query (its counter was not reset), so the client gets its
+            # answer instead of an error that would invite a duplicate retry.
+            log.exception("full refit of namespace %r failed", namespace)
+
+    def _start_background_refit(self, namespace: str) -> None:
+        """At most one refit task per namespace in this process; a query that finds one
+        running leaves it be (its observations are in the database and its counter keeps the
+        refit due, so the next query after it starts another). Other processes are kept out
+        by the refit's advisory lock."""
+        running = self._background_refits.get(namespace)
+        if running is not None and not running.done():
+            return
+        task = asyncio.create_task(self._refit_logged(namespace), name=f"earm-refit:{namespace}")
+        self._background_refits[namespace] = task
+        task.add_done_callback(lambda _: self._forget_refit(namespace, task))
+
+    def _forget_refit(self, namespace: str, task: asyncio.Task[None]) -> None:
+        if self._background_refits.get(namespace) is task:
+            del self._background_refits[namespace]
+
+    async def drain(self) -> None:
+        """Wait for the background refits started so far (at shutdown, before the database
+        closes; and wherever a caller needs the model current)."""
+        tasks = list(self._background_refits.values())
+        if tasks:
+            await asyncio.gather(*tasks)
 
     async def _resolve_memory_rows(
         self,
