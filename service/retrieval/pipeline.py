@@ -504,8 +504,14 @@ class RetrievalPipeline:
     def _fit(
         self, observations: store.NamespaceObservations, memory_embeddings: np.ndarray
     ) -> tuple[Any, ...]:
-        """The refit; ``memory_embeddings`` are those of the observed memories in id order."""
+        """The refit; ``memory_embeddings`` are those of the observed memories in id order
+        (zero rows for memories deleted since)."""
         memory_ids, memory_idx = np.unique(observations.memory_ids, return_inverse=True)
+        norms = np.linalg.norm(memory_embeddings, axis=1, keepdims=True)
+        # Unit rows, as the search computes e_m·w: client vectors need not be normalised.
+        unit_embeddings = np.divide(
+            memory_embeddings, norms, out=np.zeros(memory_embeddings.shape), where=norms > 0
+        )
         query_ids, query_idx = np.unique(observations.query_ids, return_inverse=True)
         model = fit_with_similarity(
             memory_idx,
@@ -517,7 +523,7 @@ class RetrievalPipeline:
             rank=self.settings.rank,
             reg=self.settings.reg,
             n_iterations=self.settings.als_iterations,
-            memory_embeddings=memory_embeddings,
+            memory_embeddings=unit_embeddings,
             content_reg=self.settings.content_reg,
             memory_reg=self.settings.memory_reg,
         )

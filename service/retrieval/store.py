@@ -140,10 +140,12 @@ def _candidate_sql(exact: bool, filtered: bool) -> str:
         WITH c AS MATERIALIZED (
             SELECT id, external_id, text, occurred_at, metadata::text AS metadata_json,
                    embedding <=> %(query)b AS distance,
-                   -- e_m·w of the content prior (<#> is the negated inner product); the
-                   -- weights are read once per statement (an InitPlan), NULL before a refit
+                   -- e_m·w of the content prior, e_m the unit embedding (<#> is the negated
+                   -- inner product); the weights are read once per statement (an InitPlan),
+                   -- NULL before a refit
                    coalesce(-(embedding <#> (SELECT content_weights FROM namespaces
-                                             WHERE name = %(namespace)s)), 0) AS content_score
+                                             WHERE name = %(namespace)s))
+                            / vector_norm(embedding), 0) AS content_score
             FROM memories
             WHERE {where} ORDER BY {order} LIMIT %(limit)s
         )
@@ -425,9 +427,11 @@ class RowObservations:
     prior_offsets: np.ndarray  # the content prior's γ·cos + e_m·w of each cell
 
 
-# A cell's content-prior offset γ·cos + e_m·w, in SQL (0 before the namespace's first refit).
+# A cell's content-prior offset γ·cos + e_m·w (e_m the unit embedding), in SQL; 0 before the
+# namespace's first refit.
 _PRIOR_OFFSET_SQL = (
-    "coalesce(n.content_slope * s.similarity - (m.embedding <#> n.content_weights), 0)"
+    "coalesce(n.content_slope * s.similarity"
+    " - (m.embedding <#> n.content_weights) / vector_norm(m.embedding), 0)"
 )
 
 _ROW_OBSERVATIONS_SQL = f"""
