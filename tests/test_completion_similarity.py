@@ -140,11 +140,13 @@ def test_content_prior_carries_what_observed_memories_taught_to_memories_never_o
     seen = 200  # memories 200.. have no observation at all
     (m, q), _ = split(rng, (seen, scores.shape[1]), 0.2)
 
-    def cold_error(memory_embeddings) -> float:
-        model = fit_with_similarity(
+    def fit(memory_embeddings):
+        return fit_with_similarity(
             m, q, cos[m, q], scores[m, q], seen, scores.shape[1], rank=2, reg=1.0,
             n_iterations=8, memory_embeddings=memory_embeddings, content_reg=10.0,
         )
+
+    def cold_error(model) -> float:
         cold = np.arange(seen, scores.shape[0])
         content = embeddings[cold] @ model.prior.weights if len(model.prior.weights) else 0.0
         estimate = [
@@ -159,15 +161,10 @@ def test_content_prior_carries_what_observed_memories_taught_to_memories_never_o
         ]
         return float(np.sqrt(np.mean((np.array(estimate).T - truth[cold]) ** 2)))
 
-    with_prior = cold_error(embeddings[:seen])
-    without_prior = cold_error(None)
-    assert with_prior < 0.6 * without_prior
+    with_prior = fit(embeddings[:seen])
+    assert cold_error(with_prior) < 0.6 * cold_error(fit(None))
     # The learned direction is the true one.
-    model = fit_with_similarity(
-        m, q, cos[m, q], scores[m, q], seen, scores.shape[1], rank=2, reg=1.0,
-        n_iterations=8, memory_embeddings=embeddings[:seen], content_reg=10.0,
-    )
-    assert np.corrcoef(model.prior.weights, weights)[0, 1] > 0.9
+    assert np.corrcoef(with_prior.prior.weights, weights)[0, 1] > 0.9
 
 
 def test_without_embeddings_the_model_has_no_content_prior() -> None:

@@ -47,6 +47,7 @@ from service.completion.model import (
 
 __all__ = [
     "ContentPrior",
+    "content_offsets",
     "QueryParameters",
     "SimilarityFactorModel",
     "fit_with_similarity",
@@ -78,11 +79,17 @@ class ContentPrior:
         return cls(0.0, np.zeros(0))
 
     def offsets(self, similarities: ArrayLike, content_scores: ArrayLike) -> NDArray[np.float64]:
-        """p(q, m) per cell, from each cell's cosine and its memory's e_m·w (``content_scores``,
-        computed where the embeddings are, e.g. in SQL)."""
-        return self.slope * np.asarray(similarities, dtype=np.float64) + np.asarray(
-            content_scores, dtype=np.float64
-        )
+        return content_offsets(self.slope, similarities, content_scores)
+
+
+def content_offsets(
+    slope: float, similarities: ArrayLike, content_scores: ArrayLike
+) -> NDArray[np.float64]:
+    """p(q, m) = γ·cos(q, m) + e_m·w per cell, from each cell's cosine and its memory's e_m·w
+    (``content_scores``, computed where the embeddings are, e.g. in SQL)."""
+    return slope * np.asarray(similarities, dtype=np.float64) + np.asarray(
+        content_scores, dtype=np.float64
+    )
 
 
 def solve_content_prior(

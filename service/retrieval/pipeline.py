@@ -16,7 +16,11 @@ import numpy as np
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from service.completion.similarity import fit_with_similarity, fold_in_with_similarity
+from service.completion.similarity import (
+    content_offsets,
+    fit_with_similarity,
+    fold_in_with_similarity,
+)
 from service.embedders import Embedder
 from service.errors import InvalidInput, LimitExceeded, NotFound
 from service.memories import check_embedding, embed_texts
@@ -202,7 +206,9 @@ class RetrievalPipeline:
                 candidates.memory_bias,
                 candidates.memory_factors,
                 candidates.observation_count,
-                state.content_slope * candidates.similarities + candidates.content_scores,
+                content_offsets(
+                    state.content_slope, candidates.similarities, candidates.content_scores
+                ),
             ),
             observed_positions,
             observed_scores,
@@ -485,12 +491,18 @@ class RetrievalPipeline:
                 return False
             try:
                 observations = await store.namespace_observations(session, namespace)
-                memory_ids = np.unique(observations.memory_ids)
+                # Sorting up to millions of ids: off the event loop, and once for the fetch
+                # and the fit.
+                memory_ids, memory_idx = await asyncio.to_thread(
+                    np.unique, observations.memory_ids, return_inverse=True
+                )
                 # The fetch commits: no transaction stays open during the fit.
                 embeddings = await store.memory_embeddings(
                     session, memory_ids, self.settings.embedding_dim
                 )
-                fitted = await asyncio.to_thread(self._fit, observations, embeddings)
+                fitted = await asyncio.to_thread(
+                    self._fit, observations, memory_ids, memory_idx, embeddings
+                )
                 await store.replace_model(
                     session, namespace, *fitted, refitted_at=datetime.now(UTC)
                 )
@@ -502,11 +514,15 @@ class RetrievalPipeline:
         return True
 
     def _fit(
-        self, observations: store.NamespaceObservations, memory_embeddings: np.ndarray
+        self,
+        observations: store.NamespaceObservations,
+        memory_ids: np.ndarray,
+        memory_idx: np.ndarray,
+        memory_embeddings: np.ndarray,
     ) -> tuple[Any, ...]:
-        """The refit; ``memory_embeddings`` are those of the observed memories in id order
-        (zero rows for memories deleted since)."""
-        memory_ids, memory_idx = np.unique(observations.memory_ids, return_inverse=True)
+        """The refit. ``memory_ids`` are the observed memories in id order, ``memory_idx`` each
+        observation's row among them, ``memory_embeddings`` theirs (zero rows for memories
+        deleted since)."""
         norms = np.linalg.norm(memory_embeddings, axis=1, keepdims=True)
         # Unit rows, as the search computes e_m·w: client vectors need not be normalised.
         unit_embeddings = np.divide(
