@@ -149,8 +149,13 @@ def _candidate_sql(exact: bool, filtered: bool) -> str:
             FROM memories
             WHERE {where} ORDER BY {order} LIMIT %(limit)s
         )
+        -- LATERAL: one primary-key probe per candidate; a plain join let the planner hash the
+        -- whole memory_factors table, a cost that grew with the namespace's history
         SELECT c.*, f.bias, f.factors, f.observation_count
-        FROM c LEFT JOIN memory_factors f ON f.memory_id = c.id
+        FROM c LEFT JOIN LATERAL (
+            SELECT bias, factors, observation_count FROM memory_factors
+            WHERE memory_id = c.id
+        ) f ON true
         ORDER BY c.distance, c.id
     """
 
