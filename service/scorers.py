@@ -198,9 +198,9 @@ class _PairFailed(Exception):
 class OpenAIChatScorer:
     """Pointwise LLM judge over an OpenAI-compatible ``POST {base_url}/chat/completions``.
 
-    All pairs of one :meth:`score` call are issued concurrently, bounded by one
-    ``asyncio.Semaphore(concurrency)`` per scorer instance, so concurrent /retrieve requests
-    share the provider's limit instead of multiplying it. One :meth:`score` call has
+    All pairs of one :meth:`score` call are issued concurrently, bounded by ``concurrency``
+    connections per scorer instance, so concurrent /retrieve requests share the provider's limit
+    instead of multiplying it. One :meth:`score` call has
     ``timeout_s`` in total (waiting for a slot, attempts and backoff of all its pairs): a hung
     or slow endpoint costs a request at most about ``timeout_s``, then the pipeline proceeds
     ``degraded`` with the pairs that finished. Size it for the budget: with latency L per call,
@@ -222,7 +222,6 @@ class OpenAIChatScorer:
         concurrency: int = 16,
         timeout_s: float = 10.0,
         max_retries: int = 2,
-        client: httpx.AsyncClient | None = None,
         *,
         max_tokens: int = 16,
         backoff_base_s: float = 0.25,
@@ -239,17 +238,23 @@ class OpenAIChatScorer:
         self.backoff_base_s = backoff_base_s
         self.outcomes: collections.Counter[str] = collections.Counter()
         self.observer = observer
-        self._semaphore = asyncio.Semaphore(concurrency)
         self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self._owns_client = client is None
-        self._client = (
-            client
-            if client is not None
-            else httpx.AsyncClient(
-                timeout=timeout_s,
-                limits=httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency),
+        # One single-connection client per concurrency slot, handed out through a queue (which
+        # is also the concurrency bound), rather than one client pooling `concurrency`
+        # connections: httpcore's pool walks all its connections, querying each one's socket,
+        # whenever a request starts or ends. Measured: 16 concurrent calls cost the client 29 ms
+        # of CPU through one pool of 16, 17 ms through 16 single-connection clients.
+        # They share one TLS context: loading the CA bundle costs ~25 ms per context.
+        tls = httpx.create_ssl_context()
+        self._clients: asyncio.LifoQueue[httpx.AsyncClient] = asyncio.LifoQueue()
+        for _ in range(concurrency):
+            self._clients.put_nowait(
+                httpx.AsyncClient(
+                    verify=tls,
+                    timeout=timeout_s,
+                    limits=httpx.Limits(max_connections=1, max_keepalive_connections=1),
+                )
             )
-        )
 
     @property
     def calls_ok(self) -> int:
@@ -305,9 +310,12 @@ class OpenAIChatScorer:
             # The deadline covers the wait for a slot too: one request's scoring never
             # outlives timeout_s, however many pairs queue behind a hung endpoint.
             async with asyncio.timeout_at(deadline):
-                async with self._semaphore:
+                client = await self._clients.get()
+                try:
                     started = time.perf_counter()
-                    value = await self._call_with_retries(body, deadline)
+                    value = await self._call_with_retries(client, body, deadline)
+                finally:
+                    self._clients.put_nowait(client)
             outcome = "ok"
         except TimeoutError:
             outcome = "timeout"
@@ -321,7 +329,9 @@ class OpenAIChatScorer:
         _notify(self.observer, self.name, outcome, duration_s)
         return value, outcome
 
-    async def _call_with_retries(self, body: dict[str, Any], deadline: float) -> float:
+    async def _call_with_retries(
+        self, client: httpx.AsyncClient, body: dict[str, Any], deadline: float
+    ) -> float:
         """The parsed score, or :class:`_PairFailed`; runs inside the request's time budget."""
         loop = asyncio.get_running_loop()
         attempt = 0
@@ -329,7 +339,7 @@ class OpenAIChatScorer:
             wait: float | None = None
             outcome: Outcome
             try:
-                response = await self._client.post(
+                response = await client.post(
                     self.url, json=body, headers=self._headers, timeout=self.timeout_s
                 )
             except httpx.TimeoutException:
@@ -367,9 +377,9 @@ class OpenAIChatScorer:
         return value
 
     async def aclose(self) -> None:
-        """Close the HTTP client if this scorer created it."""
-        if self._owns_client:
-            await self._client.aclose()
+        """Close the HTTP clients (the scorer is not used afterwards)."""
+        while not self._clients.empty():
+            await self._clients.get_nowait().aclose()
 
     def __repr__(self) -> str:  # no api key, ever
         return f"OpenAIChatScorer(url={self.url!r}, model={self.model!r}, concurrency={self.concurrency})"
