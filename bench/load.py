@@ -327,7 +327,9 @@ def database(config: LoadConfig, tmp: Path) -> Iterator[str]:
 def _serve_judge(judge: Judge, connection: Any) -> None:  # in the child process
     from bench.loopback import LoopbackServer, chat_completions_app
 
-    with LoopbackServer(chat_completions_app(judge.reply)) as server:
+    # uvloop: this process only serves the judge, and the judge should cost the machine as
+    # little as a remote provider would (uvicorn's own default, not the tests' plain asyncio).
+    with LoopbackServer(chat_completions_app(judge.reply), loop="uvloop") as server:
         connection.send(server.url)
         connection.recv()  # until the parent says stop (or goes away)
 

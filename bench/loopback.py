@@ -55,8 +55,11 @@ class LoopbackServer:
     listening socket, so parallel test runs never collide.
     """
 
-    def __init__(self, app: Any, host: str = "127.0.0.1", port: int = 0) -> None:
+    def __init__(
+        self, app: Any, host: str = "127.0.0.1", port: int = 0, loop: str = "asyncio"
+    ) -> None:
         self.app = app
+        self.loop = loop
         self.host = host
         self.port = port
         self.url = ""
@@ -71,7 +74,7 @@ class LoopbackServer:
             self.app,
             host=self.host,
             port=self.port,
-            loop="asyncio",
+            loop=self.loop,
             log_level="warning",
             lifespan="on",
             # Stand-ins may be sleeping in a handler to simulate a hung provider; do not let
