@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from datetime import datetime
 
 import numpy as np
 import pytest
@@ -51,6 +52,21 @@ def test_ingest_round_trip_returns_ids_in_request_order(client: TestClient) -> N
     assert first["namespace"] == "agent-1"
     assert first["embedding_model"] == "client"
     assert second["text"] == "Bob likes sailing."
+
+
+def test_occurred_at_with_any_python_utc_offset_is_stored_as_the_same_instant(
+    client: TestClient,
+) -> None:
+    # Postgres refuses offsets beyond ±15:59; Python (and JSON clients) allow up to ±23:59.
+    body = ingest(
+        client,
+        "agent-1",
+        [{"text": "late", "embedding": vector(3), "occurred_at": "1994-05-04T03:18:07.8-21:13"}],
+    )
+    stored = client.get(f"/memories/{body['ids'][0]}").json()
+    assert datetime.fromisoformat(stored["occurred_at"]) == datetime.fromisoformat(
+        "1994-05-04T03:18:07.8-21:13"
+    )
 
 
 def test_ingest_without_embedding_uses_local_embedder(client: TestClient) -> None:

@@ -38,10 +38,12 @@ def _storable(value: str) -> str:
 
 
 def _representable(value: datetime) -> datetime:
-    # A time Postgres and Python can both give back: within years 1..9999 once in UTC.
+    # A time Postgres and Python can both give back: within years 1..9999 once in UTC. It is
+    # passed on in UTC (the same instant): Postgres rejects UTC offsets beyond ±15:59, which
+    # Python accepts (found by the fuzz test: -21:13 was a 500).
     if value.tzinfo is not None:
         try:
-            value.astimezone(UTC)
+            return value.astimezone(UTC)
         except OverflowError:
             raise ValueError("is out of range once converted to UTC") from None
     return value
