@@ -545,15 +545,12 @@ class Run:
 
     async def ingest_vectors(self) -> dict[str, Any]:
         """POST /memories with client vectors (and external ids), ``ingest_clients`` batches
-        in flight."""
+        in flight. The bodies are encoded before the clock starts, so the bench's own JSON
+        encoding does not compete with the service for the machine."""
         config, world = self.config, self.world
         starts = list(range(0, config.memories, config.ingest_batch))
-        bar = _progress(config.memories, "ingest (client vectors)", config.progress)
-        latencies: list[float] = []
-
-        async def post(start: int) -> None:
-            stop = min(config.memories, start + config.ingest_batch)
-            body = {
+        bodies = {
+            start: json.dumps({
                 "namespace": self.namespace,
                 "memories": [
                     {
@@ -562,14 +559,21 @@ class Run:
                         "embedding": world.memory_embeddings[i].astype(np.float64).round(6).tolist(),
                         "metadata": {"topic": int(world.memory_topics[i])},
                     }
-                    for i in range(start, stop)
+                    for i in range(start, min(config.memories, start + config.ingest_batch))
                 ],
-            }
-            content = json.dumps(body).encode()
+            }).encode()
+            for start in starts
+        }
+        bar = _progress(config.memories, "ingest (client vectors)", config.progress)
+        latencies: list[float] = []
+
+        async def post(start: int) -> None:
+            stop = min(config.memories, start + config.ingest_batch)
             began = time.perf_counter()
             assert self.client is not None
             result = _check(await self.client.post(
-                "/memories", content=content, headers={"content-type": "application/json"}
+                "/memories", content=bodies.pop(start),
+                headers={"content-type": "application/json"},
             ))
             latencies.append((time.perf_counter() - began) * 1000)
             self.memory_ids[start:stop] = result["ids"]
@@ -595,8 +599,9 @@ class Run:
 
     async def ingest_copy_floor(self) -> dict[str, Any]:
         """The ingest floor: raw binary COPYs of rows like the service's into ``memories``
-        (same table, same HNSW index) in a namespace of its own, as many streams in parallel
-        as the service ingest had batches in flight."""
+        (same table and indexes; unindexed rows, as the service writes them, so the HNSW
+        insert is the background indexer's) in a namespace of its own, as many streams in
+        parallel as the service ingest had batches in flight."""
         config = self.config
         n = config.copy_memories
         namespace = self.namespace + "-copy"
@@ -618,7 +623,7 @@ class Run:
                         for i in range(start, min(n, start + config.ingest_batch)):
                             await copy.write_row((
                                 namespace, f"c{i}", self.world.memory_text(i, int(topics[i])),
-                                vectors[i], "client", json.dumps({"topic": int(topics[i])}),
+                                vectors[i], "client", {"topic": int(topics[i])},
                             ))
 
         try:
@@ -630,7 +635,7 @@ class Run:
             for conn in connections:
                 await conn.close()
         return {
-            "path": "floor: raw binary COPY, same table and index",
+            "path": "floor: raw binary COPY, same table (unindexed rows)",
             "memories": n,
             "batch": config.ingest_batch,
             "clients": config.ingest_clients,
@@ -685,8 +690,10 @@ class Run:
         async def query(conn: Any, number: int) -> int:
             _, embedding, _ = self.world.query(number)
             cursor = await conn.execute(
+                # `indexed`: the HNSW index is partial (service.indexing); the bench measures
+                # after the backlog is indexed, so this is every memory of the namespace
                 "SELECT id, embedding <=> %(q)b AS distance FROM memories "
-                "WHERE namespace = %(ns)s ORDER BY embedding <=> %(q)b LIMIT %(n)s",
+                "WHERE namespace = %(ns)s AND indexed ORDER BY embedding <=> %(q)b LIMIT %(n)s",
                 {"q": embedding, "ns": self.namespace, "n": config.candidates},
                 binary=True,
             )
@@ -795,6 +802,18 @@ class Run:
             "seconds": round(time.perf_counter() - began, 2),
         }
 
+    async def until_indexed(self) -> None:
+        """Wait until the service's background indexer has moved every memory into the HNSW
+        index (measurements of the search start from an indexed namespace)."""
+        conn = await self.connect()
+        try:
+            while (await (await conn.execute(
+                "SELECT count(*) FROM memories WHERE NOT indexed"
+            )).fetchone())[0]:
+                await asyncio.sleep(0.25)
+        finally:
+            await conn.close()
+
     async def analyze(self) -> None:
         """``VACUUM ANALYZE`` after a bulk load: the state autovacuum reaches a minute later,
         without it running in the middle of a measurement. Without fresh statistics a
@@ -873,14 +892,25 @@ async def _run(config: LoadConfig, world: World, judge: Judge, svc: Service,
         report["rss_start"] = svc.rss_mb()
 
         # 1. ingest (each path after the last one's housekeeping, so none pays for another)
+        began = time.perf_counter()
         ingest = [await run.ingest_vectors()]
+        await run.until_indexed()
+        seconds = time.perf_counter() - began
+        ingest.append({
+            "path": "POST /memories, client vectors, until all are in the HNSW index",
+            "memories": config.memories, "batch": config.ingest_batch,
+            "clients": config.ingest_clients, "seconds": round(seconds, 2),
+            "memories_per_s": round(config.memories / seconds, 1),
+        })
         await run.analyze()
         ingest.append(await run.ingest_copy_floor())
+        await run.until_indexed()
         await run.analyze()
         if config.embed_memories:
             ingest.append(await run.ingest_embedded())
         report["ingest"] = ingest
         report["rss_after_ingest"] = svc.rss_mb()
+        await run.until_indexed()
         await run.analyze()
 
         tiers: list[dict[str, Any]] = []
@@ -1022,9 +1052,12 @@ def targets(report: dict[str, Any]) -> list[dict[str, Any]]:
     ingest = report.get("ingest", [])
     if ingest:
         rate = ingest[0]["memories_per_s"]
+        indexed = next((row for row in ingest if "HNSW index" in row["path"]), None)
         out.append({
             "target": "ingest ≥ 5,000 memories/s with client vectors",
-            "measured": f"{rate:.0f} memories/s",
+            "measured": f"{rate:.0f} memories/s acknowledged (committed, searchable)"
+            + (f"; all in the HNSW index after {indexed['seconds']:.0f} s "
+               f"({indexed['memories_per_s']:.0f}/s)" if indexed else ""),
             "met": rate >= 5000,
             "margin": f"{rate / 5000:.2f} × the required 5,000",
         })

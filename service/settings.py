@@ -33,6 +33,19 @@ class Settings(BaseSettings):
         description="Data directory of the embedded Postgres (persists across restarts).",
     )
     db_pool_size: int = Field(default=10, ge=1, le=200)
+    index_batch_size: int = Field(
+        default=200,
+        ge=1,
+        le=100_000,
+        description="Memories the background indexer moves into the HNSW index per transaction "
+        "(about 300 per second at 100k memories on 2 cores).",
+    )
+    index_poll_interval_s: float = Field(
+        default=2.0,
+        gt=0,
+        description="How often the background indexer looks for memories another process "
+        "ingested (its own ingests wake it at once), and its wait after a database error.",
+    )
 
     # --- embedder -------------------------------------------------------------------------
     embedding_dim: int = Field(default=384, ge=1, le=16000)

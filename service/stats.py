@@ -33,6 +33,9 @@ class NamespaceStats:
 
     namespace: str
     memories: int
+    # Memories not in the HNSW index yet (the background indexer's backlog; found by an exact
+    # scan until indexed).
+    memories_unindexed: int
     queries: int
     observations: int
     # observations / (memories × queries): the observed share of the experience matrix as it
@@ -57,6 +60,8 @@ class NamespaceStats:
 _STATS_SQL = f"""
 SELECT n.name, n.next_query_index, n.scorer_calls, n.full_rerank_calls, n.last_refit_at,
        (SELECT count(*) FROM memories m WHERE m.namespace = n.name) AS memories,
+       (SELECT count(*) FROM memories m WHERE m.namespace = n.name AND NOT m.indexed)
+           AS memories_unindexed,
        (SELECT count(*) FROM scores s WHERE s.namespace = n.name) AS observations,
        r.returned, r.estimated, p.error, p.anchors
 FROM namespaces n
@@ -89,6 +94,7 @@ def _namespace_stats(row, schedule: BudgetSchedule, default_candidates: int) -> 
     return NamespaceStats(
         namespace=row.name,
         memories=memories,
+        memories_unindexed=int(row.memories_unindexed),
         queries=queries,
         observations=observations,
         density=observations / (memories * queries) if memories and queries else 0.0,

@@ -45,8 +45,9 @@ def test_report_has_every_section(report: dict) -> None:
                     "environment", "rss_start", "rss_end", "service_settings"):
         assert report[section], section
     assert [row["path"].split(",")[0] for row in report["ingest"]] == [
-        "POST /memories", "floor: raw binary COPY", "POST /memories"
+        "POST /memories", "POST /memories", "floor: raw binary COPY", "POST /memories"
     ]
+    assert report["ingest"][1]["path"].endswith("until all are in the HNSW index")
     cells = {(c["policy"], c["concurrency"]) for c in report["retrieve"]}
     assert cells == {(p, c) for p in ("semantic", "observed", "earm", "full") for c in (1, 4)}
     assert [f["concurrency"] for f in report["floor"]] == [1, 4]

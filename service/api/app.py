@@ -14,6 +14,7 @@ from service.api.errors import install_error_handlers
 from service.auth import Authenticator, authenticate
 from service.db.database import open_database
 from service.embedders import LocalEmbedder, build_embedder
+from service.indexing import BackgroundIndexer
 from service.limits import BodySizeLimit
 from service.observability import Metrics, RequestObservabilityMiddleware
 from service.retrieval.pipeline import RetrievalPipeline
@@ -39,17 +40,24 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 await asyncio.to_thread(embedder.load)
             scorer = build_scorer(settings, observer=metrics.observe_scorer_call)
             pipeline = RetrievalPipeline(database.sessions, embedder, scorer, settings)
+            # Started now: memories left unindexed by an earlier run are indexed first.
+            indexer = BackgroundIndexer(
+                database.sessions, settings.index_batch_size, settings.index_poll_interval_s
+            )
+            indexer.start()
             app.state.components = Components(
                 settings=settings,
                 database=database,
                 embedder=embedder,
                 scorer=scorer,
                 pipeline=pipeline,
+                indexer=indexer,
                 metrics=metrics,
             )
             try:
                 yield
             finally:
+                await indexer.stop()
                 await pipeline.drain()  # a refit in flight finishes while the database is up
                 await scorer.aclose()
                 if embedder is not None:

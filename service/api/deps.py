@@ -11,6 +11,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from service.db.database import Database
 from service.embedders import Embedder
+from service.indexing import BackgroundIndexer
 from service.observability import Metrics
 from service.retrieval.pipeline import RetrievalPipeline
 from service.scorers import RelevanceScorer
@@ -26,6 +27,7 @@ class Components:
     embedder: Embedder | None
     scorer: RelevanceScorer
     pipeline: RetrievalPipeline
+    indexer: BackgroundIndexer
     # Built by create_app before the lifespan (the middleware needs it); one per app.
     metrics: Metrics = field(default_factory=Metrics)
 

@@ -94,6 +94,8 @@ async def ingest_memories(
         ],
     )
     await session.commit()
+    if result.created:
+        components.indexer.notify()
     return IngestResponse(ids=result.ids, created=result.created, existing=result.existing)
 
 

@@ -30,6 +30,10 @@ METRICS_DATABASE_TIMEOUT_S = 2.0
 class NamespaceStatsOut(BaseModel):
     namespace: str
     memories: int
+    memories_unindexed: int = Field(
+        description="Memories not in the HNSW index yet (the background indexer's backlog); "
+        "searches find them by an exact scan meanwhile."
+    )
     queries: int = Field(description="Queries recorded (the next query's index).")
     observations: int = Field(description="Observed cells: scorer scores and feedback.")
     density: float = Field(description="observations / (memories × queries); 0 while either is 0.")

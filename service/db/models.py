@@ -9,6 +9,7 @@ import numpy as np
 from pgvector.sqlalchemy import VECTOR
 from sqlalchemy import (
     BigInteger,
+    Boolean,
     DateTime,
     Double,
     ForeignKey,
@@ -16,6 +17,7 @@ from sqlalchemy import (
     MetaData,
     REAL,
     Text,
+    false,
     func,
 )
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB
@@ -67,6 +69,9 @@ class Memory(Base):
     occurred_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
     metadata_: Mapped[dict[str, Any]] = mapped_column("metadata", JSONB, server_default="{}")
+    # In the HNSW index yet (a partial index, WHERE indexed)? New rows are not; the background
+    # indexer (service.indexing) sets it. Unindexed rows are found by an exact scan.
+    indexed: Mapped[bool] = mapped_column(Boolean, server_default=false())
 
 
 class Query(Base):

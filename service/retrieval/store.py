@@ -132,29 +132,50 @@ def _namespace_state(row: Sequence[Any] | None, namespace: str) -> NamespaceStat
     )
 
 
+_CANDIDATE_COLUMNS = """
+    id, external_id, text, occurred_at, metadata::text AS metadata_json,
+    embedding <=> %(query)b AS distance,
+    -- e_m·w of the content prior, e_m the unit embedding (<#> is the negated inner product);
+    -- the weights are read once per statement (an InitPlan), NULL before a refit
+    coalesce(-(embedding <#> (SELECT content_weights FROM namespaces WHERE name = %(namespace)s))
+             / vector_norm(embedding), 0) AS content_score
+"""
+
+
 def _candidate_sql(exact: bool, filtered: bool) -> str:
-    # `+ 0` hides the operator from the planner, forcing an exact scan for the fallback.
-    order = "(embedding <=> %(query)b) + 0" if exact else "embedding <=> %(query)b"
+    """The top-``limit`` candidates with their model parameters; ``from_index`` on every row
+    counts the rows the HNSW index yielded (before the final LIMIT), which tells the caller
+    whether the index could fill the list.
+
+    The HNSW index is partial (``WHERE indexed``, see ``service.indexing``): the index scan
+    covers the indexed rows and an exact scan the rows not indexed yet (none, once the
+    background indexer has caught up). ``exact``: one exact scan of the whole namespace."""
     where = "namespace = %(namespace)s" + (" AND metadata @> %(filters)s" if filtered else "")
+    if exact:
+        # `+ 0` hides the operator from the planner, forcing an exact scan.
+        scan = f"""
+            SELECT {_CANDIDATE_COLUMNS}, 0 AS from_index FROM memories
+            WHERE {where} ORDER BY (embedding <=> %(query)b) + 0, id LIMIT %(limit)s"""
+    else:
+        scan = f"""
+            SELECT *, count(*) FILTER (WHERE indexed) OVER () AS from_index FROM (
+                (SELECT {_CANDIDATE_COLUMNS}, true AS indexed FROM memories
+                 WHERE {where} AND indexed ORDER BY embedding <=> %(query)b LIMIT %(limit)s)
+                UNION ALL
+                (SELECT {_CANDIDATE_COLUMNS}, false AS indexed FROM memories
+                 WHERE {where} AND NOT indexed ORDER BY embedding <=> %(query)b LIMIT %(limit)s)
+            ) u
+            ORDER BY distance, id LIMIT %(limit)s"""
     return f"""
-        WITH c AS MATERIALIZED (
-            SELECT id, external_id, text, occurred_at, metadata::text AS metadata_json,
-                   embedding <=> %(query)b AS distance,
-                   -- e_m·w of the content prior, e_m the unit embedding (<#> is the negated
-                   -- inner product); the weights are read once per statement (an InitPlan),
-                   -- NULL before a refit
-                   coalesce(-(embedding <#> (SELECT content_weights FROM namespaces
-                                             WHERE name = %(namespace)s))
-                            / vector_norm(embedding), 0) AS content_score
-            FROM memories
-            WHERE {where} ORDER BY {order} LIMIT %(limit)s
-        )
-        -- LATERAL: one primary-key probe per candidate; a plain join let the planner hash the
-        -- whole memory_factors table, a cost that grew with the namespace's history
-        SELECT c.*, f.bias, f.factors, f.observation_count
+        WITH c AS MATERIALIZED ({scan})
+        -- One primary-key probe per candidate. A plain join (or a LATERAL subquery the
+        -- planner can pull up into one) let it hash the whole memory_factors table, a cost
+        -- that grew with the namespace's history; LIMIT 1 keeps the subquery a subquery.
+        SELECT c.id, c.external_id, c.text, c.occurred_at, c.metadata_json, c.distance,
+               c.content_score, c.from_index, f.bias, f.factors, f.observation_count
         FROM c LEFT JOIN LATERAL (
             SELECT bias, factors, observation_count FROM memory_factors
-            WHERE memory_id = c.id
+            WHERE memory_id = c.id LIMIT 1
         ) f ON true
         ORDER BY c.distance, c.id
     """
@@ -186,7 +207,8 @@ async def search(
 
     pgvector's HNSW scan yields at most ``hnsw.ef_search`` rows, and a namespace filter can
     leave fewer, so ef_search is raised to ``limit`` and iterative scanning is enabled for this
-    transaction; if the index still returns too few, an exact scan of the namespace answers.
+    transaction; if the index still yields too few (or the namespace has fewer indexed
+    memories than ``limit``), an exact scan of the namespace answers.
     """
     conn = await driver_connection(session)
     params: dict[str, Any] = {
@@ -205,7 +227,7 @@ async def search(
         await conn.commit()
     state = _namespace_state(await state_cursor.fetchone(), namespace)
     rows = await candidates_cursor.fetchall()
-    if len(rows) < limit:
+    if not rows or rows[0][7] < limit:
         async with conn.pipeline():
             exact_cursor = await conn.execute(_candidate_sql(True, filtered), params)
             await conn.commit()
@@ -215,13 +237,13 @@ async def search(
 
 def _candidates(rows: Sequence[Sequence[Any]], rank: int) -> Candidates:
     # Row layout: id, external_id, text, occurred_at, metadata_json, distance, content_score,
-    # bias, factors, observation_count.
+    # from_index, bias, factors, observation_count.
     return Candidates(
         ids=np.array([r[0] for r in rows], dtype=np.int64),
         similarities=np.array([1.0 - r[5] for r in rows], dtype=np.float64),
-        memory_bias=np.array([r[7] or 0.0 for r in rows], dtype=np.float64),
-        memory_factors=factor_matrix([r[8] for r in rows], rank),
-        observation_count=np.array([r[9] or 0 for r in rows], dtype=np.int64),
+        memory_bias=np.array([r[8] or 0.0 for r in rows], dtype=np.float64),
+        memory_factors=factor_matrix([r[9] for r in rows], rank),
+        observation_count=np.array([r[10] or 0 for r in rows], dtype=np.int64),
         content_scores=np.array([r[6] for r in rows], dtype=np.float64),
         rows=[
             {
