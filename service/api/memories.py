@@ -8,6 +8,7 @@ from fastapi import APIRouter, Query, Request, Response, status
 
 from service import memories as store
 from service.api.deps import ComponentsDep, SessionDep, SettingsDep
+from service.api.json_body import FastJSONRoute
 from service.auth import AUTH_RESPONSES, DOCUMENT_BEARER, PrincipalDep, require_namespace
 from service.api.schemas import (
     ErrorResponse,
@@ -25,6 +26,7 @@ from service.observability import annotate
 
 router = APIRouter(
     tags=["memories"],
+    route_class=FastJSONRoute,
     dependencies=[DOCUMENT_BEARER],
     responses={
         **AUTH_RESPONSES,

@@ -7,6 +7,7 @@ from dataclasses import asdict
 from fastapi import APIRouter, Request
 
 from service.api.deps import MetricsDep, PipelineDep, SettingsDep
+from service.api.json_body import FastJSONRoute
 from service.auth import AUTH_RESPONSES, DOCUMENT_BEARER, PrincipalDep, require_namespace
 from service.api.schemas import ErrorResponse, FeedbackIn, FeedbackOut, RetrieveIn, RetrieveOut
 from service.errors import LimitExceeded
@@ -16,6 +17,7 @@ from service.retrieval.pipeline import RetrieveRequest
 
 router = APIRouter(
     tags=["retrieval"],
+    route_class=FastJSONRoute,
     dependencies=[DOCUMENT_BEARER],
     responses={
         **AUTH_RESPONSES,
