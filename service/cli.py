@@ -98,9 +98,11 @@ def _add_benchmarks(bench_commands: argparse._SubParsersAction) -> None:
 
     add_locomo_parser(bench_commands)
     add_load_mix_parser(bench_commands)
+    from bench.hnsw import add_hnsw_parser
     from bench.load import add_load_parser
 
     add_load_parser(bench_commands)
+    add_hnsw_parser(bench_commands)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
