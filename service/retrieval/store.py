@@ -98,6 +98,12 @@ def factor_matrix(factor_lists: Sequence[Sequence[float] | None], rank: int) -> 
     return matrix
 
 
+# What _namespace_state reads, in its order; one list for the SQLAlchemy and psycopg readers.
+_STATE_COLUMNS = (
+    "next_query_index, score_sum, score_count, queries_since_refit, coalesce(content_slope, 0)"
+)
+
+
 async def namespace_state(
     session: AsyncSession, namespace: str, for_update: bool = False
 ) -> NamespaceState:
@@ -106,9 +112,8 @@ async def namespace_state(
     row = (
         await session.execute(
             text(
-                "SELECT next_query_index, score_sum, score_count, queries_since_refit, "
-                "coalesce(content_slope, 0) "
-                "FROM namespaces WHERE name = :namespace" + (" FOR UPDATE" if for_update else "")
+                f"SELECT {_STATE_COLUMNS} FROM namespaces WHERE name = :namespace"
+                + (" FOR UPDATE" if for_update else "")
             ),
             {"namespace": namespace},
         )
@@ -116,10 +121,7 @@ async def namespace_state(
     return _namespace_state(row, namespace)
 
 
-_STATE_SQL = (
-    "SELECT next_query_index, score_sum, score_count, queries_since_refit, "
-    "coalesce(content_slope, 0) FROM namespaces WHERE name = %(namespace)s"
-)
+_STATE_SQL = f"SELECT {_STATE_COLUMNS} FROM namespaces WHERE name = %(namespace)s"
 
 
 def _namespace_state(row: Sequence[Any] | None, namespace: str) -> NamespaceState:
