@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
@@ -61,6 +62,23 @@ def clean_database(database_url: str) -> str:
 @pytest.fixture
 def settings(clean_database: str) -> Settings:
     return Settings(database_url=clean_database, embedder="local", scorer="local", _env_file=None)
+
+
+@pytest.fixture
+def judge_settings(clean_database: str) -> Callable[..., Settings]:
+    """Factory of settings whose scorer is the chat-completions judge at ``judge_url`` (a
+    loopback stand-in), no retries unless overridden; ``overrides`` are further settings."""
+
+    def make(judge_url: str, **overrides: Any) -> Settings:
+        options: dict[str, Any] = {
+            "database_url": clean_database,
+            "scorer": "openai",
+            "scorer_base_url": f"{judge_url}/v1",
+            "scorer_max_retries": 0,
+        }
+        return Settings(**(options | overrides), _env_file=None)
+
+    return make
 
 
 @pytest.fixture

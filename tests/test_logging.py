@@ -82,7 +82,9 @@ def test_error_responses_carry_the_request_id(client: TestClient) -> None:
     assert response.headers["X-Request-ID"] == "abc"
 
 
-def test_lines_logged_while_serving_a_request_carry_its_request_id(clean_database: str) -> None:
+def test_lines_logged_while_serving_a_request_carry_its_request_id(
+    judge_settings: Callable[..., Settings],
+) -> None:
     stream = io.StringIO()
     handler = logging.StreamHandler(stream)
     handler.setFormatter(JsonFormatter())
@@ -90,14 +92,7 @@ def test_lines_logged_while_serving_a_request_carry_its_request_id(clean_databas
     scorer_log.addHandler(handler)
     try:
         with LoopbackServer(chat_completions_app(lambda prompt: "no idea")) as judge:
-            settings = Settings(
-                database_url=clean_database,
-                scorer="openai",
-                scorer_base_url=f"{judge.url}/v1",
-                scorer_max_retries=0,
-                _env_file=None,
-            )
-            with TestClient(create_app(settings)) as client:
+            with TestClient(create_app(judge_settings(judge.url))) as client:
                 client.post("/memories", json={"namespace": "agent-1", "memories": [{"text": "a"}, {"text": "b"}]})
                 response = client.post(
                     "/retrieve",

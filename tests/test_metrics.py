@@ -6,7 +6,7 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -49,16 +49,9 @@ def judge_reply(prompt: str) -> str:
 
 
 @pytest.fixture
-def judged_client(clean_database: str) -> Iterator[TestClient]:
+def judged_client(judge_settings: Callable[..., Settings]) -> Iterator[TestClient]:
     with LoopbackServer(chat_completions_app(judge_reply)) as judge:
-        settings = Settings(
-            database_url=clean_database,
-            scorer="openai",
-            scorer_base_url=f"{judge.url}/v1",
-            scorer_max_retries=0,
-            _env_file=None,
-        )
-        with TestClient(create_app(settings)) as client:
+        with TestClient(create_app(judge_settings(judge.url))) as client:
             yield client
 
 

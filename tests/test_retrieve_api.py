@@ -49,14 +49,13 @@ def judge() -> Iterator[tuple[LabelJudge, str]]:
 
 
 @pytest.fixture
-def judged_settings(clean_database: str, judge: tuple[LabelJudge, str]) -> Settings:
-    return Settings(
-        database_url=clean_database,
+def judged_settings(
+    judge_settings: Callable[..., Settings], judge: tuple[LabelJudge, str]
+) -> Settings:
+    return judge_settings(
+        judge[1],
         embedder="local",
-        scorer="openai",
-        scorer_base_url=f"{judge[1]}/v1",
         scorer_timeout_s=2.0,
-        scorer_max_retries=0,
         budget_schedule="0:1.0,4:0.2",
         refit_every=5,
         rank=4,
@@ -66,7 +65,6 @@ def judged_settings(clean_database: str, judge: tuple[LabelJudge, str]) -> Setti
         memory_reg=1.0,
         # Refits inside the request, so each test sees the model its queries made due.
         refit_in_background=False,
-        _env_file=None,
     )
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import datetime
 
 import numpy as np
@@ -29,18 +29,10 @@ def judge_reply(prompt: str) -> str:
 
 
 @pytest.fixture
-def judged_client(clean_database: str) -> Iterator[TestClient]:
+def judged_client(judge_settings: Callable[..., Settings]) -> Iterator[TestClient]:
     with LoopbackServer(chat_completions_app(judge_reply)) as judge:
-        settings = Settings(
-            database_url=clean_database,
-            embedder="local",
-            scorer="openai",
-            scorer_base_url=f"{judge.url}/v1",
-            scorer_max_retries=0,
-            budget_schedule="0:1.0,3:0.25",
-            refit_every=3,
-            rank=2,
-            _env_file=None,
+        settings = judge_settings(
+            judge.url, embedder="local", budget_schedule="0:1.0,3:0.25", refit_every=3, rank=2
         )
         with TestClient(create_app(settings)) as client:
             yield client
