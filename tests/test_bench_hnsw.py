@@ -3,23 +3,17 @@ database left with the schema's index. Nothing about speed or recall targets is 
 
 from __future__ import annotations
 
-import pytest
+from collections.abc import Callable
+
 from sqlalchemy import create_engine, text
 
 from bench.hnsw import HnswConfig, render_markdown, run_hnsw
 
 
-@pytest.fixture(scope="module")
-def scratch_url(postgres_server: str) -> str:
-    engine = create_engine(postgres_server, isolation_level="AUTOCOMMIT")
-    with engine.connect() as conn:
-        conn.execute(text('DROP DATABASE IF EXISTS "earm_bench_hnsw" WITH (FORCE)'))
-        conn.execute(text('CREATE DATABASE "earm_bench_hnsw"'))
-    engine.dispose()
-    return postgres_server.replace("/postgres?", "/earm_bench_hnsw?")
-
-
-def test_report_has_a_sane_row_per_parameter_set_and_restores_the_index(scratch_url: str) -> None:
+def test_report_has_a_sane_row_per_parameter_set_and_restores_the_index(
+    new_database: Callable[[str], str],
+) -> None:
+    scratch_url = new_database("earm_bench_hnsw")  # empty: the bench migrates it
     config = HnswConfig(memories=600, queries=5, candidates=50, ef_construction=(32, 64),
                         reindex=100, topics=8, database_url=scratch_url)
     report = run_hnsw(config)
