@@ -229,7 +229,7 @@ async def search(
         await conn.commit()
     state = _namespace_state(await state_cursor.fetchone(), namespace)
     rows = await candidates_cursor.fetchall()
-    if not rows or rows[0][7] < limit:
+    if not rows or rows[0][7] < limit:  # row[7]: from_index, rows the HNSW index yielded
         async with conn.pipeline():
             exact_cursor = await conn.execute(_candidate_sql(True, filtered), params)
             await conn.commit()
