@@ -248,8 +248,16 @@ async def list_memories(
     return MemoryPage(page, next_cursor)
 
 
-async def delete_memory(session: AsyncSession, memory_id: int) -> None:
-    """Delete a memory; its observations and model parameters go with it (FK cascade)."""
+async def delete_memory(session: AsyncSession, memory_id: int, namespace: str) -> None:
+    """Delete a memory; its observations and model parameters go with it (FK cascade).
+
+    The namespace's row is locked first, as every writer of model state locks it: a refit
+    rewrites ``memory_factors`` under that lock, and a delete that took the memory's row first
+    deadlocked with it (the delete waiting for the memory's parameters, the refit waiting to
+    reference the memory)."""
+    await session.execute(
+        select(Namespace.name).where(Namespace.name == namespace).with_for_update()
+    )
     result = await session.execute(delete(Memory).where(Memory.id == memory_id))
     if result.rowcount == 0:
         raise NotFound(f"memory {memory_id} does not exist")

@@ -5,6 +5,8 @@ of the namespace return False forever. And background refits finish before shutd
 from __future__ import annotations
 
 import asyncio
+import time
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 from fastapi.testclient import TestClient
@@ -12,7 +14,7 @@ from sqlalchemy import create_engine, text
 
 from service.api.app import create_app
 from service.db.database import open_database
-from service.memories import NewMemory, ingest
+from service.memories import NewMemory, delete_memory, ingest
 from service.retrieval.pipeline import RetrievalPipeline, RetrieveRequest
 from service.scorers import LocalScorer
 from service.settings import Settings
@@ -80,3 +82,49 @@ def test_background_refit_runs_after_the_response_and_shutdown_waits_for_it(
         engine.dispose()
     assert refitted_at is not None and slope is not None
     assert since_refit == 0  # the last query's refit ran too, after its response
+
+
+def test_deleting_a_memory_while_a_refit_rewrites_the_parameters_does_not_deadlock(
+    settings: Settings,
+) -> None:
+    """The refit's lock order (namespace row, then memory_factors, then a foreign-key share
+    lock on each memory) against a delete of one of its memories, made to interleave: the
+    delete must queue on the namespace row instead of taking the memory's row first."""
+    async def add_memory() -> int:
+        async with open_database(settings) as database, database.sessions() as session:
+            result = await ingest(
+                session, None, 384, "agent-1",
+                [NewMemory(text="doomed", embedding=np.ones(384).tolist())],
+            )
+            await session.commit()
+            return result.ids[0]
+
+    async def delete_it(memory_id: int) -> None:
+        async with open_database(settings) as database, database.sessions() as session:
+            await delete_memory(session, memory_id, "agent-1")
+            await session.commit()
+
+    memory_id = asyncio.run(add_memory())
+    engine = create_engine(settings.database_url)
+    parameters_sql = text(
+        "INSERT INTO memory_factors (memory_id, namespace, bias, factors, observation_count) "
+        "VALUES (:m, 'agent-1', 0, '{0}', 1)"
+    )
+    with engine.begin() as conn:  # the parameters an earlier refit wrote
+        conn.execute(parameters_sql, {"m": memory_id})
+    with engine.connect() as refit:
+        refit.execute(text("SELECT 1 FROM namespaces WHERE name = 'agent-1' FOR UPDATE"))
+        refit.execute(text("DELETE FROM memory_factors WHERE namespace = 'agent-1'"))
+        with ThreadPoolExecutor(1) as pool:
+            deleting = pool.submit(asyncio.run, delete_it(memory_id))
+            time.sleep(0.5)  # the delete is now waiting on the refit
+            assert not deleting.done()
+            refit.execute(parameters_sql, {"m": memory_id})
+            refit.commit()
+            deleting.result(timeout=10)  # raised DeadlockDetected before the fix
+    with engine.connect() as conn:
+        left = conn.execute(
+            text("SELECT (SELECT count(*) FROM memories), (SELECT count(*) FROM memory_factors)")
+        ).one()
+    engine.dispose()
+    assert tuple(left) == (0, 0)

@@ -142,6 +142,6 @@ async def delete_memory(
     namespace = (await store.get_memory(session, memory_id)).namespace
     annotate(request, namespace=namespace)
     require_namespace(principal, namespace)
-    await store.delete_memory(session, memory_id)
+    await store.delete_memory(session, memory_id, namespace)
     await session.commit()
     return Response(status_code=status.HTTP_204_NO_CONTENT)
