@@ -32,7 +32,7 @@ _INDEX_BATCH_SQL = text(
         ORDER BY namespace, id LIMIT :batch_size
         -- NO KEY: the lock an UPDATE of a non-key column takes anyway. A plain FOR UPDATE
         -- would also block the foreign-key checks (FOR KEY SHARE) of concurrent writers of
-        -- scores and memory_factors, and deadlock with a refit writing both.
+        -- scores and memory_factors (records, refits) for the whole batch.
         FOR NO KEY UPDATE SKIP LOCKED
     )
     """
