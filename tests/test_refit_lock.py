@@ -16,6 +16,7 @@ from service.api.app import create_app
 from service.db.database import open_database
 from service.memories import NewMemory, delete_memory, ingest
 from service.retrieval.pipeline import RetrievalPipeline, RetrieveRequest
+from service.retrieval.store import namespace_state
 from service.scorers import LocalScorer
 from service.settings import Settings
 
@@ -128,3 +129,28 @@ def test_deleting_a_memory_while_a_refit_rewrites_the_parameters_does_not_deadlo
         ).one()
     engine.dispose()
     assert tuple(left) == (0, 0)
+
+
+def test_an_ingest_does_not_wait_for_a_writer_holding_the_namespace(settings: Settings) -> None:
+    """A refit holds the namespace's row while it writes the model (seconds at a million
+    observations); new memories only need the namespace to exist, so they go in meanwhile."""
+    async def scenario() -> float:
+        async with open_database(settings) as database:
+            async with database.sessions() as session:
+                await ingest(session, None, 384, "agent-1",
+                             [NewMemory(text="first", embedding=np.ones(384).tolist())])
+                await session.commit()
+            async with database.sessions() as writer, database.sessions() as ingester:
+                await namespace_state(writer, "agent-1", for_update=True)  # held from here
+                started = time.monotonic()
+                await asyncio.wait_for(
+                    ingest(ingester, None, 384, "agent-1",
+                           [NewMemory(text="second", embedding=np.ones(384).tolist())]),
+                    timeout=5,
+                )
+                await ingester.commit()
+                waited = time.monotonic() - started
+                await writer.commit()
+            return waited
+
+    assert asyncio.run(scenario()) < 2.0

@@ -108,12 +108,15 @@ async def namespace_state(
     session: AsyncSession, namespace: str, for_update: bool = False
 ) -> NamespaceState:
     """The namespace's counters; ``for_update`` locks its row first, which every writer of
-    model state does, so writers of one namespace queue instead of deadlocking."""
+    model state does, so writers of one namespace queue instead of deadlocking. The lock is
+    FOR NO KEY UPDATE (what the record's UPDATE of the counters takes): it queues those writers
+    but not an ingest, whose new memories only check that the namespace exists (FOR KEY
+    SHARE), so a refit writing its model does not hold up ingests."""
     row = (
         await session.execute(
             text(
                 f"SELECT {_STATE_COLUMNS} FROM namespaces WHERE name = :namespace"
-                + (" FOR UPDATE" if for_update else "")
+                + (" FOR NO KEY UPDATE" if for_update else "")
             ),
             {"namespace": namespace},
         )
