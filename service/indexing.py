@@ -40,8 +40,8 @@ _INDEX_BATCH_SQL = text(
 
 
 async def index_batch(sessions: async_sessionmaker[AsyncSession], batch_size: int) -> int:
-    """Move up to ``batch_size`` unindexed memories (oldest first) into the HNSW index, in one
-    committed transaction; returns how many."""
+    """Move up to ``batch_size`` unindexed memories (by namespace, oldest first) into the HNSW
+    index, in one committed transaction; returns how many."""
     async with sessions() as session:
         result = await session.execute(_INDEX_BATCH_SQL, {"batch_size": batch_size})
         await session.commit()
@@ -99,9 +99,7 @@ class BackgroundIndexer:
             self._wake.clear()
             try:
                 await index_all(self.sessions, self.batch_size)
-            except asyncio.CancelledError:
-                raise
-            except Exception:
+            except Exception:  # not CancelledError (a BaseException): stop() ends the loop
                 # The database is down or the batch failed: the rows stay unindexed (and
                 # searchable by the exact scan); try again after the interval.
                 log.warning("background indexing failed; retrying", exc_info=True)
