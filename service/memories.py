@@ -24,6 +24,7 @@ from service.errors import (
     InvalidInput,
     NotFound,
 )
+from service.retrieval.store import namespace_state
 
 
 @dataclass(frozen=True)
@@ -251,13 +252,11 @@ async def list_memories(
 async def delete_memory(session: AsyncSession, memory_id: int, namespace: str) -> None:
     """Delete a memory; its observations and model parameters go with it (FK cascade).
 
-    The namespace's row is locked first (FOR NO KEY UPDATE), as every writer of model state
-    locks it: a refit rewrites ``memory_factors`` under that lock, and a delete that took the
+    The namespace's row is locked first, with the lock every writer of model state takes
+    (:func:`service.retrieval.store.namespace_state`): a refit rewrites ``memory_factors`` under that lock, and a delete that took the
     memory's row first deadlocked with it (the delete waiting for the memory's parameters, the
     refit waiting to reference the memory)."""
-    await session.execute(
-        select(Namespace.name).where(Namespace.name == namespace).with_for_update(key_share=True)
-    )
+    await namespace_state(session, namespace, for_update=True)
     result = await session.execute(delete(Memory).where(Memory.id == memory_id))
     if result.rowcount == 0:
         raise NotFound(f"memory {memory_id} does not exist")
