@@ -137,13 +137,19 @@ def _namespace_state(row: Sequence[Any] | None, namespace: str) -> NamespaceStat
     )
 
 
-_CANDIDATE_COLUMNS = """
+def _content_sql(embedding: str, weights: str) -> str:
+    """The content prior's e_m·w in SQL, e_m the unit embedding (<#> is the negated inner
+    product); NULL while the namespace has no weights (before its first refit)."""
+    return f"-({embedding} <#> {weights}) / vector_norm({embedding})"
+
+
+_CANDIDATE_COLUMNS = f"""
     id, external_id, text, occurred_at, metadata::text AS metadata_json,
     embedding <=> %(query)b AS distance,
-    -- e_m·w of the content prior, e_m the unit embedding (<#> is the negated inner product);
-    -- the weights are read once per statement (an InitPlan), NULL before a refit
-    coalesce(-(embedding <#> (SELECT content_weights FROM namespaces WHERE name = %(namespace)s))
-             / vector_norm(embedding), 0) AS content_score
+    -- the weights are read once per statement (an InitPlan)
+    coalesce({_content_sql(
+        "embedding", "(SELECT content_weights FROM namespaces WHERE name = %(namespace)s)"
+    )}, 0) AS content_score
 """
 
 
@@ -459,10 +465,9 @@ class RowObservations:
     prior_offsets: np.ndarray  # the content prior's γ·cos + e_m·w of each cell
 
 
-# The content prior's e_m·w of memory m (e_m the unit embedding; <#> is the negated inner
-# product) and a cell's whole offset γ·cos + e_m·w, in SQL; NULL, and the offset 0, before the
-# namespace's first refit.
-_MEMORY_CONTENT_SQL = "-(m.embedding <#> n.content_weights) / vector_norm(m.embedding)"
+# The content prior's e_m·w of memory m and a cell's whole offset γ·cos + e_m·w, in SQL; the
+# offset is 0 before the namespace's first refit.
+_MEMORY_CONTENT_SQL = _content_sql("m.embedding", "n.content_weights")
 _PRIOR_OFFSET_SQL = f"coalesce(n.content_slope * s.similarity + {_MEMORY_CONTENT_SQL}, 0)"
 
 _ROW_OBSERVATIONS_SQL = f"""
