@@ -14,10 +14,17 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+import psycopg
 from sqlalchemy import event, text
 from sqlalchemy.engine import make_url
-from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker, create_async_engine
+from sqlalchemy.ext.asyncio import (
+    AsyncEngine,
+    AsyncSession,
+    async_sessionmaker,
+    create_async_engine,
+)
 
 from service.db import migrate
 from service.errors import SchemaOutOfDate
@@ -166,3 +173,16 @@ async def check_schema(engine: AsyncEngine, embedding_dim: int) -> None:
                 f"the database stores {column_dim}-dimensional embeddings but "
                 f"EARM_EMBEDDING_DIM={embedding_dim}; use a database made for this dimension"
             )
+
+
+async def driver_connection(session: AsyncSession) -> psycopg.AsyncConnection[Any]:
+    """The psycopg connection under the session, in the session's transaction.
+
+    Hot paths talk to it directly: vectors travel in pgvector's binary format (the engine
+    registers the adapters on every connection, see :func:`create_engine`), statements can be
+    pipelined into one round trip, and rows skip SQLAlchemy's per-row processing. Values are
+    read in the same (text) result format as through SQLAlchemy, so they are bit-identical.
+    """
+    connection = await session.connection()
+    raw = await connection.get_raw_connection()
+    return raw.driver_connection  # type: ignore[return-value]

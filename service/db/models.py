@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 from pgvector.sqlalchemy import VECTOR
 from sqlalchemy import (
+    REAL,
     BigInteger,
     Boolean,
     DateTime,
@@ -15,7 +16,6 @@ from sqlalchemy import (
     ForeignKey,
     Integer,
     MetaData,
-    REAL,
     Text,
     false,
     func,
@@ -70,7 +70,7 @@ class Memory(Base):
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
     metadata_: Mapped[dict[str, Any]] = mapped_column("metadata", JSONB, server_default="{}")
     # In the HNSW index yet (a partial index, WHERE indexed)? New rows are not; the background
-    # indexer (service.indexing) sets it. Unindexed rows are found by an exact scan.
+    # indexer (service.ingest.indexer) sets it. Unindexed rows are found by an exact scan.
     indexed: Mapped[bool] = mapped_column(Boolean, server_default=false())
 
 

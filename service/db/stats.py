@@ -21,7 +21,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from service.errors import NotFound
-from service.retrieval.budget import BudgetSchedule
+from service.settings import BudgetSchedule
 
 #: Completion quality is measured over this many most recent queries of a namespace.
 PREQUENTIAL_WINDOW = 100

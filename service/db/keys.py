@@ -1,0 +1,93 @@
+"""The ``api_keys`` rows: only each key's sha256 is stored, with its namespace patterns and an
+optional revocation time (the key logic is ``service.auth``). SQLAlchemy expressions: none of
+these statements is on a hot path (lookups are cached by the authenticator)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+
+from sqlalchemy import exists, func, insert, select, update
+from sqlalchemy.dialects.postgresql import insert as upsert
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from service.db.models import ApiKey
+
+
+@dataclass(frozen=True)
+class KeyRecord:
+    id: int
+    name: str
+    patterns: tuple[str, ...]
+    created_at: datetime
+    revoked_at: datetime | None
+
+
+_RECORD_COLUMNS = (
+    ApiKey.id, ApiKey.name, ApiKey.namespace_patterns, ApiKey.created_at, ApiKey.revoked_at
+)
+
+
+async def insert_key(
+    session: AsyncSession, name: str, key_hash: str, patterns: Sequence[str]
+) -> KeyRecord:
+    row = (
+        await session.execute(
+            insert(ApiKey)
+            .values(name=name, key_hash=key_hash, namespace_patterns=list(patterns))
+            .returning(*_RECORD_COLUMNS)
+        )
+    ).one()
+    return KeyRecord(row[0], row[1], tuple(row[2]), row[3], row[4])
+
+
+async def list_keys(session: AsyncSession) -> list[KeyRecord]:
+    rows = await session.execute(select(*_RECORD_COLUMNS).order_by(ApiKey.id))
+    return [KeyRecord(r[0], r[1], tuple(r[2]), r[3], r[4]) for r in rows]
+
+
+async def revoke_key(session: AsyncSession, key_id: int) -> bool:
+    """Revoke a key; False if no unrevoked key has this id."""
+    result = await session.execute(
+        update(ApiKey)
+        .where(ApiKey.id == key_id, ApiKey.revoked_at.is_(None))
+        .values(revoked_at=func.now())
+        .execution_options(synchronize_session=False)
+    )
+    return result.rowcount == 1  # type: ignore[attr-defined]
+
+
+async def upsert_seed_key(
+    session: AsyncSession, name: str, key_hash: str, patterns: Sequence[str]
+) -> None:
+    """Store a seeded key; idempotent. A seeded key revoked with ``earm keys revoke`` stays
+    revoked; its patterns follow the setting otherwise."""
+    statement = upsert(ApiKey).values(
+        name=name, key_hash=key_hash, namespace_patterns=list(patterns)
+    )
+    await session.execute(
+        statement.on_conflict_do_update(
+            index_elements=[ApiKey.key_hash],
+            set_={"namespace_patterns": statement.excluded.namespace_patterns},
+            where=ApiKey.revoked_at.is_(None),
+        )
+    )
+
+
+async def any_active_key(session: AsyncSession) -> bool:
+    return bool(await session.scalar(select(exists().where(ApiKey.revoked_at.is_(None)))))
+
+
+async def active_key(
+    session: AsyncSession, key_hash: str
+) -> tuple[int, str, tuple[str, ...]] | None:
+    """(id, name, namespace patterns) of the unrevoked key with this hash, or None."""
+    row = (
+        await session.execute(
+            select(ApiKey.id, ApiKey.name, ApiKey.namespace_patterns).where(
+                ApiKey.key_hash == key_hash, ApiKey.revoked_at.is_(None)
+            )
+        )
+    ).first()
+    return None if row is None else (row[0], row[1], tuple(row[2]))

@@ -1,0 +1,178 @@
+"""The completion model's state: per-memory rows (``memory_factors``), per-query parameters
+(columns of ``queries``) and the namespace's content prior and running mean, written online
+after each query or feedback and replaced wholesale by a full refit (binary COPY).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+import numpy as np
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from service.completion.similarity import ContentPrior
+from service.db.codecs import binary_copy, copy_in, real_array_literals
+from service.db.engine import driver_connection
+from service.db.namespaces import namespace_state
+
+
+def content_sql(embedding: str, weights: str) -> str:
+    """The content prior's e_m·w in SQL, e_m the unit embedding (<#> is the negated inner
+    product); NULL while the namespace has no weights (before its first refit)."""
+    return f"-({embedding} <#> {weights}) / vector_norm({embedding})"
+
+
+async def add_feedback_to_mean(
+    session: AsyncSession, namespace: str, scores: np.ndarray
+) -> None:
+    await session.execute(
+        text(
+            "UPDATE namespaces SET score_sum = score_sum + :total, score_count = score_count + :n "
+            "WHERE name = :namespace"
+        ),
+        {"namespace": namespace, "total": float(np.sum(scores)), "n": len(scores)},
+    )
+
+
+_UPSERT_FACTORS_SQL = """
+    INSERT INTO memory_factors (memory_id, namespace, bias, factors, observation_count)
+    SELECT m, %(namespace)s::text, b, f::real[], n
+    FROM unnest(%(ids)s::bigint[], %(bias)s::float8[], %(factors)s::text[], %(counts)s::int[])
+        AS t(m, b, f, n)
+    ON CONFLICT (memory_id) DO UPDATE SET
+        bias = EXCLUDED.bias, factors = EXCLUDED.factors,
+        observation_count = EXCLUDED.observation_count
+"""
+
+
+async def upsert_memory_factors(
+    session: AsyncSession,
+    namespace: str,
+    memory_ids: np.ndarray,
+    bias: np.ndarray,
+    factors: np.ndarray,
+    observation_count: np.ndarray,
+    *,
+    commit: bool = False,
+) -> None:
+    """The online update of a few memory rows (a full refit writes with :func:`replace_model`).
+    ``commit``: also commit the transaction, in the same round trip."""
+    conn = await driver_connection(session)
+    async with conn.pipeline():
+        if len(memory_ids):
+            await conn.execute(
+                _UPSERT_FACTORS_SQL,
+                {
+                    "namespace": namespace,
+                    "ids": [int(m) for m in memory_ids],
+                    "bias": [float(b) for b in bias],
+                    "factors": real_array_literals(factors),
+                    "counts": [int(n) for n in observation_count],
+                },
+            )
+        if commit:
+            await conn.commit()
+
+
+async def update_query_factors(
+    session: AsyncSession,
+    query_ids: np.ndarray,
+    bias: np.ndarray,
+    slope: np.ndarray,
+    factors: np.ndarray,
+) -> None:
+    if len(query_ids) == 0:
+        return
+    await session.execute(
+        text(
+            """
+            UPDATE queries q SET bias = t.b, slope = t.s, factors = CAST(t.f AS real[])
+            FROM unnest(CAST(:ids AS bigint[]), CAST(:bias AS float8[]), CAST(:slope AS float8[]),
+                        CAST(:factors AS text[])) AS t(id, b, s, f)
+            WHERE q.id = t.id
+            """
+        ),
+        {
+            "ids": [int(q) for q in query_ids],
+            "bias": [float(b) for b in bias],
+            "slope": [float(s) for s in slope],
+            "factors": real_array_literals(factors),
+        },
+    )
+
+
+async def replace_model(
+    session: AsyncSession,
+    namespace: str,
+    memory_ids: np.ndarray,
+    memory_bias: np.ndarray,
+    memory_factors: np.ndarray,
+    observation_count: np.ndarray,
+    query_ids: np.ndarray,
+    query_bias: np.ndarray,
+    query_slope: np.ndarray,
+    query_factors: np.ndarray,
+    prior: ContentPrior,
+    refitted_at: datetime,
+) -> None:
+    """Write a full refit: every memory row and query column of the namespace, and reset the
+    counter. Rows travel by binary COPY (the memory side straight into ``memory_factors``,
+    emptied for the namespace first; the query side through a temporary table)."""
+    await namespace_state(session, namespace, for_update=True)
+    conn = await driver_connection(session)
+    await conn.execute("DELETE FROM memory_factors WHERE namespace = %s", (namespace,))
+    if len(memory_ids):
+        await copy_in(
+            conn,
+            "COPY memory_factors (memory_id, namespace, bias, factors, observation_count) "
+            "FROM STDIN (FORMAT BINARY)",
+            binary_copy(
+                [("int8", memory_ids), ("text", namespace), ("float8", memory_bias),
+                 ("real[]", np.asarray(memory_factors)), ("int4", observation_count)],
+                len(memory_ids),
+            ),
+        )
+    if len(query_ids):
+        await conn.execute(
+            "CREATE TEMPORARY TABLE earm_refit_queries "
+            "(id bigint, bias float8, slope float8, factors real[]) ON COMMIT DROP"
+        )
+        await copy_in(
+            conn,
+            "COPY earm_refit_queries (id, bias, slope, factors) FROM STDIN (FORMAT BINARY)",
+            binary_copy(
+                [("int8", query_ids), ("float8", query_bias), ("float8", query_slope),
+                 ("real[]", np.asarray(query_factors))],
+                len(query_ids),
+            ),
+        )
+        await conn.execute(
+            "UPDATE queries q SET bias = t.bias, slope = t.slope, factors = t.factors "
+            "FROM earm_refit_queries t WHERE q.id = t.id"
+        )
+        await conn.execute("DROP TABLE earm_refit_queries")
+    await session.execute(
+        text(
+            """
+            UPDATE namespaces SET queries_since_refit = 0, last_refit_at = :at,
+                content_slope = :content_slope,
+                content_weights = CAST(:content_weights AS vector),
+                score_sum = (SELECT coalesce(sum(score), 0) FROM scores WHERE namespace = :namespace),
+                score_count = (SELECT count(*) FROM scores WHERE namespace = :namespace)
+            WHERE name = :namespace
+            """
+        ),
+        # The running mean is recomputed from the data under the namespace lock: it heals drift
+        # from deleted memories and counts observations recorded while the fit ran.
+        {
+            "namespace": namespace,
+            "at": refitted_at,
+            "content_slope": prior.slope if len(prior.weights) else None,
+            "content_weights": (
+                "[" + ",".join(repr(float(x)) for x in prior.weights) + "]"
+                if len(prior.weights)
+                else None
+            ),
+        },
+    )
