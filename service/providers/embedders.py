@@ -10,26 +10,28 @@ must never be compared.
 from __future__ import annotations
 
 import asyncio
-import email.utils
 import hashlib
 import importlib.util
 import logging
 import os
-import random
 import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
-import httpx
 import numpy as np
+
+from service.errors import (
+    DimensionMismatch,
+    EmbedderUnavailable,
+    EmbeddingRequired,
+    InvalidInput,
+)
 
 if TYPE_CHECKING:  # pragma: no cover
     import onnxruntime
     from tokenizers import Tokenizer
-
-    from service.settings import Settings
 
 logger = logging.getLogger(__name__)
 
@@ -39,12 +41,10 @@ __all__ = [
     "Embedder",
     "EmbedderError",
     "LocalEmbedder",
-    "OpenAIEmbedder",
-    "backoff_delay",
-    "build_embedder",
+    "check_embedding",
+    "embed_texts",
+    "l2_normalise",
     "plan_batches",
-    "retry_after_seconds",
-    "retryable_status",
 ]
 
 #: The id stored with vectors of the offline model (a different file = a different space).
@@ -81,9 +81,36 @@ class Embedder(Protocol):
         ...
 
 
-def _l2_normalise(vectors: np.ndarray) -> np.ndarray:
+def l2_normalise(vectors: np.ndarray) -> np.ndarray:
     norms = np.linalg.norm(vectors, axis=1, keepdims=True)
     return (vectors / np.maximum(norms, 1e-12)).astype(np.float32, copy=False)
+
+
+def check_embedding(vector: Sequence[float], dim: int, what: str) -> np.ndarray:
+    """A client-supplied vector as float32, or a precise error."""
+    array = np.asarray(vector, dtype=np.float64)
+    if array.ndim != 1 or array.shape[0] != dim:
+        raise DimensionMismatch(
+            f"{what} has {array.shape[0] if array.ndim == 1 else array.shape} dimensions; "
+            f"this deployment uses {dim}"
+        )
+    if not np.all(np.isfinite(array)):
+        raise InvalidInput(f"{what} contains NaN or infinite values")
+    if not np.any(array):
+        raise InvalidInput(f"{what} is all zeros, which has no cosine similarity")
+    return array.astype(np.float32)
+
+
+async def embed_texts(embedder: Embedder | None, texts: Sequence[str]) -> np.ndarray:
+    """Embed texts with the configured embedder, translating its failures to a domain error."""
+    if embedder is None:
+        raise EmbeddingRequired(
+            "no embedder is configured (EARM_EMBEDDER=none): send embeddings with the request"
+        )
+    try:
+        return await embedder.embed(list(texts))
+    except EmbedderError as exc:
+        raise EmbedderUnavailable(f"the embedder failed: {exc}") from exc
 
 
 def _available_cores() -> int:
@@ -268,7 +295,7 @@ class LocalEmbedder:
             raise EmbedderError(f"local embedding model failed: {exc}") from exc
         weights = mask[..., None].astype(np.float32)
         pooled = (hidden * weights).sum(axis=1) / np.maximum(weights.sum(axis=1), 1e-9)
-        return _l2_normalise(pooled)
+        return l2_normalise(pooled)
 
     async def embed(self, texts: Sequence[str]) -> np.ndarray:
         """Runs :meth:`embed_sync` in a worker thread so the event loop never blocks."""
@@ -283,226 +310,3 @@ class LocalEmbedder:
 
     def __repr__(self) -> str:
         return f"LocalEmbedder(batch_size={self.batch_size}, threads={self.threads})"
-
-
-def retryable_status(status: int) -> bool:
-    """Rate limiting and server-side trouble are worth retrying; other 4xx never succeed."""
-    return status == 429 or status >= 500
-
-
-def retry_after_seconds(headers: httpx.Headers) -> float | None:
-    """Server-requested wait: OpenAI's ``retry-after-ms``, or ``Retry-After`` (seconds or date)."""
-    ms = headers.get("retry-after-ms")
-    if ms:
-        try:
-            return max(0.0, float(ms) / 1000.0)
-        except ValueError:
-            pass
-    value = headers.get("retry-after")
-    if not value:
-        return None
-    try:
-        return max(0.0, float(value))
-    except ValueError:
-        pass
-    try:
-        when = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError):
-        return None
-    return max(0.0, when.timestamp() - time.time())
-
-
-def backoff_delay(attempt: int, base_s: float, cap_s: float = 8.0) -> float:
-    """Exponential backoff with full jitter (attempt 0 -> up to base_s); spreads retry storms."""
-    return random.uniform(0.5, 1.0) * min(cap_s, base_s * (2**attempt))
-
-
-def _error_message(response: httpx.Response) -> str:
-    """The provider's error message, short; never the request (it holds memory text)."""
-    try:
-        payload = response.json()
-        message = payload.get("error", {}).get("message") if isinstance(payload, dict) else None
-        if isinstance(message, str) and message:
-            return message[:200]
-    except ValueError:
-        pass
-    return response.reason_phrase or ""
-
-
-class OpenAIEmbedder:
-    """Any OpenAI-compatible ``POST {base_url}/embeddings`` (OpenAI, vLLM, Ollama, TEI, …).
-
-    ``base_url`` includes the version prefix, like OpenAI's (``https://api.openai.com/v1``).
-    Texts go out in batches of ``batch_size``, one batch after another (gentle on rate limits).
-    Each request has its own timeout; 429, 5xx and transport errors (timeouts included) are
-    retried up to ``max_retries`` times with jittered exponential backoff, honouring
-    ``Retry-After`` up to ``max_retry_after_s`` (a longer requested wait fails at once: holding a
-    request for minutes is worse than an error). Responses are validated strictly (count,
-    ``index`` permutation, dimension, finite numbers) because a silently wrong vector would
-    corrupt the index for good.
-    """
-
-    def __init__(
-        self,
-        base_url: str,
-        model: str,
-        dim: int,
-        api_key: str | None = None,
-        timeout_s: float = 30,
-        batch_size: int = 64,
-        max_retries: int = 3,
-        client: httpx.AsyncClient | None = None,
-        *,
-        backoff_base_s: float = 0.5,
-        max_retry_after_s: float = 20.0,
-    ) -> None:
-        if batch_size < 1:
-            raise ValueError("batch_size must be >= 1")
-        if dim < 1:
-            raise ValueError("dim must be >= 1")
-        self.url = base_url.rstrip("/") + "/embeddings"
-        self.model = model
-        self.model_id = f"openai:{model}"
-        self.dim = dim
-        self.timeout_s = timeout_s
-        self.batch_size = batch_size
-        self.max_retries = max_retries
-        self.backoff_base_s = backoff_base_s
-        self.max_retry_after_s = max_retry_after_s
-        self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self._owns_client = client is None
-        self._client = client if client is not None else httpx.AsyncClient(timeout=timeout_s)
-
-    async def embed(self, texts: Sequence[str]) -> np.ndarray:
-        texts = list(texts)
-        if not texts:
-            return np.zeros((0, self.dim), dtype=np.float32)
-        if not all(isinstance(t, str) for t in texts):
-            raise TypeError("texts must be strings")
-        parts = [
-            await self._embed_batch(texts[start : start + self.batch_size])
-            for start in range(0, len(texts), self.batch_size)
-        ]
-        return _l2_normalise(np.concatenate(parts, axis=0))
-
-    async def _embed_batch(self, batch: list[str]) -> np.ndarray:
-        body = {"model": self.model, "input": batch, "encoding_format": "float"}
-        attempt = 0
-        while True:
-            problem: str  # for the exception: may quote the provider's error message
-            kind: str  # for the log: status or exception class only, never provider text
-            wait: float | None = None
-            try:
-                response = await self._client.post(
-                    self.url, json=body, headers=self._headers, timeout=self.timeout_s
-                )
-            except httpx.TimeoutException:
-                problem = kind = f"timed out after {self.timeout_s} s"
-            except httpx.HTTPError as exc:  # connect/read/protocol errors, undecodable bodies
-                problem = kind = f"transport error: {type(exc).__name__}"
-            else:
-                if response.status_code == 200:
-                    return self._parse(response, len(batch))
-                kind = f"HTTP {response.status_code}"
-                problem = f"{kind}: {_error_message(response)}"
-                if not retryable_status(response.status_code):
-                    raise EmbedderError(f"embeddings endpoint {self.url} answered {problem}")
-                wait = retry_after_seconds(response.headers)
-                if wait is not None and wait > self.max_retry_after_s:
-                    raise EmbedderError(
-                        f"embeddings endpoint {self.url} answered {problem} and asks to retry "
-                        f"after {wait:.0f} s (more than {self.max_retry_after_s:.0f} s)"
-                    )
-            if attempt >= self.max_retries:
-                raise EmbedderError(
-                    f"embeddings endpoint {self.url} failed after {attempt + 1} attempt(s): {problem}"
-                )
-            delay = wait if wait is not None else backoff_delay(attempt, self.backoff_base_s)
-            logger.warning(
-                "embeddings request failed (%s); retry %d/%d in %.2f s",
-                kind, attempt + 1, self.max_retries, delay,
-            )
-            await asyncio.sleep(delay)
-            attempt += 1
-
-    def _parse(self, response: httpx.Response, expected: int) -> np.ndarray:
-        """Validated ``(expected, dim)`` float32 rows in request order (sorted by ``index``)."""
-        def bad(why: str) -> EmbedderError:
-            return EmbedderError(f"invalid embeddings response from {self.url}: {why}")
-
-        try:
-            payload: Any = response.json()
-        except ValueError:
-            raise bad("body is not JSON") from None
-        data = payload.get("data") if isinstance(payload, dict) else None
-        if not isinstance(data, list):
-            raise bad("no 'data' list")
-        if len(data) != expected:
-            raise bad(f"{len(data)} embeddings for {expected} inputs")
-        rows: list[Any] = [None] * expected
-        for position, item in enumerate(data):
-            if not isinstance(item, dict):
-                raise bad(f"data[{position}] is not an object")
-            index = item.get("index", position)
-            if not isinstance(index, int) or isinstance(index, bool) or not 0 <= index < expected:
-                raise bad(f"data[{position}].index is {index!r}, expected 0..{expected - 1}")
-            if rows[index] is not None:
-                raise bad(f"index {index} appears twice")
-            vector = item.get("embedding")
-            if not isinstance(vector, list):
-                raise bad(f"embedding {index} is not a list of floats (base64 is not supported)")
-            if len(vector) != self.dim:
-                raise bad(
-                    f"embedding {index} has dimension {len(vector)}, expected {self.dim} "
-                    "(the deployment's embedding_dim must match the model)"
-                )
-            rows[index] = vector
-        try:
-            matrix = np.asarray(rows, dtype=np.float64)
-        except (TypeError, ValueError):
-            raise bad("embeddings contain non-numeric values") from None
-        if not np.isfinite(matrix).all():
-            raise bad("embeddings contain NaN or infinite values")
-        zero = np.flatnonzero(np.linalg.norm(matrix, axis=1) == 0)
-        if zero.size:
-            raise bad(f"embedding {int(zero[0])} is all zeros (cannot be normalised)")
-        return matrix.astype(np.float32)
-
-    async def aclose(self) -> None:
-        """Close the HTTP client if this embedder created it."""
-        if self._owns_client:
-            await self._client.aclose()
-
-    def __repr__(self) -> str:  # no api key, ever
-        return f"OpenAIEmbedder(url={self.url!r}, model={self.model!r}, dim={self.dim})"
-
-
-def build_embedder(settings: Settings) -> Embedder | None:
-    """The deployment's embedder; ``None`` when clients must send their own vectors."""
-    kind = settings.embedder
-    if kind == "none":
-        return None
-    if kind == "local":
-        if settings.embedding_dim != LOCAL_DIM:
-            raise ValueError(
-                f"the local embedder produces {LOCAL_DIM}-d vectors but EARM_EMBEDDING_DIM="
-                f"{settings.embedding_dim}; set EARM_EMBEDDING_DIM={LOCAL_DIM} or use another embedder"
-            )
-        return LocalEmbedder(batch_size=settings.embedder_batch_size)
-    if kind == "openai":
-        if not settings.embedder_base_url:
-            raise ValueError(
-                "EARM_EMBEDDER=openai requires EARM_EMBEDDER_BASE_URL "
-                "(e.g. https://api.openai.com/v1 or http://localhost:11434/v1)"
-            )
-        api_key = settings.embedder_api_key.get_secret_value() if settings.embedder_api_key else None
-        return OpenAIEmbedder(
-            base_url=settings.embedder_base_url,
-            model=settings.embedder_model,
-            dim=settings.embedding_dim,
-            api_key=api_key,
-            timeout_s=settings.embedder_timeout_s,
-            batch_size=settings.embedder_batch_size,
-            max_retries=settings.embedder_max_retries,
-        )
-    raise ValueError(f"unknown embedder {kind!r}; expected 'local', 'openai' or 'none'")
