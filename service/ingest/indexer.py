@@ -6,7 +6,7 @@ about 300 rows/s on 2 cores, against thousands of rows/s for the rows themselves
 does not wait for it. A new memory has ``indexed = false``; the HNSW index is partial
 (``WHERE indexed``), and :class:`BackgroundIndexer` sets the flag in batches, which inserts
 those rows into the index. Until then the search finds the memory by an exact scan of its
-namespace's unindexed rows (``store.search``), so an acknowledged memory is searchable at once
+namespace's unindexed rows (``service.db.search``), so an acknowledged memory is searchable at once
 and nothing waits for the index but the index itself.
 
 Each batch is one short transaction that takes its rows ``FOR NO KEY UPDATE SKIP LOCKED``, so
@@ -19,33 +19,20 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-log = logging.getLogger(__name__)
+from service.db.memories import mark_indexed
 
-_INDEX_BATCH_SQL = text(
-    """
-    UPDATE memories SET indexed = true
-    WHERE id IN (
-        SELECT id FROM memories WHERE NOT indexed
-        ORDER BY namespace, id LIMIT :batch_size
-        -- NO KEY: the lock an UPDATE of a non-key column takes anyway. A plain FOR UPDATE
-        -- would also block the foreign-key checks (FOR KEY SHARE) of concurrent writers of
-        -- scores and memory_factors (records, refits) for the whole batch.
-        FOR NO KEY UPDATE SKIP LOCKED
-    )
-    """
-)
+log = logging.getLogger(__name__)
 
 
 async def index_batch(sessions: async_sessionmaker[AsyncSession], batch_size: int) -> int:
     """Move up to ``batch_size`` unindexed memories (by namespace, oldest first) into the HNSW
     index, in one committed transaction; returns how many."""
     async with sessions() as session:
-        result = await session.execute(_INDEX_BATCH_SQL, {"batch_size": batch_size})
+        indexed = await mark_indexed(session, batch_size)
         await session.commit()
-    return int(result.rowcount)  # type: ignore[attr-defined]
+    return indexed
 
 
 async def index_all(sessions: async_sessionmaker[AsyncSession], batch_size: int) -> int:

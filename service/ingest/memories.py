@@ -10,21 +10,13 @@ from datetime import datetime
 from typing import Any
 
 import numpy as np
-from psycopg.types.json import Jsonb
-from sqlalchemy import delete, select
-from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from service.db.models import Memory, Namespace
-from service.embedders import Embedder, EmbedderError
-from service.errors import (
-    DimensionMismatch,
-    EmbedderUnavailable,
-    EmbeddingRequired,
-    InvalidInput,
-    NotFound,
-)
-from service.retrieval.store import namespace_state
+from service.db import memories as memory_table
+from service.db.models import Memory
+from service.db.namespaces import ensure_namespace, namespace_state
+from service.errors import InvalidInput, NotFound
+from service.providers.embedders import Embedder, check_embedding, embed_texts
 
 
 @dataclass(frozen=True)
@@ -49,37 +41,6 @@ class MemoryPage:
     next_cursor: str | None
 
 
-def check_embedding(vector: Sequence[float], dim: int, what: str) -> np.ndarray:
-    """A client-supplied vector as float32, or a precise error."""
-    array = np.asarray(vector, dtype=np.float64)
-    if array.ndim != 1 or array.shape[0] != dim:
-        raise DimensionMismatch(
-            f"{what} has {array.shape[0] if array.ndim == 1 else array.shape} dimensions; "
-            f"this deployment uses {dim}"
-        )
-    if not np.all(np.isfinite(array)):
-        raise InvalidInput(f"{what} contains NaN or infinite values")
-    if not np.any(array):
-        raise InvalidInput(f"{what} is all zeros, which has no cosine similarity")
-    return array.astype(np.float32)
-
-
-async def embed_texts(embedder: Embedder | None, texts: Sequence[str]) -> np.ndarray:
-    """Embed texts with the configured embedder, translating its failures to a domain error."""
-    if embedder is None:
-        raise EmbeddingRequired(
-            "no embedder is configured (EARM_EMBEDDER=none): send embeddings with the request"
-        )
-    try:
-        return await embedder.embed(list(texts))
-    except EmbedderError as exc:
-        raise EmbedderUnavailable(f"the embedder failed: {exc}") from exc
-
-
-async def ensure_namespace(session: AsyncSession, namespace: str) -> None:
-    await session.execute(insert(Namespace).values(name=namespace).on_conflict_do_nothing())
-
-
 async def ingest(
     session: AsyncSession,
     embedder: Embedder | None,
@@ -94,12 +55,7 @@ async def ingest(
     external_ids = [item.external_id for item in items if item.external_id is not None]
     known: dict[str, int] = {}
     if external_ids:
-        rows = await session.execute(
-            select(Memory.external_id, Memory.id).where(
-                Memory.namespace == namespace, Memory.external_id.in_(external_ids)
-            )
-        )
-        known = {external_id: memory_id for external_id, memory_id in rows}
+        known = await memory_table.ids_by_external_id(session, namespace, external_ids)
 
     # Items to insert: new external ids (first occurrence only) and all anonymous items.
     pending: list[int] = []
@@ -118,8 +74,16 @@ async def ingest(
     created = 0
     if pending:
         model_ids = _model_ids(embedder, items, pending)
-        inserted = await _insert_memories(
-            session, namespace, [items[p] for p in pending], vectors, model_ids
+        batch = [items[p] for p in pending]
+        inserted = await memory_table.insert_memories(
+            session,
+            namespace,
+            [item.external_id for item in batch],
+            [item.text for item in batch],
+            vectors,
+            model_ids,
+            [item.occurred_at for item in batch],
+            [item.metadata for item in batch],
         )
         created = len(inserted)
         inserted_by_external = {ext: mid for mid, ext in inserted if ext is not None}
@@ -134,55 +98,11 @@ async def ingest(
         # and our insert (ON CONFLICT DO NOTHING skipped it): fetch those ids now.
         missing = [ext for ext in seen if ext not in known]
         if missing:
-            rows = await session.execute(
-                select(Memory.external_id, Memory.id).where(
-                    Memory.namespace == namespace, Memory.external_id.in_(missing)
-                )
-            )
-            known.update(dict(rows.all()))
+            known.update(await memory_table.ids_by_external_id(session, namespace, missing))
     for position, item in enumerate(items):
         if item.external_id is not None:
             ids[position] = known[item.external_id]
     return IngestResult(ids=[int(i) for i in ids], created=created, existing=len(items) - created)
-
-
-_INSERT_SQL = """
-    INSERT INTO memories (namespace, external_id, text, embedding, embedding_model, occurred_at,
-                          metadata)
-    SELECT %(namespace)s::text, e, t, v, mdl, o, md
-    FROM unnest(%(external_ids)s::text[], %(texts)s::text[], %(embeddings)b::vector[],
-                %(models)s::text[], %(occurred_at)s::timestamptz[], %(metadata)s::jsonb[])
-        WITH ORDINALITY AS u(e, t, v, mdl, o, md, ord)
-    ORDER BY ord
-    ON CONFLICT (namespace, external_id) DO NOTHING
-    RETURNING id, external_id
-"""
-
-
-async def _insert_memories(
-    session: AsyncSession,
-    namespace: str,
-    items: Sequence[NewMemory],
-    vectors: Sequence[np.ndarray],
-    model_ids: Sequence[str],
-) -> list[tuple[int, str | None]]:
-    """One multi-row INSERT; vectors travel in pgvector's binary format (the engine registers
-    its adapters on every connection), with no per-value text formatting or parsing."""
-    connection = await session.connection()
-    conn = (await connection.get_raw_connection()).driver_connection
-    cursor = await conn.execute(
-        _INSERT_SQL,
-        {
-            "namespace": namespace,
-            "external_ids": [item.external_id for item in items],
-            "texts": [item.text for item in items],
-            "embeddings": [np.asarray(v, dtype=np.float32) for v in vectors],
-            "models": list(model_ids),
-            "occurred_at": [item.occurred_at for item in items],
-            "metadata": [Jsonb(item.metadata) for item in items],
-        },
-    )
-    return [(int(mid), ext) for mid, ext in await cursor.fetchall()]
 
 
 def _model_ids(
@@ -216,7 +136,7 @@ async def _vectors_for(
 
 
 async def get_memory(session: AsyncSession, memory_id: int) -> Memory:
-    memory = await session.get(Memory, memory_id)
+    memory = await memory_table.get_memory(session, memory_id)
     if memory is None:
         raise NotFound(f"memory {memory_id} does not exist")
     return memory
@@ -240,12 +160,10 @@ async def list_memories(
     session: AsyncSession, namespace: str, limit: int, cursor: str | None
 ) -> MemoryPage:
     """Keyset pagination by id: stable under concurrent inserts, O(limit) per page."""
-    statement = select(Memory).where(Memory.namespace == namespace)
-    if cursor is not None:
-        statement = statement.where(Memory.id > decode_cursor(cursor))
-    rows = (await session.scalars(statement.order_by(Memory.id).limit(limit + 1))).all()
-    page = list(rows[:limit])
-    next_cursor = encode_cursor(page[-1].id) if len(rows) > limit else None
+    after_id = decode_cursor(cursor) if cursor is not None else None
+    found = await memory_table.memories_after(session, namespace, after_id, limit + 1)
+    page = found[:limit]
+    next_cursor = encode_cursor(page[-1].id) if len(found) > limit else None
     return MemoryPage(page, next_cursor)
 
 
@@ -253,10 +171,9 @@ async def delete_memory(session: AsyncSession, memory_id: int, namespace: str) -
     """Delete a memory; its observations and model parameters go with it (FK cascade).
 
     The namespace's row is locked first, with the lock every writer of model state takes
-    (:func:`service.retrieval.store.namespace_state`): a refit rewrites ``memory_factors`` under that lock, and a delete that took the
-    memory's row first deadlocked with it (the delete waiting for the memory's parameters, the
-    refit waiting to reference the memory)."""
+    (:func:`service.db.namespaces.namespace_state`): a refit rewrites ``memory_factors`` under
+    that lock, and a delete that took the memory's row first deadlocked with it (the delete
+    waiting for the memory's parameters, the refit waiting to reference the memory)."""
     await namespace_state(session, namespace, for_update=True)
-    result = await session.execute(delete(Memory).where(Memory.id == memory_id))
-    if result.rowcount == 0:
+    if not await memory_table.delete_memory(session, memory_id):
         raise NotFound(f"memory {memory_id} does not exist")

@@ -1,10 +1,7 @@
-"""Request limits that pydantic cannot express: body size (an ASGI middleware) and metadata size
-and depth. Every violation is answered in the JSON error format.
-
-The body limit applies before anything parses the body: a ``Content-Length`` above
-``EARM_MAX_BODY_BYTES`` is refused at once, and a body without one (chunked) is counted as it
-streams in and refused as soon as it crosses the limit, so neither the JSON parser nor the
-process memory ever sees more than the limit.
+"""Checks of client input that pydantic cannot express: text Postgres can store, metadata (and
+filter) size and depth, text length. Every violation is a domain error (413
+``limit_exceeded`` or 422 ``invalid_input`` at the HTTP edge). The body size limit, which
+applies before anything is parsed, is the HTTP layer's (``service.http.middleware``).
 """
 
 from __future__ import annotations
@@ -13,92 +10,7 @@ import json
 import math
 from typing import Any
 
-from starlette.datastructures import Headers
-from starlette.exceptions import HTTPException
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
-
 from service.errors import InvalidInput, LimitExceeded
-
-PAYLOAD_TOO_LARGE = "payload_too_large"
-
-
-class BodyTooLarge(HTTPException):
-    """Raised from ``receive`` when a streamed body crosses the limit. FastAPI re-raises
-    HTTPExceptions met while reading a body, so it reaches the app's error handler (413)."""
-
-    def __init__(self, max_bytes: int) -> None:
-        super().__init__(413, f"the request body exceeds {max_bytes} bytes (EARM_MAX_BODY_BYTES)")
-
-
-class BodySizeLimit:
-    """ASGI middleware: 413 ``payload_too_large`` for bodies over ``max_bytes``."""
-
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
-        self.app = app
-        self.max_bytes = max_bytes
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        declared = Headers(scope=scope).get("content-length")
-        if declared is not None:
-            try:
-                too_large = int(declared) > self.max_bytes
-            except ValueError:
-                too_large = False  # the server rejects a malformed Content-Length itself
-            if too_large:
-                await self._refuse(send)
-                return
-
-        received = 0
-        response_started = False
-
-        async def counting_receive() -> Message:
-            nonlocal received
-            message = await receive()
-            if message["type"] == "http.request":
-                received += len(message.get("body", b""))
-                if received > self.max_bytes:
-                    raise BodyTooLarge(self.max_bytes)
-            return message
-
-        async def tracking_send(message: Message) -> None:
-            nonlocal response_started
-            if message["type"] == "http.response.start":
-                response_started = True
-            await send(message)
-
-        try:
-            await self.app(scope, counting_receive, tracking_send)
-        except BodyTooLarge:
-            # Read outside a FastAPI route (which would have answered already).
-            if response_started:
-                raise
-            await self._refuse(send)
-
-    async def _refuse(self, send: Send) -> None:
-        body = json.dumps(
-            {
-                "error": {
-                    "code": PAYLOAD_TOO_LARGE,
-                    "message": f"the request body exceeds {self.max_bytes} bytes "
-                    "(EARM_MAX_BODY_BYTES)",
-                }
-            }
-        ).encode()
-        await send(
-            {
-                "type": "http.response.start",
-                "status": 413,
-                "headers": [
-                    (b"content-type", b"application/json"),
-                    (b"content-length", str(len(body)).encode()),
-                    (b"connection", b"close"),
-                ],
-            }
-        )
-        await send({"type": "http.response.body", "body": body})
 
 
 def storable_text_problem(value: str) -> str | None:
@@ -159,3 +71,8 @@ def check_metadata(value: dict[str, Any] | None, max_bytes: int, max_depth: int,
     size = len(json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode())
     if size > max_bytes:
         raise LimitExceeded(f"{what} takes {size} bytes as JSON; the limit is {max_bytes}")
+
+
+def check_text_length(text: str, max_chars: int, what: str) -> None:
+    if len(text) > max_chars:
+        raise LimitExceeded(f"{what} has {len(text)} characters; the limit is {max_chars}")

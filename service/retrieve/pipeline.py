@@ -1,11 +1,11 @@
-"""The retrieve pipeline (DESIGN §2): embed, search, budget, score anchors, record, complete,
-rerank, learn. Also client feedback and the full refit. No HTTP here."""
+"""The retrieve pipeline (DESIGN §2): embed, search, budget, score anchors, complete, rerank,
+then record and learn (``service.retrieve.learning``, which also takes client feedback and runs
+the full refit). No HTTP here."""
 
 from __future__ import annotations
 
 import asyncio
 import json
-import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -13,31 +13,23 @@ from datetime import UTC, datetime
 from typing import Any, Literal
 
 import numpy as np
-from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from service.completion.similarity import (
-    content_offsets,
-    fit_with_similarity,
-    fold_in_with_similarity,
-)
-from service.embedders import Embedder
-from service.errors import InvalidInput, LimitExceeded, NotFound
-from service.memories import check_embedding, embed_texts
-from service.retrieval import store
-from service.retrieval.budget import BudgetSchedule, anchor_seed, sample_anchors
-from service.retrieval.rerank import (
+from service.completion.similarity import content_offsets
+from service.db.search import Candidates, memory_embeddings, search
+from service.errors import InvalidInput, LimitExceeded
+from service.providers.embedders import Embedder, check_embedding, embed_texts
+from service.providers.scorers import RelevanceScorer
+from service.retrieve.budget import anchor_seed, sample_anchors
+from service.retrieve.learning import Learner
+from service.retrieve.rerank import (
     ESTIMATED,
     CandidateState,
     Policy,
     Ranking,
     rank_candidates,
-    resolve_memory_rows,
 )
-from service.scorers import RelevanceScorer
-from service.settings import Settings
-
-log = logging.getLogger(__name__)
+from service.settings import BudgetSchedule, Settings
 
 Order = Literal["chronological", "relevance"]
 
@@ -97,13 +89,6 @@ class _Stopwatch:
         return self.timings
 
 
-def refit_due(queries_since_refit: int, queries_recorded: int, refit_every: int) -> bool:
-    """Refit every ``refit_every`` queries, and more often while the namespace is young (each
-    time its query count has grown by half), so factors are learned early. Still O(log n)
-    refits before the steady period."""
-    return queries_since_refit >= min(refit_every, max(1, queries_recorded // 2))
-
-
 class RetrievalPipeline:
     def __init__(
         self,
@@ -113,13 +98,11 @@ class RetrievalPipeline:
         settings: Settings,
     ) -> None:
         self.sessions = sessions
-        # namespace -> its running background refit (the reference keeps the task from being
-        # garbage-collected; it is dropped when the task ends)
-        self._background_refits: dict[str, asyncio.Task[None]] = {}
         self.embedder = embedder
         self.scorer = scorer
         self.settings = settings
         self.schedule = BudgetSchedule.parse(settings.budget_schedule)
+        self.learner = Learner(sessions, settings)
 
     # ----------------------------------------------------------------------------- retrieve
 
@@ -163,7 +146,7 @@ class RetrievalPipeline:
         since = watch.lap("embed_ms", watch.start)
 
         async with self.sessions() as session:
-            state, candidates = await store.search(
+            state, candidates = await search(
                 session,
                 request.namespace,
                 query_vector,
@@ -181,7 +164,7 @@ class RetrievalPipeline:
                 anchor_seed(request.namespace, state.next_query_index, request.seed),
             )
             anchor_embeddings = (
-                await store.memory_embeddings(
+                await memory_embeddings(
                     session, candidates.ids[anchors], self.settings.embedding_dim
                 )
                 if self.scorer.reads_embeddings
@@ -218,14 +201,17 @@ class RetrievalPipeline:
         memories = self._top_k(request, candidates, ranking)
         since = watch.lap("complete_ms", since)
 
-        recorded = await self._record_and_learn(
-            request,
+        recorded = await self.learner.record_and_learn(
+            request.namespace,
+            request.query,
             query_vector,
-            candidates,
+            request.policy,
+            len(candidates),
             budget,
             len(anchors),
             ranking,
-            memories,
+            len(memories),
+            sum(m.source == ESTIMATED for m in memories),
             candidates.ids[observed_positions],
             candidates.similarities[observed_positions],
             observed_scores,
@@ -248,7 +234,7 @@ class RetrievalPipeline:
         self,
         query_text: str,
         query_vector: np.ndarray,
-        candidates: store.Candidates,
+        candidates: Candidates,
         anchors: np.ndarray,
         anchor_embeddings: np.ndarray,
     ) -> np.ndarray:
@@ -263,129 +249,8 @@ class RetrievalPipeline:
         )
         return np.array([np.nan if s is None else s for s in scores], dtype=np.float64)
 
-    async def _record_and_learn(
-        self,
-        request: RetrieveRequest,
-        query_vector: np.ndarray,
-        candidates: store.Candidates,
-        budget: int,
-        scorer_calls: int,
-        ranking: Ranking,
-        memories: list[RetrievedMemory],
-        observed_ids: np.ndarray,
-        observed_similarities: np.ndarray,
-        observed_scores: np.ndarray,
-        mean_score: float,
-    ) -> store.RecordedQuery:
-        """Record the query and its observations, update the touched memory rows online, and
-        commit, all before the response, so the next query learns from this one."""
-        async with self.sessions() as session:
-            recorded, history = await store.record_query(
-                session,
-                namespace=request.namespace,
-                query_text=request.query,
-                query_embedding=query_vector,
-                policy=request.policy,
-                n_candidates=len(candidates),
-                budget=budget,
-                scorer_calls=scorer_calls,
-                query=ranking.query,
-                prequential_errors=ranking.prequential_errors,
-                returned_count=len(memories),
-                returned_estimated=sum(m.source == ESTIMATED for m in memories),
-                observed_ids=observed_ids,
-                observed_similarities=observed_similarities,
-                observed_scores=observed_scores,
-                rank=self.settings.rank,
-            )
-            # The upsert carries the COMMIT (one round trip); session.commit() is then a no-op.
-            await self._resolve_memory_rows(
-                session, request.namespace, observed_ids, mean_score, history, commit=True
-            )
-            await session.commit()
-        if refit_due(
-            recorded.queries_since_refit, recorded.query_index + 1, self.settings.refit_every
-        ):
-            if self.settings.refit_in_background:
-                self._start_background_refit(request.namespace)
-            else:
-                await self._refit_logged(request.namespace)
-        return recorded
-
-    async def _refit_logged(self, namespace: str) -> None:
-        try:
-            await self.refit(namespace)
-        except Exception:
-            # The query is committed and the online state is consistent; a failed refit is
-            # retried by the next query (its counter was not reset), so the client gets its
-            # answer instead of an error that would invite a duplicate retry.
-            log.exception("full refit of namespace %r failed", namespace)
-
-    def _start_background_refit(self, namespace: str) -> None:
-        """At most one refit task per namespace in this process; a query that finds one
-        running leaves it be (its observations are in the database and its counter keeps the
-        refit due, so the next query after it starts another). Other processes are kept out
-        by the refit's advisory lock."""
-        running = self._background_refits.get(namespace)
-        if running is not None and not running.done():
-            return
-        task = asyncio.create_task(self._refit_logged(namespace), name=f"earm-refit:{namespace}")
-        self._background_refits[namespace] = task
-        task.add_done_callback(lambda _: self._forget_refit(namespace, task))
-
-    def _forget_refit(self, namespace: str, task: asyncio.Task[None]) -> None:
-        if self._background_refits.get(namespace) is task:
-            del self._background_refits[namespace]
-
-    async def drain(self) -> None:
-        """Wait for the background refits started so far (at shutdown, before the database
-        closes; and wherever a caller needs the model current)."""
-        tasks = list(self._background_refits.values())
-        if tasks:
-            await asyncio.gather(*tasks)
-
-    async def _resolve_memory_rows(
-        self,
-        session: AsyncSession,
-        namespace: str,
-        memory_ids: np.ndarray,
-        mean_score: float,
-        history: store.RowObservations | None = None,
-        commit: bool = False,
-    ) -> None:
-        """Re-solve the rows of ``memory_ids`` from all their observations (``history``, when
-        the caller already read it in the same transaction); ``commit`` ends the transaction
-        with the write."""
-        if len(memory_ids) == 0:
-            return
-        if history is None:
-            history = await store.memory_row_observations(session, memory_ids, self.settings.rank)
-        if len(history.scores) == 0:
-            return
-        update = await asyncio.to_thread(
-            resolve_memory_rows,
-            mean_score,
-            history.memory_ids,
-            history.similarities,
-            history.scores,
-            history.query_bias,
-            history.query_slope,
-            history.query_factors,
-            history.prior_offsets,
-            self.settings.memory_reg,
-        )
-        await store.upsert_memory_factors(
-            session,
-            namespace,
-            update.memory_ids,
-            update.bias,
-            update.factors,
-            update.observation_count,
-            commit=commit,
-        )
-
     def _top_k(
-        self, request: RetrieveRequest, candidates: store.Candidates, ranking: Ranking
+        self, request: RetrieveRequest, candidates: Candidates, ranking: Ranking
     ) -> list[RetrievedMemory]:
         top = [
             RetrievedMemory(
@@ -406,151 +271,18 @@ class RetrievalPipeline:
             top.sort(key=lambda m: (m.occurred_at is None, m.occurred_at or datetime.min.replace(tzinfo=UTC), m.id))
         return top
 
-    # ---------------------------------------------------------------------------- feedback
+    # ------------------------------------------------------------------- learning (delegated)
 
     async def feedback(
         self, namespace: str, query_id: int, memory_ids: Sequence[int], scores: Sequence[float]
     ) -> tuple[int, int]:
-        """Record client observations for a past query; returns (recorded, already_observed).
-
-        The query's own parameters and the touched memory rows are re-solved at once, so the
-        next query already benefits.
-        """
-        ids = np.asarray(memory_ids, dtype=np.int64)
-        values = np.asarray(scores, dtype=np.float64)
-        async with self.sessions() as session:
-            similarities = await self._check_feedback_targets(session, namespace, query_id, ids)
-            state = await store.namespace_state(session, namespace, for_update=True)
-            inserted_ids, inserted_scores = await store.insert_scores(
-                session, namespace, query_id, ids, similarities, values, "feedback"
-            )
-            if len(inserted_ids):
-                await store.add_feedback_to_mean(session, namespace, inserted_scores)
-                observed, cell_similarities, bias, factors = await store.query_observations(
-                    session, query_id, self.settings.rank
-                )
-                query = fold_in_with_similarity(
-                    state.mean_score, bias, factors, cell_similarities, observed, self.settings.reg
-                )
-                await store.update_query_factors(
-                    session,
-                    np.array([query_id]),
-                    np.array([query.bias]),
-                    np.array([query.slope]),
-                    query.factors[None, :],
-                )
-                await self._resolve_memory_rows(session, namespace, inserted_ids, state.mean_score)
-            await session.commit()
-        return len(inserted_ids), len(np.unique(ids)) - len(inserted_ids)
-
-    async def _check_feedback_targets(
-        self, session: AsyncSession, namespace: str, query_id: int, memory_ids: np.ndarray
-    ) -> np.ndarray:
-        """The cosine similarity of the query to each memory, or NotFound for a query or
-        memory outside the namespace."""
-        query_namespace = await session.scalar(
-            text("SELECT namespace FROM queries WHERE id = :id"), {"id": query_id}
-        )
-        if query_namespace != namespace:
-            raise NotFound(f"query {query_id} does not exist in namespace {namespace!r}")
-        found = dict(
-            (
-                await session.execute(
-                    text(
-                        "SELECT m.id, 1 - (m.embedding <=> q.embedding) "
-                        "FROM memories m JOIN queries q ON q.id = :query_id "
-                        "WHERE m.namespace = :namespace AND m.id = ANY(CAST(:ids AS bigint[]))"
-                    ),
-                    {
-                        "namespace": namespace,
-                        "query_id": query_id,
-                        "ids": [int(m) for m in memory_ids],
-                    },
-                )
-            ).all()
-        )
-        missing = sorted(set(int(m) for m in memory_ids) - set(found))
-        if missing:
-            raise NotFound(f"memories {missing[:10]} do not exist in namespace {namespace!r}")
-        return np.array([found[int(m)] for m in memory_ids], dtype=np.float64)
-
-    # ------------------------------------------------------------------------------- refit
+        """Record client observations for a past query; returns (recorded, already_observed)."""
+        return await self.learner.feedback(namespace, query_id, memory_ids, scores)
 
     async def refit(self, namespace: str) -> bool:
-        """Full refit of a namespace's model from all its observations. Returns False when
-        another process holds the refit lock (it will do the work).
+        """Full refit of a namespace's model; False when another process holds its lock."""
+        return await self.learner.refit(namespace)
 
-        The lock is a session-level advisory lock, so every statement of the refit must run on
-        the connection that took it: a session commits by handing its connection back to the
-        pool, and the unlock would then run on another connection, leaking the lock (and
-        silently disabling later refits of the namespace). Hence one pinned connection.
-        """
-        engine = self.sessions.kw["bind"]
-        async with engine.connect() as connection, self.sessions(bind=connection) as session:
-            if not await store.try_lock_namespace_refit(session, namespace):
-                return False
-            try:
-                observations = await store.namespace_observations(session, namespace)
-                # Sorting up to millions of ids: off the event loop, and once for the fetch
-                # and the fit.
-                memory_ids, memory_idx = await asyncio.to_thread(
-                    np.unique, observations.memory_ids, return_inverse=True
-                )
-                # The fetch commits: no transaction stays open during the fit.
-                embeddings = await store.memory_embeddings(
-                    session, memory_ids, self.settings.embedding_dim
-                )
-                fitted = await asyncio.to_thread(
-                    self._fit, observations, memory_ids, memory_idx, embeddings
-                )
-                await store.replace_model(
-                    session, namespace, *fitted, refitted_at=datetime.now(UTC)
-                )
-                await session.commit()
-            finally:
-                await session.rollback()  # a failed write must not hide its error in the unlock
-                await store.unlock_namespace_refit(session, namespace)
-                await session.commit()
-        return True
-
-    def _fit(
-        self,
-        observations: store.NamespaceObservations,
-        memory_ids: np.ndarray,
-        memory_idx: np.ndarray,
-        memory_embeddings: np.ndarray,
-    ) -> tuple[Any, ...]:
-        """The refit. ``memory_ids`` are the observed memories in id order, ``memory_idx`` each
-        observation's row among them, ``memory_embeddings`` theirs (zero rows for memories
-        deleted since)."""
-        norms = np.linalg.norm(memory_embeddings, axis=1, keepdims=True)
-        # Unit rows, as the search computes e_m·w: client vectors need not be normalised.
-        unit_embeddings = np.divide(
-            memory_embeddings, norms, out=np.zeros(memory_embeddings.shape), where=norms > 0
-        )
-        query_ids, query_idx = np.unique(observations.query_ids, return_inverse=True)
-        model = fit_with_similarity(
-            memory_idx,
-            query_idx,
-            observations.similarities,
-            observations.scores,
-            len(memory_ids),
-            len(query_ids),
-            rank=self.settings.rank,
-            reg=self.settings.reg,
-            n_iterations=self.settings.als_iterations,
-            memory_embeddings=unit_embeddings,
-            content_reg=self.settings.content_reg,
-            memory_reg=self.settings.memory_reg,
-        )
-        return (
-            memory_ids,
-            model.memory_bias,
-            model.memory_factors,
-            np.bincount(memory_idx, minlength=len(memory_ids)),
-            query_ids,
-            model.query_bias,
-            model.query_slope,
-            model.query_factors,
-            model.prior,
-        )
+    async def drain(self) -> None:
+        """Wait for the background refits started so far."""
+        await self.learner.drain()
