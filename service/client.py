@@ -25,16 +25,10 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import httpx
 from pydantic import BaseModel
 
-from service.api.schemas import (
-    FeedbackOut,
-    IngestResponse,
-    MemoryOut,
-    MemoryPageOut,
-    RetrieveOut,
-)
+from service.http.schemas import FeedbackOut, IngestResponse, MemoryOut, MemoryPageOut, RetrieveOut
 
 if TYPE_CHECKING:  # pragma: no cover
-    from service.api.stats import NamespaceStatsOut
+    from service.http.schemas import NamespaceStatsOut
 
 __all__ = [
     "AsyncEarmClient",
@@ -120,7 +114,7 @@ def _retrieve_body(namespace: str, query: str, options: Mapping[str, Any]) -> di
 
 
 def _stats_result(payload: Any) -> NamespaceStatsOut | list[NamespaceStatsOut]:
-    from service.api.stats import NamespaceStatsOut, StatsListOut
+    from service.http.schemas import NamespaceStatsOut, StatsListOut
 
     if "namespaces" in payload:
         return StatsListOut.model_validate(payload).namespaces

@@ -1,7 +1,8 @@
 """Domain errors raised by the pipeline, storage and providers.
 
-They carry a stable machine-readable ``code``; the HTTP layer (``service.api.errors``) maps each
-class to a status once, so nothing below the routers knows about HTTP.
+They carry a stable machine-readable ``code``; the HTTP layer
+(``service.http.error_handlers``) maps each class to a status once, so nothing below the routers
+knows about HTTP.
 """
 
 from __future__ import annotations

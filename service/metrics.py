@@ -1,35 +1,22 @@
-"""Prometheus metrics, the per-request log line and JSON logging.
+"""Prometheus metrics: the :class:`Metrics` of one app and the database gauges of ``/metrics``.
 
-- :class:`Metrics` — one per app (``create_app`` builds it; no module-level registry). With
-  ``PROMETHEUS_MULTIPROC_DIR`` set in the environment before the process starts, values go to
-  prometheus-client's per-process files in that directory and ``/metrics`` merges every
-  worker's; otherwise they live in the app's own ``CollectorRegistry``.
-- :class:`RequestObservabilityMiddleware` — a pure ASGI middleware: request id (``X-Request-ID``
-  accepted when sane, generated otherwise, echoed in the response), request count and latency
-  by route template and status, and one JSON log line per request.
-- :class:`JsonFormatter` / :func:`logging_config` — stdlib logging as one JSON object a line.
-
-Logs never carry memory text, query text or keys: the access line has fixed fields plus what a
-router put in with :func:`annotate` (namespace, policy, scorer calls).
+:class:`Metrics` is built by ``create_app`` (no module-level registry). With
+``PROMETHEUS_MULTIPROC_DIR`` set in the environment before the process starts, values go to
+prometheus-client's per-process files in that directory and ``/metrics`` merges every worker's;
+otherwise they live in the app's own ``CollectorRegistry``. The HTTP request metrics are
+recorded by ``service.http.middleware.RequestObservabilityMiddleware``.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
-import logging.config
 import os
-import re
 import shutil
 import tempfile
-import time
-import uuid
 from collections import Counter as Tally
 from collections.abc import Iterable, Iterator
-from contextvars import ContextVar
-from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -44,36 +31,20 @@ from prometheus_client import (
 )
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.multiprocess import MultiProcessCollector
-from starlette.datastructures import MutableHeaders
-from starlette.requests import Request
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from service.db.stats import CounterSnapshot
+from service.settings import BudgetSchedule
 
 if TYPE_CHECKING:  # pragma: no cover
-    from service.retrieval.budget import BudgetSchedule
-    from service.retrieval.pipeline import RetrieveResult
-    from service.stats import CounterSnapshot
+    # A type only: the pipeline is the metrics' caller's business, not a dependency of theirs.
+    from service.retrieve.pipeline import RetrieveResult
 
 __all__ = [
-    "ACCESS_LOGGER",
     "CONTENT_TYPE_LATEST",
-    "JsonFormatter",
     "Metrics",
-    "RequestObservabilityMiddleware",
-    "annotate",
-    "configure_logging",
-    "logging_config",
+    "database_gauges",
     "multiprocess_directory",
 ]
-
-ACCESS_LOGGER = "earm.access"
-REQUEST_ID_HEADER = "X-Request-ID"
-#: A client's request id is kept if it looks like an id (no spaces, no control characters).
-_SANE_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:/+=@-]{1,128}$")
-#: Label of requests that matched no route (keeps the label set bounded).
-UNMATCHED_ROUTE = "<unmatched>"
-_LOG_FIELDS = "log_fields"
-#: The id of the request being served, so every log line written for it can carry it.
-current_request_id: ContextVar[str | None] = ContextVar("earm_request_id", default=None)
 
 log = logging.getLogger(__name__)
 
@@ -198,7 +169,7 @@ class Metrics:
             self.returned.labels(source=source).inc(count)
 
     def observe_scorer_call(self, scorer: str, outcome: str, duration_s: float) -> None:
-        """A :class:`service.scorers.ScorerObserver`."""
+        """A :class:`service.providers.scorers.ScorerObserver`."""
         self.scorer_calls.labels(scorer=scorer, outcome=outcome).inc()
         self.scorer_duration.labels(scorer=scorer).observe(duration_s)
 
@@ -303,136 +274,3 @@ def multiprocess_directory() -> Iterator[str]:
     finally:
         os.environ.pop("PROMETHEUS_MULTIPROC_DIR", None)
         shutil.rmtree(directory, ignore_errors=True)
-
-
-# ----------------------------------------------------------------------------- requests
-
-
-def annotate(request: Request, **fields: Any) -> None:
-    """Add fields to this request's log line (namespace, policy, scorer_calls, ...). Never
-    memory text, query text or keys."""
-    state = request.scope.setdefault("state", {})
-    state.setdefault(_LOG_FIELDS, {}).update(fields)
-
-
-def _request_id(scope: Scope) -> str:
-    for name, value in scope.get("headers", ()):
-        if name == b"x-request-id":
-            candidate = value.decode("latin-1")
-            if _SANE_REQUEST_ID.match(candidate):
-                return candidate
-            break
-    return uuid.uuid4().hex
-
-
-def route_template(scope: Scope) -> str:
-    route = scope.get("route")
-    path = getattr(route, "path", None)
-    return path if isinstance(path, str) else UNMATCHED_ROUTE
-
-
-class RequestObservabilityMiddleware:
-    """Request id, HTTP metrics and one access log line per HTTP request (pure ASGI, so it
-    neither buffers bodies nor breaks streaming)."""
-
-    def __init__(self, app: ASGIApp, metrics: Metrics, logger_name: str = ACCESS_LOGGER) -> None:
-        self.app = app
-        self.metrics = metrics
-        self.logger = logging.getLogger(logger_name)
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        started = time.perf_counter()
-        request_id = _request_id(scope)
-        state = scope.setdefault("state", {})
-        state["request_id"] = request_id
-        status = 500  # if the app raises before answering, the server answers 500
-
-        async def send_with_id(message: Message) -> None:
-            nonlocal status
-            if message["type"] == "http.response.start":
-                status = int(message["status"])
-                MutableHeaders(scope=message)[REQUEST_ID_HEADER] = request_id
-            await send(message)
-
-        token = current_request_id.set(request_id)
-        try:
-            await self.app(scope, receive, send_with_id)
-        finally:
-            current_request_id.reset(token)
-            duration_s = time.perf_counter() - started
-            route = route_template(scope)
-            method = scope.get("method", "GET")
-            self.metrics.observe_request(method, route, status, duration_s)
-            fields = {
-                "method": method,
-                "path": route,
-                "status": status,
-                "duration_ms": round(duration_s * 1000.0, 3),
-                "request_id": request_id,
-                **state.get(_LOG_FIELDS, {}),
-            }
-            self.logger.log(logging.WARNING if status >= 500 else logging.INFO, "request", extra=fields)
-
-
-# ----------------------------------------------------------------------------- logging
-
-# Attributes every LogRecord has; everything else on a record came in through `extra=`.
-_RECORD_ATTRIBUTES = frozenset(
-    logging.LogRecord("", 0, "", 0, "", None, None).__dict__
-) | {"message", "asctime", "taskName", "color_message"}
-
-
-class JsonFormatter(logging.Formatter):
-    """One JSON object per line: ts, level, logger, message, then the record's extra fields
-    (and ``request_id`` when the line is written while serving a request)."""
-
-    def format(self, record: logging.LogRecord) -> str:
-        payload: dict[str, Any] = {
-            "ts": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
-            "level": record.levelname,
-            "logger": record.name,
-            "message": record.getMessage(),
-        }
-        for key, value in record.__dict__.items():
-            if key not in _RECORD_ATTRIBUTES and not key.startswith("_"):
-                payload[key] = value
-        if "request_id" not in payload and (request_id := current_request_id.get()) is not None:
-            payload["request_id"] = request_id
-        if record.exc_info:
-            payload["exc_info"] = self.formatException(record.exc_info)
-        if record.stack_info:
-            payload["stack_info"] = self.formatStack(record.stack_info)
-        return json.dumps(payload, default=str, ensure_ascii=False)
-
-
-def logging_config(level: str) -> dict[str, Any]:
-    """A ``logging.config.dictConfig`` (also given to uvicorn, so every worker applies it):
-    JSON lines on stderr at ``level``; uvicorn's loggers propagate to it; its access log is
-    replaced by ours."""
-    level = level.upper()
-    return {
-        "version": 1,
-        "disable_existing_loggers": False,
-        "formatters": {"json": {"()": f"{__name__}.JsonFormatter"}},
-        "handlers": {
-            "stderr": {
-                "class": "logging.StreamHandler",
-                "formatter": "json",
-                "stream": "ext://sys.stderr",
-            }
-        },
-        "root": {"level": level, "handlers": ["stderr"]},
-        "loggers": {
-            "uvicorn": {"level": level, "handlers": [], "propagate": True},
-            "uvicorn.error": {"level": level, "handlers": [], "propagate": True},
-            "uvicorn.access": {"level": "WARNING", "handlers": [], "propagate": False},
-        },
-    }
-
-
-def configure_logging(level: str) -> None:
-    logging.config.dictConfig(logging_config(level))
-

@@ -14,12 +14,13 @@ from service.settings import Settings
 def _serve(args: argparse.Namespace, settings: Settings) -> int:
     import uvicorn
 
-    from service.observability import configure_logging, logging_config, multiprocess_directory
+    from service.logs import configure_logging, logging_config
+    from service.metrics import multiprocess_directory
 
     # JSON lines on stderr (before the app's imports log anything); our one line per request
     # replaces uvicorn's access log.
     configure_logging(settings.log_level)
-    from service.api.app import create_app
+    from service.http.app import create_app
 
     host = args.host or settings.host
     port = args.port if args.port is not None else settings.port
@@ -40,7 +41,7 @@ def _serve(args: argparse.Namespace, settings: Settings) -> int:
         # share one metrics directory so /metrics adds up every worker.
         os.environ.update({"EARM_HOST": host, "EARM_PORT": str(port)})
         with multiprocess_directory():
-            uvicorn.run("service.api.app:create_app", factory=True, workers=args.workers, **options)
+            uvicorn.run("service.http.app:create_app", factory=True, workers=args.workers, **options)
         return 0
     uvicorn.run(create_app(settings), **options)
     return 0
@@ -48,7 +49,7 @@ def _serve(args: argparse.Namespace, settings: Settings) -> int:
 
 def _migrate(args: argparse.Namespace, settings: Settings) -> int:
     from service.db import migrate
-    from service.db.database import EmbeddedPostgres
+    from service.db.engine import EmbeddedPostgres
 
     embedded = None
     url = settings.database_url
@@ -81,7 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     migrate.set_defaults(func=_migrate)
 
-    from service.auth import add_keys_parser
+    from service.cli.keys import add_keys_parser
 
     add_keys_parser(commands)
 

@@ -14,6 +14,9 @@ side fixed, folds in a new query from its anchors ("causal" completion, DESIGN Â
 
 Everything here is pure numpy: no I/O, no database, no global random state. Bad input raises
 :class:`ModelFitError` (a ``ValueError``) with a message naming the offending argument.
+
+Over 400 lines on purpose: the input checks, the model, its ridge solves and ALS are one
+algorithm read top to bottom, and issue #13 keeps ``completion/`` unchanged (a leaf).
 """
 
 from __future__ import annotations

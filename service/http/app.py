@@ -8,23 +8,23 @@ from contextlib import asynccontextmanager
 
 from fastapi import Depends, FastAPI
 
-from service.api import health, memories, retrieve, stats
-from service.api.deps import Components
-from service.api.errors import install_error_handlers
-from service.auth import Authenticator, authenticate
-from service.db.database import open_database
-from service.embedders import LocalEmbedder, build_embedder
-from service.indexing import BackgroundIndexer
-from service.limits import BodySizeLimit
-from service.observability import Metrics, RequestObservabilityMiddleware
-from service.retrieval.pipeline import RetrievalPipeline
-from service.scorers import build_scorer
+from service.auth import Authenticator
+from service.db.engine import open_database
+from service.http.deps import Components, authenticate
+from service.http.error_handlers import install_error_handlers
+from service.http.middleware import BodySizeLimit, RequestObservabilityMiddleware
+from service.http.routes import health, memories, retrieve, stats
+from service.ingest.indexer import BackgroundIndexer
+from service.metrics import Metrics
+from service.providers.embedders import LocalEmbedder
+from service.providers.factory import build_embedder, build_scorer
+from service.retrieve.pipeline import RetrievalPipeline
 from service.settings import Settings
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
     """Build the app; without ``settings`` they are read from the environment (``EARM_*``),
-    which is what ``uvicorn --factory service.api.app:create_app`` relies on."""
+    which is what ``uvicorn --factory service.http.app:create_app`` relies on."""
     settings = settings or Settings()
     metrics = Metrics()
 

@@ -8,7 +8,7 @@ from typing import Annotated, Any, Literal
 from fastapi import Path
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
-from service.limits import storable_text_problem
+from service.ingest.validation import storable_text_problem
 
 NAMESPACE_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$"
 
@@ -176,3 +176,37 @@ class FeedbackIn(StrictModel):
 class FeedbackOut(BaseModel):
     recorded: int
     already_observed: int
+
+
+class NamespaceStatsOut(BaseModel):
+    namespace: str
+    memories: int
+    memories_unindexed: int = Field(
+        description="Memories not in the HNSW index yet (the background indexer's backlog); "
+        "searches find them by an exact scan meanwhile."
+    )
+    queries: int = Field(description="Queries recorded (the next query's index).")
+    observations: int = Field(description="Observed cells: scorer scores and feedback.")
+    density: float = Field(description="observations / (memories × queries); 0 while either is 0.")
+    stage: int = Field(description="Budget stage of the next query.")
+    next_budget: int = Field(
+        description="Anchors the next default request will score: the schedule's ratio times "
+        "min(default candidates, memories)."
+    )
+    next_budget_ratio: float
+    scorer_calls: int = Field(description="Scorer calls made by recorded queries.")
+    full_rerank_calls: int = Field(description="Calls full reranking would have made for them.")
+    calls_saved: float | None = Field(description="1 − scorer_calls / full_rerank_calls.")
+    estimated_share: float | None = Field(
+        description="Share of returned memories whose score came from the completion model."
+    )
+    prequential_error: float | None = Field(
+        description="Mean absolute error of the completion on anchors with history over the "
+        "last 100 queries, each predicted before it was learned from (null: none yet)."
+    )
+    prequential_anchors: int = Field(description="Anchors that error is measured on.")
+    last_refit_at: datetime | None
+
+
+class StatsListOut(BaseModel):
+    namespaces: list[NamespaceStatsOut]

@@ -6,23 +6,29 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query, Request, Response, status
 
-from service import memories as store
-from service.api.deps import ComponentsDep, SessionDep, SettingsDep
-from service.api.json_body import FastJSONRoute
-from service.auth import AUTH_RESPONSES, DOCUMENT_BEARER, PrincipalDep, require_namespace
-from service.api.schemas import (
+from service.auth import require_namespace
+from service.db.models import Memory
+from service.errors import LimitExceeded
+from service.http.deps import (
+    AUTH_RESPONSES,
+    DOCUMENT_BEARER,
+    ComponentsDep,
+    PrincipalDep,
+    SessionDep,
+    SettingsDep,
+)
+from service.http.middleware import FastJSONRoute, annotate
+from service.http.schemas import (
     ErrorResponse,
     IngestRequest,
     IngestResponse,
+    MemoryId,
     MemoryOut,
     MemoryPageOut,
-    MemoryId,
     NamespaceName,
 )
-from service.db.models import Memory
-from service.errors import LimitExceeded
-from service.limits import check_metadata
-from service.observability import annotate
+from service.ingest import memories
+from service.ingest.validation import check_metadata
 
 router = APIRouter(
     tags=["memories"],
@@ -79,13 +85,13 @@ async def ingest_memories(
             settings.max_metadata_depth,
             f"memories[{position}].metadata",
         )
-    result = await store.ingest(
+    result = await memories.ingest(
         session,
         components.embedder,
         settings.embedding_dim,
         body.namespace,
         [
-            store.NewMemory(
+            memories.NewMemory(
                 text=item.text,
                 embedding=item.embedding,
                 external_id=item.external_id,
@@ -107,7 +113,7 @@ async def ingest_memories(
 async def read_memory(
     request: Request, memory_id: MemoryId, session: SessionDep, principal: PrincipalDep
 ) -> MemoryOut:
-    memory = await store.get_memory(session, memory_id)
+    memory = await memories.get_memory(session, memory_id)
     annotate(request, namespace=memory.namespace)
     require_namespace(principal, memory.namespace)
     return memory_out(memory)
@@ -127,7 +133,7 @@ async def list_memories(
     require_namespace(principal, namespace)
     if limit > settings.max_page_size:
         raise LimitExceeded(f"limit {limit} exceeds the page size limit {settings.max_page_size}")
-    page = await store.list_memories(session, namespace, limit, cursor)
+    page = await memories.list_memories(session, namespace, limit, cursor)
     return MemoryPageOut(memories=[memory_out(m) for m in page.memories], next_cursor=page.next_cursor)
 
 
@@ -139,9 +145,9 @@ async def list_memories(
 async def delete_memory(
     request: Request, memory_id: MemoryId, session: SessionDep, principal: PrincipalDep
 ) -> Response:
-    namespace = (await store.get_memory(session, memory_id)).namespace
+    namespace = (await memories.get_memory(session, memory_id)).namespace
     annotate(request, namespace=namespace)
     require_namespace(principal, namespace)
-    await store.delete_memory(session, memory_id, namespace)
+    await memories.delete_memory(session, memory_id, namespace)
     await session.commit()
     return Response(status_code=status.HTTP_204_NO_CONTENT)

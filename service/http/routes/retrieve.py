@@ -6,14 +6,20 @@ from dataclasses import asdict
 
 from fastapi import APIRouter, Request
 
-from service.api.deps import MetricsDep, PipelineDep, SettingsDep
-from service.api.json_body import FastJSONRoute
-from service.auth import AUTH_RESPONSES, DOCUMENT_BEARER, PrincipalDep, require_namespace
-from service.api.schemas import ErrorResponse, FeedbackIn, FeedbackOut, RetrieveIn, RetrieveOut
+from service.auth import require_namespace
 from service.errors import LimitExceeded
-from service.limits import check_metadata
-from service.observability import annotate
-from service.retrieval.pipeline import RetrieveRequest
+from service.http.deps import (
+    AUTH_RESPONSES,
+    DOCUMENT_BEARER,
+    MetricsDep,
+    PipelineDep,
+    PrincipalDep,
+    SettingsDep,
+)
+from service.http.middleware import FastJSONRoute, annotate
+from service.http.schemas import ErrorResponse, FeedbackIn, FeedbackOut, RetrieveIn, RetrieveOut
+from service.ingest.validation import check_metadata
+from service.retrieve.pipeline import RetrieveRequest
 
 router = APIRouter(
     tags=["retrieval"],

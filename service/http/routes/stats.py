@@ -5,17 +5,22 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import asdict
-from datetime import datetime
 from typing import Annotated
 
 from fastapi import APIRouter, Query, Request, Response
-from pydantic import BaseModel, Field
 
-from service import stats as stats_sql
-from service.api.deps import ComponentsDep, SessionDep
-from service.api.schemas import ErrorResponse, NamespaceName
-from service.auth import AUTH_RESPONSES, DOCUMENT_BEARER, PrincipalDep, require_namespace
-from service.observability import CONTENT_TYPE_LATEST, annotate
+from service.auth import require_namespace
+from service.db import stats as stats_sql
+from service.http.deps import (
+    AUTH_RESPONSES,
+    DOCUMENT_BEARER,
+    ComponentsDep,
+    PrincipalDep,
+    SessionDep,
+)
+from service.http.middleware import annotate
+from service.http.schemas import ErrorResponse, NamespaceName, NamespaceStatsOut, StatsListOut
+from service.metrics import CONTENT_TYPE_LATEST
 
 log = logging.getLogger(__name__)
 
@@ -25,40 +30,6 @@ router = APIRouter(tags=["operations"])
 METRICS_MAX_NAMESPACES = 100
 #: A scrape does not wait longer than this for the database gauges.
 METRICS_DATABASE_TIMEOUT_S = 2.0
-
-
-class NamespaceStatsOut(BaseModel):
-    namespace: str
-    memories: int
-    memories_unindexed: int = Field(
-        description="Memories not in the HNSW index yet (the background indexer's backlog); "
-        "searches find them by an exact scan meanwhile."
-    )
-    queries: int = Field(description="Queries recorded (the next query's index).")
-    observations: int = Field(description="Observed cells: scorer scores and feedback.")
-    density: float = Field(description="observations / (memories × queries); 0 while either is 0.")
-    stage: int = Field(description="Budget stage of the next query.")
-    next_budget: int = Field(
-        description="Anchors the next default request will score: the schedule's ratio times "
-        "min(default candidates, memories)."
-    )
-    next_budget_ratio: float
-    scorer_calls: int = Field(description="Scorer calls made by recorded queries.")
-    full_rerank_calls: int = Field(description="Calls full reranking would have made for them.")
-    calls_saved: float | None = Field(description="1 − scorer_calls / full_rerank_calls.")
-    estimated_share: float | None = Field(
-        description="Share of returned memories whose score came from the completion model."
-    )
-    prequential_error: float | None = Field(
-        description="Mean absolute error of the completion on anchors with history over the "
-        "last 100 queries, each predicted before it was learned from (null: none yet)."
-    )
-    prequential_anchors: int = Field(description="Anchors that error is measured on.")
-    last_refit_at: datetime | None
-
-
-class StatsListOut(BaseModel):
-    namespaces: list[NamespaceStatsOut]
 
 
 @router.get(
