@@ -17,9 +17,10 @@ from fastapi.routing import APIRoute
 from fastapi.testclient import TestClient
 from sqlalchemy import create_engine, text
 
-from service.api.app import create_app
-from service.auth import PUBLIC_PATHS, Principal, is_loopback_host, parse_seed_keys
+from service.auth import Principal, is_loopback_host, parse_seed_keys
 from service.cli import main as earm
+from service.http.app import create_app
+from service.http.deps import PUBLIC_PATHS
 from service.settings import Settings
 
 VECTOR = (np.arange(384) % 5 + 1.0).tolist()

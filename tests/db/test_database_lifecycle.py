@@ -16,10 +16,10 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
-from service.api.app import create_app
 from service.cli import main as earm
 from service.db import migrate
 from service.errors import SchemaOutOfDate
+from service.http.app import create_app
 from service.settings import Settings
 
 VECTOR = (np.arange(384) % 7 + 1.0).tolist()

@@ -20,9 +20,9 @@ import pytest
 from fastapi.testclient import TestClient
 
 from bench.loopback import LoopbackServer, chat_completions_app
-from service.api.app import create_app
 from service.db import migrate
-from service.db.database import EmbeddedPostgres
+from service.db.engine import EmbeddedPostgres
+from service.http.app import create_app
 from service.settings import Settings
 
 DIM = 384

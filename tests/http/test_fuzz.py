@@ -28,7 +28,7 @@ from schemathesis.specs.openapi.checks import (
 from sqlalchemy import create_engine, text
 
 from bench.loopback import LoopbackServer
-from service.api.app import create_app
+from service.http.app import create_app
 from service.settings import Settings
 
 ADMIN_KEY = "earm_fuzzing-admin-key-0123456789abcdefghij"

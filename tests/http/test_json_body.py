@@ -1,4 +1,4 @@
-"""service.api.json_body: request bodies parsed by pydantic-core, with json.loads's semantics."""
+"""service.http.middleware: request bodies parsed by pydantic-core, with json.loads's semantics."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from service.api.json_body import FastJSONRequest
+from service.http.middleware import FastJSONRequest
 
 
 def parse(body: bytes) -> Any:

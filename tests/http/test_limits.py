@@ -11,8 +11,8 @@ import pytest
 from fastapi.testclient import TestClient
 
 from bench.loopback import LoopbackServer
-from service.api.app import create_app
-from service.limits import json_depth
+from service.http.app import create_app
+from service.ingest.validation import json_depth
 from service.settings import Settings
 
 VECTOR = (np.arange(384) % 3 + 1.0).tolist()

@@ -10,7 +10,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from bench.loopback import LoopbackServer, chat_completions_app
-from service.api.app import create_app
+from service.http.app import create_app
 from service.settings import Settings
 
 DIM = 384

@@ -1,4 +1,4 @@
-"""Deferred HNSW indexing (service.indexing): an ingest commits its memories unindexed, the
+"""Deferred HNSW indexing (service.ingest.indexer): an ingest commits its memories unindexed, the
 background indexer moves them into the partial HNSW index, and the search finds a memory
 whether it is indexed yet or not."""
 
@@ -14,12 +14,12 @@ from fastapi.testclient import TestClient
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from service.db.database import create_engine
-from service.indexing import BackgroundIndexer, index_all, index_batch
-from service.memories import NewMemory, ingest
-from service.retrieval import store
-from service.retrieval.budget import BudgetSchedule
-from service.stats import NamespaceStats, namespace_stats
+from service.db import search
+from service.db.engine import create_engine
+from service.db.stats import NamespaceStats, namespace_stats
+from service.ingest.indexer import BackgroundIndexer, index_all, index_batch
+from service.ingest.memories import NewMemory, ingest
+from service.settings import BudgetSchedule
 
 DIM = 384
 Sessions = async_sessionmaker[AsyncSession]
@@ -62,7 +62,7 @@ async def search_ids(
     sessions: Sessions, namespace: str, query: np.ndarray, limit: int
 ) -> list[int]:
     async with sessions() as session:
-        _, candidates = await store.search(session, namespace, query, limit, rank=8)
+        _, candidates = await search.search(session, namespace, query, limit, rank=8)
         await session.commit()
     return [int(i) for i in candidates.ids]
 

@@ -13,14 +13,9 @@ import numpy as np
 import pytest
 
 from bench.loopback import HTTPFault, LoopbackServer, embeddings_app
-from service.embedders import (
-    LOCAL_DIM,
-    LOCAL_MODEL_ID,
-    EmbedderError,
-    LocalEmbedder,
-    OpenAIEmbedder,
-    build_embedder,
-)
+from service.providers.embedders import LOCAL_DIM, LOCAL_MODEL_ID, EmbedderError, LocalEmbedder
+from service.providers.factory import build_embedder
+from service.providers.openai_embedder import OpenAIEmbedder
 from service.settings import Settings
 
 DIM = 8

@@ -14,15 +14,9 @@ import numpy as np
 import pytest
 
 from bench.loopback import HTTPFault, LoopbackServer, chat_completions_app
-from service.scorers import (
-    LOCAL_CENTER,
-    LOCAL_TEMPERATURE,
-    LocalScorer,
-    OpenAIChatScorer,
-    build_scorer,
-    cosine_to_score,
-    parse_score,
-)
+from service.providers.chat_scorer import OpenAIChatScorer, parse_score
+from service.providers.factory import build_scorer
+from service.providers.scorers import LOCAL_CENTER, LOCAL_TEMPERATURE, LocalScorer, cosine_to_score
 from service.settings import Settings
 
 DIM = 4

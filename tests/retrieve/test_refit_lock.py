@@ -12,12 +12,12 @@ import numpy as np
 from fastapi.testclient import TestClient
 from sqlalchemy import create_engine, text
 
-from service.api.app import create_app
-from service.db.database import open_database
-from service.memories import NewMemory, delete_memory, ingest
-from service.retrieval.pipeline import RetrievalPipeline, RetrieveRequest
-from service.retrieval.store import namespace_state
-from service.scorers import LocalScorer
+from service.db.engine import open_database
+from service.db.namespaces import namespace_state
+from service.http.app import create_app
+from service.ingest.memories import NewMemory, delete_memory, ingest
+from service.providers.scorers import LocalScorer
+from service.retrieve.pipeline import RetrievalPipeline, RetrieveRequest
 from service.settings import Settings
 
 
