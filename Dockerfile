@@ -29,7 +29,7 @@ COPY alembic.ini ./
 COPY migrations ./migrations
 COPY service ./service
 RUN pip install --no-cache-dir --no-deps -e . \
-    && python -c "from service.embedders import LocalEmbedder; LocalEmbedder().load()"
+    && python -c "from service.providers.embedders import LocalEmbedder; LocalEmbedder().load()"
 
 USER 10001:10001
 
