@@ -242,6 +242,33 @@ def test_content_prior_lifts_new_memories_that_look_like_judged_relevant_ones(
     assert unobserved_new and all(m["source"] == "estimated" for m in unobserved_new)
 
 
+def test_refit_sets_the_running_score_sum_to_the_double_precision_sum_of_stored_scores(
+    judged_client: TestClient, judge, judged_settings: Settings
+) -> None:
+    """A refit recomputes the namespace's score sum (its mean centres the model) from the
+    stored `real` scores. Summed as `real`, it carried float32 rounding that also depended on
+    the physical order of the rows, so a replay of the same requests could differ."""
+    topic = Topic()
+    topic.ingest(judged_client, "agent-1")
+    label_judge = judge[0]
+    label_judge.memory_texts = topic.memory_texts
+    for i in range(5):  # a young namespace refits often; the fifth query makes one due
+        query = f"fractional question {i}"
+        label_judge.queries.append(query)
+        # Scores float32 cannot hold exactly, so float32 sums round.
+        label_judge.labels |= {(query, m): 0.1 + 0.01 * (j % 7) for j, m in enumerate(topic.memory_texts)}
+        retrieve(judged_client, query=query, query_embedding=topic.query_vector(), candidates=N_MEMORIES, policy="full")
+    engine = create_engine(judged_settings.database_url)
+    with engine.connect() as conn:
+        score_sum, since_refit = conn.execute(
+            text("SELECT score_sum, queries_since_refit FROM namespaces")
+        ).one()
+        exact_sum = conn.execute(text("SELECT sum(score::text::float8) FROM scores")).scalar_one()
+    engine.dispose()
+    assert since_refit == 0, "the last query should have refitted"
+    assert score_sum == pytest.approx(exact_sum, rel=1e-12, abs=0)
+
+
 def test_restart_keeps_the_learned_state(judged_settings: Settings, judge) -> None:
     topic = Topic()
     with TestClient(create_app(judged_settings)) as client:

@@ -788,13 +788,17 @@ async def replace_model(
             UPDATE namespaces SET queries_since_refit = 0, last_refit_at = :at,
                 content_slope = :content_slope,
                 content_weights = CAST(:content_weights AS vector),
-                score_sum = (SELECT coalesce(sum(score), 0) FROM scores WHERE namespace = :namespace),
+                score_sum = (SELECT coalesce(sum(score::text::float8), 0) FROM scores
+                             WHERE namespace = :namespace),
                 score_count = (SELECT count(*) FROM scores WHERE namespace = :namespace)
             WHERE name = :namespace
             """
         ),
         # The running mean is recomputed from the data under the namespace lock: it heals drift
-        # from deleted memories and counts observations recorded while the fit ran.
+        # from deleted memories and counts observations recorded while the fit ran. The sum is
+        # of the numbers the fit reads (see namespace_observations), in double precision: sum()
+        # of `real` adds in float32, whose rounding depends on the rows' physical order, so a
+        # replay of the same requests could get another mean.
         {
             "namespace": namespace,
             "at": refitted_at,
