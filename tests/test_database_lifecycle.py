@@ -12,6 +12,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from itertools import pairwise
 from pathlib import Path
 
 import httpx
@@ -168,7 +169,7 @@ def test_a_postgres_that_cannot_be_restarted_costs_bounded_logged_attempts_with_
         assert [r.getMessage().split(" failed")[0] for r in attempts] == [
             f"embedded postgres restart attempt {i} of 3" for i in (1, 2, 3)
         ]
-        gaps = [later.created - earlier.created for earlier, later in zip(attempts, attempts[1:])]
+        gaps = [later.created - earlier.created for earlier, later in pairwise(attempts)]
         assert gaps[0] >= 0.2 and gaps[1] >= 0.4, gaps  # the backoff, doubled
         assert records[0].getMessage() == "embedded postgres died; restarting it"
         assert "giving up" in records[-1].getMessage()
