@@ -5,6 +5,7 @@ stay gap-free."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -270,8 +271,16 @@ def check_everything_acknowledged_is_there(data_dir: Path, ledger: Ledger) -> No
         engine.dispose()
 
 
+def postmaster_info(data_dir: Path) -> PostmasterInfo | None:
+    """``postmaster.pid`` read, or None without one or while a starting postmaster writes it."""
+    try:
+        return PostmasterInfo.read_from_pgdata(data_dir)
+    except AssertionError:  # fewer lines than a running server's
+        return None
+
+
 def postmaster_stopped(data_dir: Path) -> bool:
-    info = PostmasterInfo.read_from_pgdata(data_dir)
+    info = postmaster_info(data_dir)
     return info is None or not info.is_running()
 
 
@@ -286,7 +295,12 @@ def data_dir() -> Iterator[Path]:
         yield directory
     finally:
         # Never leave a server behind, whatever happened.
-        info = PostmasterInfo.read_from_pgdata(directory) if directory.exists() else None
+        if directory.exists():
+            # A server starting when the test failed has not written its full pid file yet.
+            with contextlib.suppress(AssertionError):
+                wait_for(lambda: postmaster_info(directory) is not None
+                         or not (directory / "postmaster.pid").exists(), timeout_s=30)
+        info = postmaster_info(directory) if directory.exists() else None
         if info is not None and info.is_running():
             info.process.kill()
         shutil.rmtree(root, ignore_errors=True)
@@ -324,10 +338,7 @@ def kill_postmaster(data_dir: Path, with_backends: bool) -> int:
 
 
 def restarted_postmaster(data_dir: Path, dead_pid: int) -> bool:
-    try:
-        info = PostmasterInfo.read_from_pgdata(data_dir)
-    except AssertionError:  # a new postmaster is writing the file
-        return False
+    info = postmaster_info(data_dir)
     return info is not None and info.pid != dead_pid and info.is_running()
 
 
