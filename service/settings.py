@@ -46,6 +46,24 @@ class Settings(BaseSettings):
         description="How often the background indexer looks for memories another process "
         "ingested (its own ingests wake it at once), and its wait after a database error.",
     )
+    embedded_watch_interval_s: float = Field(
+        default=1.0,
+        gt=0,
+        description="How often the service checks that its embedded Postgres is alive (it "
+        "restarts it when it died).",
+    )
+    embedded_restart_attempts: int = Field(
+        default=5,
+        ge=1,
+        le=100,
+        description="Attempts to restart a dead embedded Postgres before giving up (logged; "
+        "requests then answer 503 until earm is restarted).",
+    )
+    embedded_restart_backoff_s: float = Field(
+        default=1.0,
+        gt=0,
+        description="Wait after the first failed restart attempt, doubled after each further one.",
+    )
 
     # --- embedder -------------------------------------------------------------------------
     embedding_dim: int = Field(default=384, ge=1, le=16000)

@@ -12,7 +12,7 @@ from service.api import health, memories, retrieve, stats
 from service.api.deps import Components
 from service.api.errors import install_error_handlers
 from service.auth import Authenticator, authenticate
-from service.db.database import open_database
+from service.db.database import open_database, supervised
 from service.embedders import LocalEmbedder, build_embedder
 from service.indexing import BackgroundIndexer
 from service.limits import BodySizeLimit
@@ -30,7 +30,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        async with open_database(settings) as database:
+        # In embedded mode, the server is restarted whenever it dies (service.db.database).
+        async with open_database(settings) as database, supervised(database, settings):
             # Seeds EARM_API_KEYS; refuses a non-loopback EARM_HOST without keys.
             app.state.authenticator = Authenticator.from_settings(settings, database.sessions)
             await app.state.authenticator.start(bind_host=settings.host)

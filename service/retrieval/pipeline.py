@@ -419,8 +419,10 @@ class RetrievalPipeline:
         ids = np.asarray(memory_ids, dtype=np.int64)
         values = np.asarray(scores, dtype=np.float64)
         async with self.sessions() as session:
-            similarities = await self._check_feedback_targets(session, namespace, query_id, ids)
+            # The lock first: a memory deleted after the check would fail the insert (deletes
+            # take the same lock, so the check below sees every one committed).
             state = await store.namespace_state(session, namespace, for_update=True)
+            similarities = await self._check_feedback_targets(session, namespace, query_id, ids)
             inserted_ids, inserted_scores = await store.insert_scores(
                 session, namespace, query_id, ids, similarities, values, "feedback"
             )

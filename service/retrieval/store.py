@@ -300,13 +300,20 @@ class RecordedQuery:
 
 
 _RECORD_SQL = """
-    WITH n AS (
+    WITH live AS (
+        -- The observations of memories that still exist: one deleted since the search simply
+        -- has none (its row is gone, and the foreign key would refuse the observation).
+        SELECT t.m, t.s, t.c
+        FROM unnest(%(memory_ids)s::bigint[], %(scores)s::float8[], %(similarities)s::real[])
+            AS t(m, s, c)
+        WHERE EXISTS (SELECT FROM memories WHERE id = t.m)
+    ), n AS (
         UPDATE namespaces SET
             next_query_index = next_query_index + 1,
             scorer_calls = scorer_calls + %(calls)s,
             full_rerank_calls = full_rerank_calls + %(n_candidates)s,
-            score_sum = score_sum + %(score_sum)s,
-            score_count = score_count + %(score_count)s,
+            score_sum = score_sum + (SELECT coalesce(sum(s), 0) FROM live),
+            score_count = score_count + (SELECT count(*) FROM live),
             queries_since_refit = queries_since_refit + 1
         WHERE name = %(namespace)s
         RETURNING next_query_index - 1 AS query_index, queries_since_refit
@@ -323,13 +330,15 @@ _RECORD_SQL = """
         RETURNING id, query_index
     ), s AS (
         INSERT INTO scores (query_id, memory_id, namespace, score, similarity, source)
-        SELECT q.id, t.m, %(namespace)s::text, t.s, t.c, 'scorer'
-        FROM q, unnest(%(memory_ids)s::bigint[], %(scores)s::real[],
-                       %(similarities)s::real[]) AS t(m, s, c)
+        SELECT q.id, live.m, %(namespace)s::text, live.s, live.c, 'scorer'
+        FROM q, live
         ON CONFLICT (query_id, memory_id) DO NOTHING
     )
     SELECT q.id, q.query_index, n.queries_since_refit FROM q, n
 """
+
+# The lock every writer of a namespace's model state takes on its row (namespace_state).
+_LOCK_SQL = _STATE_SQL + " FOR NO KEY UPDATE"
 
 
 async def record_query(
@@ -351,23 +360,25 @@ async def record_query(
     observed_scores: np.ndarray,
     rank: int,
 ) -> tuple[RecordedQuery, RowObservations]:
-    """Record a query and its observations in the caller's transaction, in one statement, and
-    read the full observation history of the observed memories (this query's cells included)
-    for their online re-solve: one round trip for both (pipelined).
+    """Record a query and its observations in the caller's transaction, and read the full
+    observation history of the observed memories (this query's cells included) for their
+    online re-solve: one round trip for all (pipelined).
 
-    The namespace row's UPDATE takes its lock, so concurrent requests get consecutive indexes
-    and a rolled-back request leaves no gap.
+    The namespace row is locked first, so concurrent requests get consecutive indexes and a
+    rolled-back request leaves no gap; and in a statement of its own, so the record's snapshot,
+    taken once the lock is held, sees every delete of the namespace's memories (a delete takes
+    the same lock, :func:`service.memories.delete_memory`): observations of memories deleted
+    since the search are left out, the query is recorded all the same.
     """
     conn = await driver_connection(session)
     async with conn.pipeline():
+        await conn.execute(_LOCK_SQL, {"namespace": namespace})
         cursor = await conn.execute(
             _RECORD_SQL,
             {
                 "namespace": namespace,
                 "calls": scorer_calls,
                 "n_candidates": n_candidates,
-                "score_sum": float(np.sum(observed_scores)),
-                "score_count": len(observed_scores),
                 "text": query_text,
                 "embedding": np.asarray(query_embedding, dtype=np.float32),
                 "policy": policy,
@@ -732,6 +743,20 @@ async def unlock_namespace_refit(session: AsyncSession, namespace: str) -> None:
     )
 
 
+async def _still_existing(
+    conn: psycopg.AsyncConnection[Any], memory_ids: np.ndarray
+) -> np.ndarray:
+    """A mask of the ``memory_ids`` not deleted. Run under the namespace's lock, which a
+    delete takes too: no delete is under way, and this statement sees every one committed."""
+    cursor = await conn.execute(
+        "SELECT t.id FROM unnest(%(ids)s::bigint[]) AS t(id) "
+        "WHERE NOT EXISTS (SELECT FROM memories m WHERE m.id = t.id)",
+        {"ids": [int(m) for m in memory_ids]},
+    )
+    deleted = [row[0] for row in await cursor.fetchall()]
+    return np.isin(memory_ids, deleted, invert=True)
+
+
 async def replace_model(
     session: AsyncSession,
     namespace: str,
@@ -748,9 +773,15 @@ async def replace_model(
 ) -> None:
     """Write a full refit: every memory row and query column of the namespace, and reset the
     counter. Rows travel by binary COPY (the memory side straight into ``memory_factors``,
-    emptied for the namespace first; the query side through a temporary table)."""
+    emptied for the namespace first; the query side through a temporary table). Memories
+    deleted since the observations were read get no row."""
     await namespace_state(session, namespace, for_update=True)
     conn = await driver_connection(session)
+    existing = await _still_existing(conn, memory_ids)
+    memory_ids, memory_bias, memory_factors, observation_count = (
+        np.asarray(values)[existing]
+        for values in (memory_ids, memory_bias, memory_factors, observation_count)
+    )
     await conn.execute("DELETE FROM memory_factors WHERE namespace = %s", (namespace,))
     if len(memory_ids):
         await _copy_in(
