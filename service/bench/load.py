@@ -5,7 +5,7 @@ The run builds synthetic data of known structure and drives the real service ove
 
 - **memories**: ``--memories`` vectors (``--dim``, 384) in ``--topics`` clusters (cosine to the
   topic centre ≈ 0.74), each with a rank-``--true-rank`` latent vector of its topic plus noise;
-- **judge**: a loopback OpenAI-compatible chat-completions server (:func:`bench.loopback.
+- **judge**: a loopback OpenAI-compatible chat-completions server (:func:`service.bench.loopback.
   chat_completions_app`) that reads the query and memory numbers from the prompt and answers
   the low-rank relevance ``clip(0.5 + 0.5·a_q·b_m, 0, 1)``, after ``--latency-ms`` per call;
 - **service**: ``earm serve`` in a child process (so its resident memory is its own), over an
@@ -325,7 +325,7 @@ def database(config: LoadConfig, tmp: Path) -> Iterator[str]:
 
 
 def _serve_judge(judge: Judge, connection: Any) -> None:  # in the child process
-    from bench.loopback import LoopbackServer, chat_completions_app
+    from service.bench.loopback import LoopbackServer, chat_completions_app
 
     # uvloop: this process only serves the judge, and the judge should cost the machine as
     # little as a remote provider would (uvicorn's own default, not the tests' plain asyncio).

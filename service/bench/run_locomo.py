@@ -5,8 +5,8 @@ experience), the runner ingests every dialogue turn as one memory and replays th
 conversation's questions (categories 1–4, in file order; ``--include-adversarial`` adds
 category 5, reported separately) through ``POST /retrieve`` with ``order="relevance"`` and
 ``k = max(--k)``. The service's relevance scorer is an oracle "LLM" on loopback that answers from
-the evidence labels with a documented noise model (:mod:`bench.judge`), or the service's local
-offline scorer (``--judge local``).
+the evidence labels with a documented noise model (:mod:`service.bench.judge`), or the service's
+local offline scorer (``--judge local``).
 
 It reports evidence recall@K and hit@K per policy, overall and per category and budget stage,
 scorer calls (absolute and relative to ``full``), the share of the top-K whose score was
@@ -39,16 +39,16 @@ from typing import Any, cast
 
 import httpx
 
-from bench import metrics
-from bench.judge import JudgeKind, NoiseModel, RunningJudge, start_judge
-from bench.locomo import (
+from service.bench import metrics
+from service.bench.judge import JudgeKind, NoiseModel, RunningJudge, start_judge
+from service.bench.locomo import (
     CATEGORY_NAMES,
     DEFAULT_CATEGORIES,
     Conversation,
     Question,
     load_conversations,
 )
-from bench.metrics import QueryRecord
+from service.bench.metrics import QueryRecord
 
 logger = logging.getLogger(__name__)
 
@@ -133,7 +133,7 @@ def _service(config: LocomoConfig, judge: RunningJudge) -> Iterator[tuple[str, d
             logger.warning("--schedule is ignored with --url: the service's schedule applies")
         yield config.url.rstrip("/"), {"url": config.url, "external": True}
         return
-    from bench.loopback import LoopbackServer
+    from service.bench.loopback import LoopbackServer
     from service.api.app import create_app
     from service.settings import DEFAULT_BUDGET_SCHEDULE, Settings
 
@@ -790,8 +790,8 @@ def run_locomo_command(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Standalone entry point: ``python -m bench.run_locomo --data DIR …``."""
-    parser = argparse.ArgumentParser(prog="python -m bench.run_locomo")
+    """Standalone entry point: ``python -m service.bench.run_locomo --data DIR …``."""
+    parser = argparse.ArgumentParser(prog="python -m service.bench.run_locomo")
     sub = parser.add_subparsers(dest="bench", required=True)
     add_locomo_parser(sub)
     argv = list(sys.argv[1:] if argv is None else argv)

@@ -369,7 +369,7 @@ def drive(base_url: str, config: LoadMixConfig, database_url: str | None = None)
 def in_process_service(settings: Any | None = None) -> Iterator[tuple[str, str]]:
     """(base URL, database URL) of the service on a loopback port; without ``settings``, over a
     temporary embedded Postgres with the local scorer and no embedder (clients send vectors)."""
-    from bench.loopback import LoopbackServer
+    from service.bench.loopback import LoopbackServer
     from service.api.app import create_app
     from service.settings import Settings
 

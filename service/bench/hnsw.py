@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from bench.load import LoadConfig, World, _csv, database, libpq_url
+from service.bench.load import LoadConfig, World, _csv, database, libpq_url
 
 NAMESPACE = "hnsw-bench"
 INDEX_SQL = (
