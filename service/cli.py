@@ -94,7 +94,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _add_benchmarks(bench_commands: argparse._SubParsersAction) -> None:
     # Imported here, not at module level: `earm serve` should not load benchmark code.
     from service.bench.load_mix import add_load_mix_parser
-    from service.bench.run_locomo import add_locomo_parser
+    from service.bench.locomo import add_locomo_parser
 
     add_locomo_parser(bench_commands)
     add_load_mix_parser(bench_commands)

@@ -232,28 +232,33 @@ def chat_completions_app(reply: ReplyFn, model: str = "loopback-judge") -> FastA
                 text = await _maybe_await(reply(prompt))
             except HTTPFault as fault:
                 return _fault_response(fault)
-            prompt_tokens = len(prompt.split())
-            completion_tokens = len(str(text).split())
-            return {
-                "id": f"chatcmpl-loopback-{next(ids)}",
-                "object": "chat.completion",
-                "created": int(time.time()),
-                "model": body.get("model") or model,
-                "choices": [
-                    {
-                        "index": 0,
-                        "message": {"role": "assistant", "content": str(text)},
-                        "finish_reason": "stop",
-                    }
-                ],
-                "usage": {
-                    "prompt_tokens": prompt_tokens,
-                    "completion_tokens": completion_tokens,
-                    "total_tokens": prompt_tokens + completion_tokens,
-                },
-            }
+            return _chat_completion(next(ids), body.get("model") or model, prompt, str(text))
 
     return app
+
+
+def _chat_completion(number: int, model: str, prompt: str, text: str) -> dict[str, Any]:
+    """A chat-completions response body answering ``prompt`` with ``text``."""
+    prompt_tokens = len(prompt.split())
+    completion_tokens = len(text.split())
+    return {
+        "id": f"chatcmpl-loopback-{number}",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": text},
+                "finish_reason": "stop",
+            }
+        ],
+        "usage": {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens,
+        },
+    }
 
 
 def embeddings_app(

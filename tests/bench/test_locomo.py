@@ -14,8 +14,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from service.bench.judge import NoiseModel, OracleJudge, oracle_score, pair_key, start_judge
-from service.bench.locomo import (
+from service.bench.locomo import LocomoConfig, add_locomo_parser, format_markdown, run_locomo
+from service.bench.locomo.data import (
     Conversation,
     Question,
     Turn,
@@ -24,7 +24,8 @@ from service.bench.locomo import (
     parse_conversation,
     parse_session_datetime,
 )
-from service.bench.metrics import (
+from service.bench.locomo.judge import NoiseModel, OracleJudge, oracle_score, pair_key, start_judge
+from service.bench.locomo.metrics import (
     QueryRecord,
     derived,
     estimated_share_at_k,
@@ -35,7 +36,6 @@ from service.bench.metrics import (
     rolling_mean,
     summarize_policy,
 )
-from service.bench.run_locomo import LocomoConfig, add_locomo_parser, format_markdown, run_locomo
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 LOCOMO_DIR = Path(

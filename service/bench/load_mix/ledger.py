@@ -1,0 +1,60 @@
+"""What the clients of ``earm bench load-mix`` were told: per operation and per namespace."""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class OperationStats:
+    ok: int = 0
+    errors: defaultdict[str, int] = field(default_factory=lambda: defaultdict(int))
+    latencies_ms: list[float] = field(default_factory=list)
+
+    def summary(self) -> dict[str, Any]:
+        lat = sorted(self.latencies_ms)
+
+        def pct(p: float) -> float | None:
+            return round(lat[min(len(lat) - 1, int(p * len(lat)))], 1) if lat else None
+
+        return {
+            "ok": self.ok,
+            "errors": dict(self.errors),
+            "p50_ms": pct(0.50),
+            "p95_ms": pct(0.95),
+            "p99_ms": pct(0.99),
+            "mean_ms": round(statistics.fmean(lat), 1) if lat else None,
+        }
+
+
+@dataclass(frozen=True)
+class Answer:
+    """An answered retrieve."""
+
+    query_id: int
+    query_index: int
+    scorer_calls: int
+    degraded: bool
+    memory_ids: list[int]
+
+
+@dataclass
+class NamespaceLedger:
+    """What the clients were told, per namespace."""
+
+    seeded: int = 0
+    created: int = 0
+    memory_ids: list[int] = field(default_factory=list)
+    retrieves: list[Answer] = field(default_factory=list)
+    feedback_recorded: int = 0
+
+    @property
+    def scorer_calls(self) -> int:
+        return sum(a.scorer_calls for a in self.retrieves)
+
+    @property
+    def degraded(self) -> bool:
+        return any(a.degraded for a in self.retrieves)
