@@ -30,7 +30,14 @@ from typing import Any
 
 import numpy as np
 
-from service.bench.common.cli import command_line, config_from_args, csv, quiet, write_json
+from service.bench.common.cli import (
+    add_command,
+    command_line,
+    config_from_args,
+    csv,
+    quiet,
+    write_json,
+)
 from service.bench.common.database import libpq_url, migrated_database
 from service.bench.load import LoadConfig, World
 
@@ -184,11 +191,9 @@ def render_markdown(report: dict[str, Any], command: str) -> str:
 
 def add_hnsw_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Register ``earm bench hnsw``."""
-    parser = subparsers.add_parser(
-        "hnsw",
-        help="HNSW parameters: build time, recall@candidates and indexer rate",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+    parser = add_command(
+        subparsers, "hnsw", "HNSW parameters: build time, recall@candidates and indexer rate",
+        __doc__,
     )
     defaults = HnswConfig()
     parser.add_argument("--memories", type=int, default=defaults.memories)

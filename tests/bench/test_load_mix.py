@@ -10,7 +10,6 @@ from service.bench.load_mix import LoadMixConfig, LoadMixReport, run_load_mix
 from service.settings import Settings
 
 
-
 @pytest.fixture(scope="module")
 def report(database_url: str) -> LoadMixReport:
     # The run's namespaces are its own (random prefix), so the shared test database will do;

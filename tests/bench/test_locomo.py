@@ -14,7 +14,12 @@ from pathlib import Path
 import httpx
 import pytest
 
-from service.bench.locomo import LocomoConfig, add_locomo_parser, format_markdown, run_locomo
+from service.bench.locomo import (
+    LocomoConfig,
+    add_locomo_parser,
+    format_markdown,
+    run_locomo,
+)
 from service.bench.locomo.data import (
     Conversation,
     Question,
@@ -24,7 +29,13 @@ from service.bench.locomo.data import (
     parse_conversation,
     parse_session_datetime,
 )
-from service.bench.locomo.judge import NoiseModel, OracleJudge, oracle_score, pair_key, start_judge
+from service.bench.locomo.judge import (
+    NoiseModel,
+    OracleJudge,
+    oracle_score,
+    pair_key,
+    start_judge,
+)
 from service.bench.locomo.metrics import (
     QueryRecord,
     derived,

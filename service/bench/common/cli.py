@@ -16,6 +16,15 @@ from typing import Any, TypeVar
 T = TypeVar("T")
 
 
+def add_command(
+    subparsers: argparse._SubParsersAction, name: str, help: str, description: str | None
+) -> argparse.ArgumentParser:
+    """An ``earm bench`` sub-command whose ``--help`` shows ``description`` (the benchmark's
+    docstring) as it is written."""
+    return subparsers.add_parser(name, help=help, description=description,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+
+
 def csv(kind: Callable[[str], T]) -> Callable[[str], tuple[T, ...]]:
     """An argparse ``type`` for comma-separated values, e.g. ``--k 10,20``."""
 

@@ -7,7 +7,14 @@ import json
 import sys
 from pathlib import Path
 
-from service.bench.common.cli import command_line, config_from_args, csv, quiet, write_json
+from service.bench.common.cli import (
+    add_command,
+    command_line,
+    config_from_args,
+    csv,
+    quiet,
+    write_json,
+)
 from service.bench.load.config import LoadConfig
 from service.bench.load.plot import plot
 from service.bench.load.report import render_markdown
@@ -64,12 +71,11 @@ def add_load_parser(subparsers: argparse._SubParsersAction) -> argparse.Argument
     """Register ``earm bench load``."""
     from service.bench import load  # its docstring describes the run
 
-    parser = subparsers.add_parser(
-        "load",
-        help="scale and speed: ingest, retrieve latency vs the raw pgvector floor, completion "
-             "vs observations, refit, memory",
-        description=load.__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+    parser = add_command(
+        subparsers, "load",
+        "scale and speed: ingest, retrieve latency vs the raw pgvector floor, completion vs "
+        "observations, refit, memory",
+        load.__doc__,
     )
     defaults = LoadConfig()
     _add_size_flags(parser, defaults)

@@ -31,7 +31,6 @@ async def _top_n(run: LoadRun, conn: Any, number: int) -> int:
 async def floor(run: LoadRun, numbers: Sequence[int], concurrency: int) -> dict[str, Any]:
     """The raw pgvector query for the same query vectors: one round trip each, binary
     vectors, the service's ef_search and iterative-scan settings set once per connection."""
-    connections = [await run.connect() for _ in range(concurrency)]
     ef_search = min(1000, max(40, run.config.candidates))
     latencies: list[float] = []
     returned: list[int] = []
@@ -49,13 +48,10 @@ async def floor(run: LoadRun, numbers: Sequence[int], concurrency: int) -> dict[
             latencies.append((time.perf_counter() - began) * 1000)
             returned.append(rows)
 
-    try:
+    async with run.connections(concurrency) as connections:
         began = time.perf_counter()
         await asyncio.gather(*(worker(c) for c in connections))
         wall = time.perf_counter() - began
-    finally:
-        for conn in connections:
-            await conn.close()
     return {
         "concurrency": concurrency,
         "queries": len(latencies),

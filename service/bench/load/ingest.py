@@ -92,7 +92,6 @@ async def ingest_copy_floor(run: LoadRun) -> dict[str, Any]:
     topics = rng.integers(config.topics, size=n)
     vectors = run.world.embeddings(rng, topics)
     starts = list(range(0, n, config.ingest_batch))
-    connections = [await run.connect() for _ in range(config.ingest_clients)]
 
     async def worker(conn: Any) -> None:
         while starts:
@@ -108,14 +107,11 @@ async def ingest_copy_floor(run: LoadRun) -> dict[str, Any]:
                         vectors[i], "client", {"topic": int(topics[i])},
                     ))
 
-    try:
+    async with run.connections(config.ingest_clients) as connections:
         await connections[0].execute("INSERT INTO namespaces (name) VALUES (%s)", (namespace,))
         began = time.perf_counter()
         await asyncio.gather(*(worker(conn) for conn in connections))
         seconds = time.perf_counter() - began
-    finally:
-        for conn in connections:
-            await conn.close()
     return _row("floor: raw binary COPY, same table (unindexed rows)", n, config.ingest_batch,
                 config.ingest_clients, seconds)
 

@@ -12,10 +12,20 @@ from typing import Any
 import httpx
 
 from service.bench.common.database import migrated_database
-from service.bench.common.processes import ServiceProcess, judge_process, service_process
+from service.bench.common.processes import (
+    ServiceProcess,
+    judge_process,
+    service_process,
+)
 from service.bench.common.stats import percentiles
 from service.bench.load.config import LoadConfig
-from service.bench.load.database import analyze, environment, observation_counts, refit, settle
+from service.bench.load.database import (
+    analyze,
+    environment,
+    observation_counts,
+    refit,
+    settle,
+)
 from service.bench.load.floor import floor
 from service.bench.load.ingest import ingest_phase
 from service.bench.load.judge import Judge

@@ -6,7 +6,8 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -86,6 +87,16 @@ class LoadRun:
         conn = await psycopg.AsyncConnection.connect(libpq_url(self.database_url), autocommit=True)
         await register_vector_async(conn)
         return conn
+
+    @asynccontextmanager
+    async def connections(self, n: int) -> AsyncIterator[list[Any]]:
+        """``n`` connections as :meth:`connect` opens them, closed on exit."""
+        opened = [await self.connect() for _ in range(n)]
+        try:
+            yield opened
+        finally:
+            for conn in opened:
+                await conn.close()
 
     def query_numbers(self, n: int) -> list[int]:
         """``n`` query numbers no retrieve of this run has used."""

@@ -11,6 +11,7 @@ from typing import Any
 import httpx
 import numpy as np
 
+from service.bench.common.http import error_code
 from service.bench.load_mix.config import OPERATIONS, LoadMixConfig
 from service.bench.load_mix.ledger import Answer, NamespaceLedger, OperationStats
 
@@ -52,11 +53,7 @@ class Driver:
             self.stats[op].ok += 1
             self.stats[op].latencies_ms.append(elapsed)
             return response.json()
-        try:
-            code = response.json()["error"]["code"]
-        except (ValueError, KeyError, TypeError):
-            code = "?"
-        self.stats[op].errors[f"{response.status_code} {code}"] += 1
+        self.stats[op].errors[f"{response.status_code} {error_code(response)}"] += 1
         self._problem(f"{op}: {response.status_code} {response.text[:300]}")
         return None
 

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-import statistics
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
+
+from service.bench.common.stats import percentiles
 
 
 @dataclass
@@ -15,18 +16,11 @@ class OperationStats:
     latencies_ms: list[float] = field(default_factory=list)
 
     def summary(self) -> dict[str, Any]:
-        lat = sorted(self.latencies_ms)
-
-        def pct(p: float) -> float | None:
-            return round(lat[min(len(lat) - 1, int(p * len(lat)))], 1) if lat else None
-
+        latency = percentiles(self.latencies_ms, digits=1)
         return {
             "ok": self.ok,
             "errors": dict(self.errors),
-            "p50_ms": pct(0.50),
-            "p95_ms": pct(0.95),
-            "p99_ms": pct(0.99),
-            "mean_ms": round(statistics.fmean(lat), 1) if lat else None,
+            **{f"{name}_ms": latency[name] for name in ("p50", "p95", "p99", "mean")},
         }
 
 

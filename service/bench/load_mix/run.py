@@ -3,13 +3,10 @@
 from __future__ import annotations
 
 import asyncio
-import tempfile
 import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager
-from pathlib import Path
 from typing import Any
 
+from service.bench.common.processes import in_process_service
 from service.bench.load_mix.audit import audit_database, audit_http
 from service.bench.load_mix.config import LoadMixConfig
 from service.bench.load_mix.driver import Driver
@@ -31,22 +28,6 @@ def drive(base_url: str, config: LoadMixConfig, database_url: str | None = None)
     return LoadMixReport(config, duration, driver.stats, audits, problems)
 
 
-@contextmanager
-def in_process_service(settings: Any | None = None) -> Iterator[tuple[str, str]]:
-    """(base URL, database URL) of the service on a loopback port; without ``settings``, over a
-    temporary embedded Postgres with the local scorer and no embedder (clients send vectors)."""
-    from service.api.app import create_app
-    from service.bench.loopback import LoopbackServer
-    from service.settings import Settings
-
-    with tempfile.TemporaryDirectory(prefix="earm-load-mix-") as tmp:
-        if settings is None:
-            settings = Settings(data_dir=Path(tmp) / "pgdata", embedder="none", scorer="local")
-        app = create_app(settings)
-        with LoopbackServer(app) as server:
-            yield server.url, app.state.components.database.url
-
-
 def run_load_mix(
     config: LoadMixConfig,
     *,
@@ -56,5 +37,7 @@ def run_load_mix(
 ) -> LoadMixReport:
     if url:
         return drive(url, config, database_url)
-    with in_process_service(settings) as (base_url, service_database_url):
-        return drive(base_url, config, database_url or service_database_url)
+    # Without settings: a temporary embedded Postgres, the local scorer and no embedder (the
+    # clients send vectors).
+    with in_process_service(settings, embedder="none", scorer="local") as service:
+        return drive(service.url, config, database_url or service.database_url)

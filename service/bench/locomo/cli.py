@@ -8,24 +8,14 @@ import logging
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
-from service.bench.locomo.config import POLICIES, LocomoConfig
+from service.bench.common.cli import add_command, config_from_args, csv, quiet
+from service.bench.common.http import POLICIES
+from service.bench.locomo.config import LocomoConfig
 from service.bench.locomo.report import format_markdown
 from service.bench.locomo.run import run_locomo
 
 logger = logging.getLogger(__name__)
-
-
-def _csv(kind: type) -> Any:
-    def parse(value: str) -> tuple[Any, ...]:
-        items = [v.strip() for v in value.split(",") if v.strip()]
-        try:
-            return tuple(kind(v) for v in items)
-        except ValueError as exc:
-            raise argparse.ArgumentTypeError(str(exc)) from exc
-
-    return parse
 
 
 def _probability(value: str) -> float:
@@ -39,19 +29,17 @@ def add_locomo_parser(subparsers: argparse._SubParsersAction) -> argparse.Argume
     """Register the ``locomo`` sub-command (``earm bench locomo …``)."""
     from service.bench import locomo  # its docstring describes the replay
 
-    parser = subparsers.add_parser(
-        "locomo",
-        help="LoCoMo replay: recall@K and scorer calls of semantic/observed/earm/full",
-        description=locomo.__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+    parser = add_command(
+        subparsers, "locomo",
+        "LoCoMo replay: recall@K and scorer calls of semantic/observed/earm/full", locomo.__doc__,
     )
     parser.add_argument("--data", required=True, type=Path,
                         help="directory of LoCoMo conversation files (<sample_id>.json)")
     parser.add_argument("--out", type=Path, default=None, help="write RESULTS.json here")
     parser.add_argument("--plot", type=Path, default=None, help="write a PNG plot here")
-    parser.add_argument("--policies", type=_csv(str), default=POLICIES,
+    parser.add_argument("--policies", type=csv(str), default=POLICIES,
                         help="comma-separated subset of semantic,observed,earm,full (default all)")
-    parser.add_argument("--k", dest="ks", type=_csv(int), default=(10, 20),
+    parser.add_argument("--k", dest="ks", type=csv(int), default=(10, 20),
                         help="cut-offs K, comma-separated (default 10,20)")
     parser.add_argument("--candidates", type=int, default=200,
                         help="semantic candidates N per query (default 200)")
@@ -76,7 +64,7 @@ def add_locomo_parser(subparsers: argparse._SubParsersAction) -> argparse.Argume
                              "EARM_SCORER_BASE_URL=http://127.0.0.1:<--judge-port>/v1)")
     parser.add_argument("--include-adversarial", action="store_true",
                         help="add category 5 to the query stream (reported separately)")
-    parser.add_argument("--conversations", type=_csv(str), default=None,
+    parser.add_argument("--conversations", type=csv(str), default=None,
                         help="only these sample ids, e.g. conv-26,conv-30 (default: all files)")
     parser.add_argument("--max-questions", type=int, default=None,
                         help="replay at most this many questions per conversation")
@@ -97,39 +85,11 @@ def add_locomo_parser(subparsers: argparse._SubParsersAction) -> argparse.Argume
     return parser
 
 
-def config_from_args(args: argparse.Namespace) -> LocomoConfig:
-    """A :class:`LocomoConfig` from parsed CLI arguments."""
-    return LocomoConfig(
-        data_dir=args.data,
-        out=args.out,
-        plot=args.plot,
-        policies=tuple(args.policies),
-        ks=tuple(args.ks),
-        candidates=args.candidates,
-        schedule=args.schedule,
-        judge=args.judge,
-        judge_miss=args.judge_miss,
-        judge_false=args.judge_false,
-        judge_noise=args.judge_noise,
-        judge_port=args.judge_port,
-        seed=args.seed,
-        url=args.url,
-        include_adversarial=args.include_adversarial,
-        conversations=tuple(args.conversations) if args.conversations else None,
-        max_questions=args.max_questions,
-        max_sessions=args.max_sessions,
-        scorer_concurrency=args.scorer_concurrency,
-        database_url=args.database_url,
-        rolling_window=args.rolling_window,
-        per_query=args.per_query,
-        progress=args.progress,
-    )
-
-
 def run_locomo_command(args: argparse.Namespace) -> int:
     """Entry point of ``earm bench locomo``: run, write outputs, print the markdown table."""
     try:
-        config = config_from_args(args)
+        config = config_from_args(LocomoConfig, args, data_dir=args.data,
+                                  conversations=args.conversations or None)
     except ValueError as exc:
         logger.error("%s", exc)
         return 2
@@ -138,8 +98,7 @@ def run_locomo_command(args: argparse.Namespace) -> int:
         logger.error("--plot needs matplotlib: pip install -e '.[bench]'")
         return 2
     # One INFO line per HTTP request (hundreds of thousands of scorer calls) drowns the run.
-    for noisy in ("httpx", "httpcore", "earm.access"):
-        logging.getLogger(noisy).setLevel(max(logging.WARNING, logging.getLogger(noisy).level))
+    quiet("httpx", "httpcore", "earm.access")
     results = run_locomo(config)
     sys.stdout.write(format_markdown(results))
     sys.stdout.flush()
@@ -158,7 +117,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     return int(args.func(args) or 0)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -6,9 +6,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from service.bench.common.http import POLICIES
 from service.bench.locomo.data import DEFAULT_CATEGORIES
 
-POLICIES: tuple[str, ...] = ("semantic", "observed", "earm", "full")
 ADVERSARIAL = 5
 
 

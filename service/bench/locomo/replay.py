@@ -4,15 +4,15 @@ questions through ``POST /retrieve``, one namespace per (conversation, policy)."
 from __future__ import annotations
 
 import logging
-import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Any
 
 import httpx
 
+from service.bench.common.http import check
+from service.bench.common.processes import in_process_service
 from service.bench.locomo.config import LocomoConfig
 from service.bench.locomo.data import Conversation, Question
 from service.bench.locomo.judge import RunningJudge
@@ -23,13 +23,6 @@ logger = logging.getLogger(__name__)
 INGEST_CHUNK = 500
 
 
-class ServiceError(RuntimeError):
-    """The service answered with an error."""
-
-
-# --- service plumbing -------------------------------------------------------------------------
-
-
 @contextmanager
 def service_for(config: LocomoConfig, judge: RunningJudge) -> Iterator[tuple[str, dict[str, Any]]]:
     """The base URL of the service to use and a description of its settings."""
@@ -38,46 +31,28 @@ def service_for(config: LocomoConfig, judge: RunningJudge) -> Iterator[tuple[str
             logger.warning("--schedule is ignored with --url: the service's schedule applies")
         yield config.url.rstrip("/"), {"url": config.url, "external": True}
         return
-    from service.bench.loopback import LoopbackServer
-    from service.api.app import create_app
-    from service.settings import DEFAULT_BUDGET_SCHEDULE, Settings
+    from service.settings import DEFAULT_BUDGET_SCHEDULE
 
-    with tempfile.TemporaryDirectory(prefix="earm-locomo-") as tmp:
-        kwargs: dict[str, Any] = {
-            "database_url": config.database_url,
-            "data_dir": Path(tmp) / "pgdata",
-            "embedder": "local",
-            "scorer_concurrency": config.scorer_concurrency,
-            "budget_schedule": config.schedule or DEFAULT_BUDGET_SCHEDULE,
-            "max_candidates": max(config.candidates, 1000),
-            "max_k": max(100, max(config.ks)),
-            # Refits inside the request that makes them due: the replay is then exactly
-            # reproducible (a background refit lands after a timing-dependent number of queries).
-            "refit_in_background": False,
-            **judge.service_settings(),
-        }
-        settings = Settings(**kwargs)
-        described = settings.model_dump(
+    options: dict[str, Any] = {
+        "database_url": config.database_url,
+        "embedder": "local",
+        "scorer_concurrency": config.scorer_concurrency,
+        "budget_schedule": config.schedule or DEFAULT_BUDGET_SCHEDULE,
+        "max_candidates": max(config.candidates, 1000),
+        "max_k": max(100, max(config.ks)),
+        # Refits inside the request that makes them due: the replay is then exactly
+        # reproducible (a background refit lands after a timing-dependent number of queries).
+        "refit_in_background": False,
+        **judge.service_settings(),
+    }
+    logger.info("starting the service")
+    with in_process_service(**options) as service:
+        logger.info("service listening on %s", service.url)
+        described = service.settings.model_dump(
             mode="json",
             exclude={"scorer_api_key", "embedder_api_key", "data_dir", "database_url"},
         )
-        described["external"] = False
-        logger.info("starting the service (embedded Postgres in %s)", tmp)
-        with LoopbackServer(create_app(settings)) as server:
-            logger.info("service listening on %s", server.url)
-            yield server.url, described
-
-
-def _check(response: httpx.Response) -> dict[str, Any]:
-    if response.is_success:
-        return response.json()
-    try:
-        err = response.json().get("error", {})
-        detail = f"{err.get('code')}: {err.get('message')}"
-    except (ValueError, AttributeError):
-        detail = response.text[:500]
-    raise ServiceError(f"{response.request.method} {response.request.url.path} -> "
-                       f"{response.status_code} {detail}")
+        yield service.url, described | {"external": False}
 
 
 def ingest(client: httpx.Client, namespace: str, memories: Sequence[dict[str, Any]]) -> int:
@@ -85,7 +60,7 @@ def ingest(client: httpx.Client, namespace: str, memories: Sequence[dict[str, An
     created = 0
     for start in range(0, len(memories), INGEST_CHUNK):
         chunk = list(memories[start : start + INGEST_CHUNK])
-        body = _check(client.post("/memories", json={"namespace": namespace, "memories": chunk}))
+        body = check(client.post("/memories", json={"namespace": namespace, "memories": chunk}))
         created += int(body.get("created", 0))
     return created
 
@@ -112,7 +87,7 @@ def retrieve(
     started = time.perf_counter()
     response = client.post("/retrieve", json=body)
     elapsed_ms = (time.perf_counter() - started) * 1000.0
-    return _check(response), elapsed_ms
+    return check(response), elapsed_ms
 
 
 def to_record(question: Question, reply: dict[str, Any], client_ms: float) -> QueryRecord:

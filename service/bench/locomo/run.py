@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import secrets
-import sys
 import time
 from datetime import datetime, timezone
 from typing import Any, cast
 
+from service.bench.common.cli import progress, write_json
 from service.bench.locomo.config import LocomoConfig
 from service.bench.locomo.data import load_conversations
 from service.bench.locomo.judge import JudgeKind, NoiseModel, start_judge
@@ -19,14 +18,6 @@ from service.bench.locomo.replay import question_stream, replay, service_for
 from service.bench.locomo.results import build_results
 
 logger = logging.getLogger(__name__)
-
-
-def _progress(total: int, enabled: bool | None) -> Any:
-    from tqdm import tqdm
-
-    disable = None if enabled is None else not enabled  # None: only on a terminal
-    return tqdm(total=total, unit="q", file=sys.stderr, disable=disable, dynamic_ncols=True,
-                desc="locomo")
 
 
 def run_locomo(config: LocomoConfig) -> dict[str, Any]:
@@ -47,8 +38,8 @@ def run_locomo(config: LocomoConfig) -> dict[str, Any]:
     # One service (and empty database) per policy in-process, so policies never share
     # experience yet replay identical namespaces; one shared service otherwise.
     policy_groups = [config.policies] if shared_service else [(p,) for p in config.policies]
-    with start_judge(judge_kind, conversations, noise, port=config.judge_port) as judge, _progress(
-        total, config.progress
+    with start_judge(judge_kind, conversations, noise, port=config.judge_port) as judge, progress(
+        total, "locomo", config.progress, unit="q"
     ) as bar:
         for policies in policy_groups:
             with service_for(config, judge) as (base_url, service_settings):
@@ -72,8 +63,7 @@ def run_locomo(config: LocomoConfig) -> dict[str, Any]:
         logger.warning("the oracle judge could not identify %d prompts (answered 0)",
                        judge.oracle.unknown)
     if config.out is not None:
-        config.out.parent.mkdir(parents=True, exist_ok=True)
-        config.out.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
+        write_json(config.out, results)
         logger.info("wrote %s", config.out)
     if config.plot is not None:
         plot_results(records, results, config.plot, config.ks, config.rolling_window)
