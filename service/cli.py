@@ -93,13 +93,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _add_benchmarks(bench_commands: argparse._SubParsersAction) -> None:
     # Imported here, not at module level: `earm serve` should not load benchmark code.
-    from bench.load_mix import add_load_mix_parser
-    from bench.run_locomo import add_locomo_parser
+    from service.bench.load_mix import add_load_mix_parser
+    from service.bench.locomo import add_locomo_parser
 
     add_locomo_parser(bench_commands)
     add_load_mix_parser(bench_commands)
-    from bench.hnsw import add_hnsw_parser
-    from bench.load import add_load_parser
+    from service.bench.hnsw import add_hnsw_parser
+    from service.bench.load import add_load_parser
 
     add_load_parser(bench_commands)
     add_hnsw_parser(bench_commands)

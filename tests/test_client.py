@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from bench.loopback import LoopbackServer
+from service.bench.loopback import LoopbackServer
 from service.api.app import create_app
 from service.client import AsyncEarmClient, EarmAPIError, EarmClient
 from service.settings import Settings

@@ -12,7 +12,7 @@ import httpx
 import numpy as np
 import pytest
 
-from bench.loopback import HTTPFault, LoopbackServer, embeddings_app
+from service.bench.loopback import HTTPFault, LoopbackServer, embeddings_app
 from service.embedders import (
     LOCAL_DIM,
     LOCAL_MODEL_ID,

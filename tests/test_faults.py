@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
-from bench.loopback import LoopbackServer, chat_completions_app
+from service.bench.loopback import LoopbackServer, chat_completions_app
 from service.api.app import create_app
 from service.db import migrate
 from service.db.database import EmbeddedPostgres

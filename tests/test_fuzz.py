@@ -27,7 +27,7 @@ from schemathesis.specs.openapi.checks import (
 )
 from sqlalchemy import create_engine, text
 
-from bench.loopback import LoopbackServer
+from service.bench.loopback import LoopbackServer
 from service.api.app import create_app
 from service.settings import Settings
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
-from bench.loopback import LoopbackServer
+from service.bench.loopback import LoopbackServer
 from service.api.app import create_app
 from service.limits import json_depth
 from service.settings import Settings

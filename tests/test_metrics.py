@@ -14,7 +14,7 @@ import pytest
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
-from bench.loopback import LoopbackServer, chat_completions_app
+from service.bench.loopback import LoopbackServer, chat_completions_app
 from service.api.app import create_app
 from service.settings import Settings
 

@@ -12,7 +12,7 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import create_engine, text
 
-from bench.loopback import HTTPFault, LoopbackServer, chat_completions_app
+from service.bench.loopback import HTTPFault, LoopbackServer, chat_completions_app
 from service.api.app import create_app
 from service.settings import Settings
 

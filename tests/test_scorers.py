@@ -13,7 +13,7 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
-from bench.loopback import HTTPFault, LoopbackServer, chat_completions_app
+from service.bench.loopback import HTTPFault, LoopbackServer, chat_completions_app
 from service.scorers import (
     LOCAL_CENTER,
     LOCAL_TEMPERATURE,

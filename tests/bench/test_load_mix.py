@@ -6,9 +6,8 @@ from __future__ import annotations
 import pytest
 from sqlalchemy import create_engine, text
 
-from bench.load_mix import LoadMixConfig, LoadMixReport, run_load_mix
+from service.bench.load_mix import LoadMixConfig, LoadMixReport, run_load_mix
 from service.settings import Settings
-
 
 
 @pytest.fixture(scope="module")
