@@ -40,8 +40,8 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import create_engine, text
 
-from bench.judge import NoiseModel, oracle_score
-from bench.loopback import LoopbackServer, chat_completions_app
+from service.bench.locomo.judge import NoiseModel, oracle_score
+from service.bench.loopback import LoopbackServer, chat_completions_app
 from service.api.app import create_app
 from service.settings import Settings
 
