@@ -31,7 +31,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         async with open_database(settings) as database:
-            # Seeds EARM_API_KEYS; refuses a non-loopback EARM_HOST without keys.
+            # Seeds EARM_API_KEYS; refuses a non-loopback EARM_HOST without key enforcement.
             app.state.authenticator = Authenticator.from_settings(settings, database.sessions)
             await app.state.authenticator.start(bind_host=settings.host)
             embedder = build_embedder(settings)
@@ -68,7 +68,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         version="1",
         summary="Retrieval for long-term agent memory that learns from its own reranking.",
         lifespan=lifespan,
-        # Every route needs a key once keys exist, except auth.PUBLIC_PATHS (docs/security.md).
+        # Every route needs a key once key enforcement is on, except auth.PUBLIC_PATHS
+        # (docs/security.md).
         dependencies=[Depends(authenticate)],
     )
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
