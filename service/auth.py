@@ -47,7 +47,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from service.api.schemas import ErrorResponse
-from service.errors import Forbidden, Unauthenticated
+from service.errors import ConfigurationError, Forbidden, Unauthenticated
 from service.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -142,10 +142,10 @@ def parse_seed_keys(raw: str | None) -> list[SeedKey]:
         key, separator, patterns = entry.partition("=")
         key = key.strip()
         if not separator:
-            raise ValueError(f"EARM_API_KEYS entry {number} is not KEY=PATTERNS")
+            raise ConfigurationError(f"EARM_API_KEYS entry {number} is not KEY=PATTERNS")
         if len(key) < MIN_SEEDED_KEY_CHARS:
             # Never echo the key itself, not even in an error.
-            raise ValueError(
+            raise ConfigurationError(
                 f"EARM_API_KEYS entry {number}: the key is shorter than {MIN_SEEDED_KEY_CHARS} "
                 "characters; generate one with `python -c 'import secrets; "
                 "print(secrets.token_urlsafe(32))'`"
@@ -153,7 +153,7 @@ def parse_seed_keys(raw: str | None) -> list[SeedKey]:
         try:
             seeds.append(SeedKey(key, validate_patterns(patterns.split(","))))
         except ValueError as exc:
-            raise ValueError(f"EARM_API_KEYS entry {number}: {exc}") from None
+            raise ConfigurationError(f"EARM_API_KEYS entry {number}: {exc}") from None
     return seeds
 
 
@@ -314,7 +314,7 @@ class Authenticator:
             log.info("seeded %d API key(s) from EARM_API_KEYS", len(self.seeds))
         if bind_host is not None and not is_loopback_host(bind_host):
             if not self.allow_anonymous and not await self.keys_enforced():
-                raise RuntimeError(
+                raise ConfigurationError(
                     f"refusing to serve on {bind_host}, a non-loopback address, without API "
                     "keys: create one with `earm keys create --namespaces '*'` (or set "
                     "EARM_API_KEYS; `earm keys enforcement on` if keys exist), or set "
@@ -456,7 +456,10 @@ def _run_with_session(settings: Settings, work: Any) -> Any:
 
 
 def _cli_create(args: argparse.Namespace, settings: Settings) -> int:
-    patterns = validate_patterns(p for group in args.namespaces for p in group.split(","))
+    try:
+        patterns = validate_patterns(p for group in args.namespaces for p in group.split(","))
+    except ValueError as exc:
+        raise ConfigurationError(f"--namespaces: {exc}") from None
 
     async def create(session: AsyncSession) -> tuple[str, KeyRecord, bool]:
         key, record = await create_key(session, patterns, args.name)

@@ -21,6 +21,7 @@ from sqlalchemy import create_engine, text
 from service.api.app import create_app
 from service.auth import PUBLIC_PATHS, Principal, is_loopback_host, parse_seed_keys
 from service.cli import main as earm
+from service.errors import ConfigurationError
 from service.settings import Settings
 
 VECTOR = (np.arange(384) % 5 + 1.0).tolist()
@@ -148,7 +149,7 @@ def test_without_keys_a_non_loopback_peer_is_refused(auth_settings: Settings) ->
 
 def test_app_refuses_a_non_loopback_bind_address_without_keys(auth_settings: Settings) -> None:
     exposed = auth_settings.model_copy(update={"host": "0.0.0.0"})
-    with pytest.raises(RuntimeError, match="EARM_ALLOW_ANONYMOUS"):
+    with pytest.raises(ConfigurationError, match="EARM_ALLOW_ANONYMOUS"):
         with TestClient(create_app(exposed)):
             pass
     with TestClient(create_app(exposed.model_copy(update={"allow_anonymous": True}))) as client:
