@@ -15,7 +15,7 @@ from service.auth import Authenticator, authenticate
 from service.db.database import open_database
 from service.embedders import LocalEmbedder, build_embedder
 from service.indexing import BackgroundIndexer
-from service.limits import BodySizeLimit
+from service.limits import BodyLimits
 from service.observability import Metrics, RequestObservabilityMiddleware
 from service.retrieval.pipeline import RetrievalPipeline
 from service.scorers import build_scorer
@@ -72,7 +72,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         # (docs/security.md).
         dependencies=[Depends(authenticate)],
     )
-    app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
+    app.add_middleware(
+        BodyLimits, max_bytes=settings.max_body_bytes, timeout_s=settings.body_timeout_s
+    )
     app.state.metrics = metrics
     app.add_middleware(RequestObservabilityMiddleware, metrics=metrics)
     install_error_handlers(app)
