@@ -7,18 +7,22 @@ revocation time. Keys come from ``earm keys create`` or are seeded from ``EARM_A
 
 Every route is authenticated by one app-level dependency (:func:`authenticate`) except the
 public ones (:data:`PUBLIC_PATHS`, plus the docs, which are not API routes); handlers then call
-:func:`require_namespace` for the namespace they touch. Two modes:
+:func:`require_namespace` for the namespace they touch. Two modes, stored in the database
+(table ``auth_settings``) so that revoking every key does not reopen access:
 
-- **keys configured** (at least one unrevoked key): a request without a valid key gets 401
-  ``unauthenticated``; a namespace outside the key's patterns gets 403 ``forbidden``.
-- **no keys**: a request without credentials acts as an anonymous admin, but only loopback
-  clients are served (``earm serve`` refuses a non-loopback bind address, and requests from
-  non-loopback peers get 401) unless ``EARM_ALLOW_ANONYMOUS=true``.
+- **key enforcement on**: a request without a valid key gets 401 ``unauthenticated``; a
+  namespace outside the key's patterns gets 403 ``forbidden``. The first key ever created (by
+  ``earm keys create`` or from ``EARM_API_KEYS``) turns it on.
+- **key enforcement off** (a fresh deployment, or after ``earm keys enforcement off``): a
+  request without credentials acts as an anonymous admin, but only loopback clients are served
+  (``earm serve`` refuses a non-loopback bind address, and requests from non-loopback peers get
+  401) unless ``EARM_ALLOW_ANONYMOUS=true``.
 
 Credentials, when sent, are always checked: an unknown or revoked key gets 401 in both modes.
 
-Lookups are cached in-process for ``EARM_AUTH_CACHE_TTL_S`` (default 2 s): a revoked key stops
-working, and a new key starts working, within that time on every replica.
+Lookups and the mode are cached in-process for ``EARM_AUTH_CACHE_TTL_S`` (default 2 s): a
+revoked key stops working, a new key starts working and a mode change takes effect within that
+time on every replica.
 """
 
 from __future__ import annotations
@@ -43,7 +47,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from service.api.schemas import ErrorResponse
-from service.errors import Forbidden, Unauthenticated
+from service.errors import ConfigurationError, Forbidden, Unauthenticated
 from service.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -60,7 +64,7 @@ CACHE_MAX_ENTRIES = 10_000
 #: the routers that use it; the checking itself is :func:`authenticate`.
 bearer_scheme = HTTPBearer(
     auto_error=False,
-    description="An API key from `earm keys create` (required once any key exists).",
+    description="An API key from `earm keys create` (required once key enforcement is on).",
 )
 
 
@@ -138,10 +142,10 @@ def parse_seed_keys(raw: str | None) -> list[SeedKey]:
         key, separator, patterns = entry.partition("=")
         key = key.strip()
         if not separator:
-            raise ValueError(f"EARM_API_KEYS entry {number} is not KEY=PATTERNS")
+            raise ConfigurationError(f"EARM_API_KEYS entry {number} is not KEY=PATTERNS")
         if len(key) < MIN_SEEDED_KEY_CHARS:
             # Never echo the key itself, not even in an error.
-            raise ValueError(
+            raise ConfigurationError(
                 f"EARM_API_KEYS entry {number}: the key is shorter than {MIN_SEEDED_KEY_CHARS} "
                 "characters; generate one with `python -c 'import secrets; "
                 "print(secrets.token_urlsafe(32))'`"
@@ -149,7 +153,7 @@ def parse_seed_keys(raw: str | None) -> list[SeedKey]:
         try:
             seeds.append(SeedKey(key, validate_patterns(patterns.split(","))))
         except ValueError as exc:
-            raise ValueError(f"EARM_API_KEYS entry {number}: {exc}") from None
+            raise ConfigurationError(f"EARM_API_KEYS entry {number}: {exc}") from None
     return seeds
 
 
@@ -188,7 +192,8 @@ class KeyRecord:
 async def create_key(
     session: AsyncSession, patterns: Sequence[str], name: str | None = None
 ) -> tuple[str, KeyRecord]:
-    """Store a new key; returns (the key, its record). The key is not retrievable later."""
+    """Store a new key; returns (the key, its record). The key is not retrievable later. The
+    first key ever created turns key enforcement on."""
     key = generate_key()
     row = (
         await session.execute(
@@ -204,6 +209,7 @@ async def create_key(
             },
         )
     ).one()
+    await _enforce_keys_unless_decided(session)
     return key, KeyRecord(row[0], row[1], tuple(row[2]), row[3], row[4])
 
 
@@ -238,6 +244,36 @@ async def seed_keys(session: AsyncSession, seeds: Sequence[SeedKey]) -> None:
             ),
             {"name": seed.name, "hash": hash_key(seed.key), "patterns": list(seed.patterns)},
         )
+    if seeds:
+        await _enforce_keys_unless_decided(session)
+
+
+async def key_enforcement(session: AsyncSession) -> bool:
+    """Whether requests need a key. No row in ``auth_settings``: never turned on."""
+    return bool(await session.scalar(text("SELECT key_enforcement FROM auth_settings")))
+
+
+async def set_key_enforcement(session: AsyncSession, enforced: bool) -> None:
+    """The operator's decision (``earm keys enforcement on|off``); creating keys never undoes it."""
+    await session.execute(
+        text(
+            "INSERT INTO auth_settings (id, key_enforcement) VALUES (1, :enforced) "
+            "ON CONFLICT (id) DO UPDATE "
+            "SET key_enforcement = EXCLUDED.key_enforcement, changed_at = now()"
+        ),
+        {"enforced": enforced},
+    )
+
+
+async def _enforce_keys_unless_decided(session: AsyncSession) -> None:
+    """Called with every new key: the first one turns enforcement on; once the mode is stored
+    (on, or turned off by an operator), a new key leaves it as it is."""
+    await session.execute(
+        text(
+            "INSERT INTO auth_settings (id, key_enforcement) VALUES (1, true) "
+            "ON CONFLICT (id) DO NOTHING"
+        )
+    )
 
 
 # ---------------------------------------------------------------------------- authenticator
@@ -258,7 +294,7 @@ class Authenticator:
         self.allow_anonymous = allow_anonymous
         self.seeds = list(seeds)
         self._principals: dict[str, tuple[float, Principal | None]] = {}
-        self._keys_configured: tuple[float, bool] | None = None
+        self._keys_enforced: tuple[float, bool] | None = None
 
     @classmethod
     def from_settings(
@@ -277,26 +313,22 @@ class Authenticator:
                 await session.commit()
             log.info("seeded %d API key(s) from EARM_API_KEYS", len(self.seeds))
         if bind_host is not None and not is_loopback_host(bind_host):
-            if not self.allow_anonymous and not await self.keys_configured():
-                raise RuntimeError(
+            if not self.allow_anonymous and not await self.keys_enforced():
+                raise ConfigurationError(
                     f"refusing to serve on {bind_host}, a non-loopback address, without API "
                     "keys: create one with `earm keys create --namespaces '*'` (or set "
-                    "EARM_API_KEYS), or set EARM_ALLOW_ANONYMOUS=true to serve without "
-                    "authentication"
+                    "EARM_API_KEYS; `earm keys enforcement on` if keys exist), or set "
+                    "EARM_ALLOW_ANONYMOUS=true to serve without authentication"
                 )
 
-    async def keys_configured(self) -> bool:
+    async def keys_enforced(self) -> bool:
         now = time.monotonic()
-        if self._keys_configured is not None and self._keys_configured[0] > now:
-            return self._keys_configured[1]
+        if self._keys_enforced is not None and self._keys_enforced[0] > now:
+            return self._keys_enforced[1]
         async with self.sessions() as session:
-            configured = bool(
-                await session.scalar(
-                    text("SELECT EXISTS (SELECT 1 FROM api_keys WHERE revoked_at IS NULL)")
-                )
-            )
-        self._keys_configured = (now + self.ttl_s, configured)
-        return configured
+            enforced = await key_enforcement(session)
+        self._keys_enforced = (now + self.ttl_s, enforced)
+        return enforced
 
     async def principal_for_key(self, key: str) -> Principal | None:
         digest = hash_key(key)
@@ -332,13 +364,14 @@ class Authenticator:
             if principal is None:
                 raise Unauthenticated("the API key is unknown or revoked")
             return principal
-        if await self.keys_configured():
+        if await self.keys_enforced():
             raise Unauthenticated("send an API key as 'Authorization: Bearer <key>'")
         if self.allow_anonymous or not _peer_is_remote(peer):
             return ANONYMOUS
         raise Unauthenticated(
-            "no API keys are configured, so this service only answers loopback clients; "
-            "create a key with `earm keys create` or set EARM_ALLOW_ANONYMOUS=true"
+            "API keys are not enforced, so this service only answers loopback clients; "
+            "create a key with `earm keys create` (`earm keys enforcement on` if keys exist) "
+            "or set EARM_ALLOW_ANONYMOUS=true"
         )
 
 
@@ -380,7 +413,7 @@ AUTH_RESPONSES: dict[int | str, dict[str, Any]] = {
 
 
 def add_keys_parser(commands: argparse._SubParsersAction) -> None:
-    """``earm keys create|list|revoke``."""
+    """``earm keys create|list|revoke|enforcement``."""
     keys = commands.add_parser("keys", help="manage API keys (docs/security.md)")
     actions = keys.add_subparsers(dest="keys_command", required=True)
 
@@ -401,6 +434,13 @@ def add_keys_parser(commands: argparse._SubParsersAction) -> None:
     revoke.add_argument("id", type=int)
     revoke.set_defaults(func=_cli_revoke)
 
+    enforcement = actions.add_parser(
+        "enforcement",
+        help="whether requests need a key: on from the first key until turned off here",
+    )
+    enforcement.add_argument("state", choices=["status", "on", "off"])
+    enforcement.set_defaults(func=_cli_enforcement)
+
 
 def _run_with_session(settings: Settings, work: Any) -> Any:
     from service.db.database import open_database
@@ -416,8 +456,22 @@ def _run_with_session(settings: Settings, work: Any) -> Any:
 
 
 def _cli_create(args: argparse.Namespace, settings: Settings) -> int:
-    patterns = validate_patterns(p for group in args.namespaces for p in group.split(","))
-    key, record = _run_with_session(settings, lambda s: create_key(s, patterns, args.name))
+    try:
+        patterns = validate_patterns(p for group in args.namespaces for p in group.split(","))
+    except ValueError as exc:
+        raise ConfigurationError(f"--namespaces: {exc}") from None
+
+    async def create(session: AsyncSession) -> tuple[str, KeyRecord, bool]:
+        key, record = await create_key(session, patterns, args.name)
+        return key, record, await key_enforcement(session)
+
+    key, record, enforced = _run_with_session(settings, create)
+    if not enforced:
+        print(
+            "key enforcement is off: requests without a key are still served "
+            "(`earm keys enforcement on` to require keys)",
+            file=sys.stderr,
+        )
     print(
         f"created key {record.id} ({record.name}) for namespaces {', '.join(record.patterns)}; "
         "store it now, it cannot be shown again:",
@@ -443,3 +497,28 @@ def _cli_revoke(args: argparse.Namespace, settings: Settings) -> int:
         return 0
     print(f"no active key with id {args.id}", file=sys.stderr)
     return 1
+
+
+def _cli_enforcement(args: argparse.Namespace, settings: Settings) -> int:
+    async def apply(session: AsyncSession) -> tuple[bool, int]:
+        if args.state != "status":
+            await set_key_enforcement(session, args.state == "on")
+        active = await session.scalar(
+            text("SELECT count(*) FROM api_keys WHERE revoked_at IS NULL")
+        )
+        return await key_enforcement(session), int(active or 0)
+
+    enforced, active = _run_with_session(settings, apply)
+    keys = f"{active} active key{'' if active == 1 else 's'}"
+    if enforced:
+        consequence = "requests need an API key" + (
+            "" if active else "; with none active, only /healthz, /readyz and /metrics answer"
+        )
+    else:
+        consequence = "requests without a key are served as an anonymous admin, " + (
+            "from any client (EARM_ALLOW_ANONYMOUS=true)"
+            if settings.allow_anonymous
+            else "from loopback clients only"
+        )
+    print(f"key enforcement: {'on' if enforced else 'off'} ({keys}): {consequence}")
+    return 0

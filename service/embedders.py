@@ -25,6 +25,8 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 import httpx
 import numpy as np
 
+from service.errors import ConfigurationError
+
 if TYPE_CHECKING:  # pragma: no cover
     import onnxruntime
     from tokenizers import Tokenizer
@@ -484,14 +486,14 @@ def build_embedder(settings: Settings) -> Embedder | None:
         return None
     if kind == "local":
         if settings.embedding_dim != LOCAL_DIM:
-            raise ValueError(
+            raise ConfigurationError(
                 f"the local embedder produces {LOCAL_DIM}-d vectors but EARM_EMBEDDING_DIM="
                 f"{settings.embedding_dim}; set EARM_EMBEDDING_DIM={LOCAL_DIM} or use another embedder"
             )
         return LocalEmbedder(batch_size=settings.embedder_batch_size)
     if kind == "openai":
         if not settings.embedder_base_url:
-            raise ValueError(
+            raise ConfigurationError(
                 "EARM_EMBEDDER=openai requires EARM_EMBEDDER_BASE_URL "
                 "(e.g. https://api.openai.com/v1 or http://localhost:11434/v1)"
             )
@@ -505,4 +507,4 @@ def build_embedder(settings: Settings) -> Embedder | None:
             batch_size=settings.embedder_batch_size,
             max_retries=settings.embedder_max_retries,
         )
-    raise ValueError(f"unknown embedder {kind!r}; expected 'local', 'openai' or 'none'")
+    raise ConfigurationError(f"unknown embedder {kind!r}; expected 'local', 'openai' or 'none'")

@@ -24,6 +24,7 @@ import httpx
 import numpy as np
 
 from service.embedders import backoff_delay, retry_after_seconds, retryable_status
+from service.errors import ConfigurationError
 
 if TYPE_CHECKING:  # pragma: no cover
     from service.settings import Settings
@@ -391,7 +392,7 @@ def build_scorer(settings: Settings, observer: ScorerObserver | None = None) -> 
         return LocalScorer(observer=observer)
     if settings.scorer == "openai":
         if not settings.scorer_base_url:
-            raise ValueError(
+            raise ConfigurationError(
                 "EARM_SCORER=openai requires EARM_SCORER_BASE_URL "
                 "(e.g. https://api.openai.com/v1 or http://localhost:8001/v1)"
             )
@@ -405,4 +406,4 @@ def build_scorer(settings: Settings, observer: ScorerObserver | None = None) -> 
             max_retries=settings.scorer_max_retries,
             observer=observer,
         )
-    raise ValueError(f"unknown scorer {settings.scorer!r}; expected 'local' or 'openai'")
+    raise ConfigurationError(f"unknown scorer {settings.scorer!r}; expected 'local' or 'openai'")

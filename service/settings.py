@@ -143,6 +143,19 @@ class Settings(BaseSettings):
     host: str = "127.0.0.1"
     port: int = Field(default=8000, ge=0, le=65535)
     log_level: str = "INFO"
+    header_timeout_s: float = Field(
+        default=10.0,
+        gt=0,
+        description="A request's line and headers must arrive within this time (earm serve "
+        "answers 408 and closes the connection otherwise); it also bounds a new connection's "
+        "silence before its first request.",
+    )
+    body_timeout_s: float = Field(
+        default=20.0,
+        gt=0,
+        description="A request's body must arrive within this time of its headers (408 "
+        "request_timeout, connection closed otherwise).",
+    )
 
     @field_validator("budget_schedule")
     @classmethod

@@ -14,7 +14,7 @@ from service.db import migrate
 from service.db.database import EmbeddedPostgres
 from service.settings import Settings
 
-TABLES = "namespaces, memories, queries, scores, memory_factors, api_keys"
+TABLES = "namespaces, memories, queries, scores, memory_factors, api_keys, auth_settings"
 
 
 @pytest.fixture(scope="session")

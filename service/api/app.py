@@ -15,7 +15,7 @@ from service.auth import Authenticator, authenticate
 from service.db.database import open_database, supervised
 from service.embedders import LocalEmbedder, build_embedder
 from service.indexing import BackgroundIndexer
-from service.limits import BodySizeLimit
+from service.limits import BodyLimits
 from service.observability import Metrics, RequestObservabilityMiddleware
 from service.retrieval.pipeline import RetrievalPipeline
 from service.scorers import build_scorer
@@ -32,7 +32,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         # In embedded mode, the server is restarted whenever it dies (service.db.database).
         async with open_database(settings) as database, supervised(database, settings):
-            # Seeds EARM_API_KEYS; refuses a non-loopback EARM_HOST without keys.
+            # Seeds EARM_API_KEYS; refuses a non-loopback EARM_HOST without key enforcement.
             app.state.authenticator = Authenticator.from_settings(settings, database.sessions)
             await app.state.authenticator.start(bind_host=settings.host)
             embedder = build_embedder(settings)
@@ -69,10 +69,13 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         version="1",
         summary="Retrieval for long-term agent memory that learns from its own reranking.",
         lifespan=lifespan,
-        # Every route needs a key once keys exist, except auth.PUBLIC_PATHS (docs/security.md).
+        # Every route needs a key once key enforcement is on, except auth.PUBLIC_PATHS
+        # (docs/security.md).
         dependencies=[Depends(authenticate)],
     )
-    app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
+    app.add_middleware(
+        BodyLimits, max_bytes=settings.max_body_bytes, timeout_s=settings.body_timeout_s
+    )
     app.state.metrics = metrics
     app.add_middleware(RequestObservabilityMiddleware, metrics=metrics)
     install_error_handlers(app)

@@ -16,6 +16,7 @@ from sqlalchemy import (
     Integer,
     MetaData,
     REAL,
+    SmallInteger,
     Text,
     false,
     func,
@@ -142,3 +143,13 @@ class ApiKey(Base):
     namespace_patterns: Mapped[list[str]] = mapped_column(ARRAY(Text))
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
     revoked_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+
+class AuthSettings(Base):
+    """The authentication mode, one row (none: key enforcement was never turned on)."""
+
+    __tablename__ = "auth_settings"
+
+    id: Mapped[int] = mapped_column(SmallInteger, primary_key=True, server_default="1")
+    key_enforcement: Mapped[bool] = mapped_column(Boolean)
+    changed_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
