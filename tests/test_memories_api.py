@@ -202,6 +202,43 @@ def test_non_finite_embedding_values_are_rejected(client: TestClient, literal: s
     assert "embedding" in response.json()["error"]["message"]
 
 
+# Vectors that are fine as JSON numbers (float64) but not as the float32 pgvector stores and
+# computes cosine similarity in.
+@pytest.mark.parametrize(
+    "embedding",
+    [
+        [1e-50] * DIM,
+        [1e-30] * DIM,
+        [1e39] + [0.1] * (DIM - 1),
+        [3.5e38] + [0.1] * (DIM - 1),
+        [1e38] * DIM,
+    ],
+    ids=[
+        "every-value-underflows-to-zero",
+        "squared-length-underflows-to-zero",
+        "value-beyond-float32",
+        "value-just-beyond-float32",
+        "squared-length-overflows",
+    ],
+)
+def test_vectors_unusable_as_float32_are_refused_for_memories_and_queries(
+    client: TestClient, embedding: list[float]
+) -> None:
+    refused = client.post(
+        "/memories", json={"namespace": "agent-1", "memories": [{"text": "x", "embedding": embedding}]}
+    )
+    assert refused.status_code == 422 and error_code(refused) == "invalid_input", refused.text
+    assert "memories[0].embedding" in refused.json()["error"]["message"]
+    ingest(client, "agent-1", [{"text": "x", "embedding": vector(1)}])
+    for policy in ("earm", "semantic"):
+        response = client.post(
+            "/retrieve",
+            json={"namespace": "agent-1", "query": "q", "query_embedding": embedding, "policy": policy},
+        )
+        assert response.status_code == 422 and error_code(response) == "invalid_input", response.text
+        assert "query_embedding" in response.json()["error"]["message"]
+
+
 def test_too_many_items_is_rejected(client: TestClient) -> None:
     memories = [{"text": "x", "embedding": [1.0] + [0.0] * (DIM - 1)}] * 1001
     response = client.post("/memories", json={"namespace": "agent-1", "memories": memories})

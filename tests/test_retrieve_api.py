@@ -455,6 +455,56 @@ def test_feedback_for_unknown_query_or_foreign_memory_is_a_404(judged_client: Te
     assert out_of_range.status_code == 422
 
 
+def test_a_zero_length_vector_already_stored_cannot_break_retrieval(clean_database: str) -> None:
+    """Rows stored before vectors were checked as float32 (or written by hand) may have no
+    length: the search and the content prior must treat them as orthogonal, never divide by
+    their zero norm."""
+    settings = Settings(
+        database_url=clean_database, embedder="local", scorer="local", refit_every=2,
+        refit_in_background=False, _env_file=None,
+    )
+    rng = np.random.default_rng(3)
+    with TestClient(create_app(settings)) as client:
+        memories = [{"text": f"m{i}", "embedding": unit(rng.normal(size=DIM)).tolist()} for i in range(12)]
+        assert client.post("/memories", json={"namespace": "agent-1", "memories": memories}).status_code == 201
+
+        def query() -> list[float]:
+            return unit(rng.normal(size=DIM)).tolist()
+
+        for _ in range(2):  # the second query's refit fits the content prior
+            retrieve(client, query="q", query_embedding=query(), policy="full")
+        engine = create_engine(clean_database)
+        with engine.begin() as conn:
+            assert conn.execute(
+                text("SELECT content_weights IS NOT NULL FROM namespaces WHERE name = 'agent-1'")
+            ).scalar_one()
+            zero_id = conn.execute(
+                text(
+                    "INSERT INTO memories (namespace, text, embedding, embedding_model) "
+                    "VALUES ('agent-1', 'zero', :zero, 'client') RETURNING id"
+                ),
+                {"zero": str([0.0] * DIM)},
+            ).scalar_one()
+        engine.dispose()
+        query_ids = {}
+        for policy in ("semantic", "earm", "full", "observed", "earm", "full"):
+            result = retrieve(client, query="q", query_embedding=query(), policy=policy, k=13)
+            query_ids[policy] = result["query_id"]
+            zero = next(m for m in result["memories"] if m["id"] == zero_id)
+            assert zero["similarity"] == 0.0
+            assert all(np.isfinite(m["score"]) for m in result["memories"])
+        feedback = client.post(
+            "/feedback",
+            json={"namespace": "agent-1", "query_id": query_ids["semantic"],
+                  "scores": [{"memory_id": zero_id, "score": 1.0}]},
+        )
+        assert feedback.status_code == 200, feedback.text
+        assert feedback.json()["recorded"] == 1
+        for _ in range(2):  # another refit, now with the zero row's observations
+            result = retrieve(client, query="q", query_embedding=query(), k=13)
+            assert all(np.isfinite(m["score"]) for m in result["memories"])
+
+
 def test_candidates_are_filled_when_namespace_is_a_small_share_of_the_table(
     client: TestClient,
 ) -> None:

@@ -453,11 +453,11 @@ class RetrievalPipeline:
         )
         if query_namespace != namespace:
             raise NotFound(f"query {query_id} does not exist in namespace {namespace!r}")
-        found = dict(
+        distances = dict(
             (
                 await session.execute(
                     text(
-                        "SELECT m.id, 1 - (m.embedding <=> q.embedding) "
+                        "SELECT m.id, m.embedding <=> q.embedding "
                         "FROM memories m JOIN queries q ON q.id = :query_id "
                         "WHERE m.namespace = :namespace AND m.id = ANY(CAST(:ids AS bigint[]))"
                     ),
@@ -469,10 +469,10 @@ class RetrievalPipeline:
                 )
             ).all()
         )
-        missing = sorted(set(int(m) for m in memory_ids) - set(found))
+        missing = sorted(set(int(m) for m in memory_ids) - set(distances))
         if missing:
             raise NotFound(f"memories {missing[:10]} do not exist in namespace {namespace!r}")
-        return np.array([found[int(m)] for m in memory_ids], dtype=np.float64)
+        return store.cosine_similarities([distances[int(m)] for m in memory_ids])
 
     # ------------------------------------------------------------------------------- refit
 
