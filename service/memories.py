@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -15,7 +16,7 @@ from sqlalchemy import delete, select
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from service.db.models import Memory, Namespace
+from service.db.models import MAX_BIGINT, Memory, Namespace
 from service.embedders import Embedder, EmbedderError
 from service.errors import (
     DimensionMismatch,
@@ -241,18 +242,23 @@ async def get_memory(session: AsyncSession, memory_id: int) -> Memory:
     return memory
 
 
+_CURSOR = re.compile(r"m[1-9][0-9]{0,18}")
+
+
 def encode_cursor(last_id: int) -> str:
     return base64.urlsafe_b64encode(f"m{last_id}".encode()).decode().rstrip("=")
 
 
 def decode_cursor(cursor: str) -> int:
+    """The id :func:`encode_cursor` wrote, or InvalidInput for anything it cannot have written:
+    int() also reads signs, spaces and underscores, and an id past bigint failed in SQL (500)."""
     try:
         raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
-        if not raw.startswith("m"):
-            raise ValueError(raw)
-        return int(raw[1:])
-    except (binascii.Error, UnicodeDecodeError, ValueError) as exc:
-        raise InvalidInput("cursor is not one this service returned") from exc
+    except (binascii.Error, UnicodeDecodeError):
+        raw = ""
+    if not _CURSOR.fullmatch(raw) or int(raw[1:]) > MAX_BIGINT:
+        raise InvalidInput("cursor is not one this service returned")
+    return int(raw[1:])
 
 
 async def list_memories(

@@ -276,9 +276,20 @@ def test_non_integer_memory_id_is_a_422(client: TestClient) -> None:
     assert response.status_code == 422 and error_code(response) == "validation_error"
 
 
-def test_forged_cursor_is_rejected(client: TestClient) -> None:
-    response = client.get("/memories", params={"namespace": "agent-1", "cursor": "!!!"})
-    assert response.status_code == 422 and error_code(response) == "invalid_input"
+@pytest.mark.parametrize(
+    "cursor",
+    [
+        "!!!",
+        "bTk5OTk5OTk5OTk5OTk5OTk5OTk5OTk5OTk5OTk5OTk5",  # m + 32 nines: past bigint
+        "bTkyMjMzNzIwMzY4NTQ3NzU4MDg",  # m + 2**63
+        "bS0x",  # m-1
+        "bTFfMA",  # m1_0, which int() reads as 10
+    ],
+)
+def test_forged_cursor_is_rejected(client: TestClient, cursor: str) -> None:
+    ingest(client, "agent-1", [{"text": "x", "embedding": vector(1)}])
+    response = client.get("/memories", params={"namespace": "agent-1", "cursor": cursor})
+    assert response.status_code == 422 and error_code(response) == "invalid_input", response.text
 
 
 def test_health_and_readiness(client: TestClient) -> None:

@@ -8,6 +8,7 @@ from typing import Annotated, Any, Literal
 from fastapi import Path
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
+from service.db.models import MAX_BIGINT
 from service.limits import storable_text_problem
 
 NAMESPACE_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$"
@@ -20,9 +21,8 @@ NamespaceName = Annotated[
         examples=["agent-42"],
     ),
 ]
-# Ids are Postgres bigints: larger numbers can name nothing, so they are refused at the edge
-# (422) instead of reaching SQL.
-MAX_BIGINT = 2**63 - 1
+# Ids beyond MAX_BIGINT can name nothing, so they are refused at the edge (422) instead of
+# reaching SQL.
 DatabaseId = Annotated[int, Field(ge=1, le=MAX_BIGINT)]
 MemoryId = Annotated[int, Path(ge=1, le=MAX_BIGINT, description="A memory id.")]
 # NaN and infinities are legal in Python's JSON parser; refuse them at the edge.
