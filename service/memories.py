@@ -5,8 +5,8 @@ from __future__ import annotations
 import base64
 import binascii
 import re
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Hashable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field, fields
 from datetime import datetime
 from typing import Any
 
@@ -84,6 +84,16 @@ def check_embedding(vector: Sequence[float], dim: int, what: str) -> np.ndarray:
     return array
 
 
+def repeats(keys: Iterable[Hashable | None]) -> Iterator[tuple[int, int]]:
+    """(first position, position) of each key that occurred before; None keys are skipped."""
+    first_positions: dict[Hashable, int] = {}
+    for position, key in enumerate(keys):
+        if key is not None:
+            first = first_positions.setdefault(key, position)
+            if first != position:
+                yield first, position
+
+
 async def embed_texts(embedder: Embedder | None, texts: Sequence[str]) -> np.ndarray:
     """Embed texts with the configured embedder, translating its failures to a domain error."""
     if embedder is None:
@@ -109,8 +119,16 @@ async def ingest(
 ) -> IngestResult:
     """Store a batch; a retry with the same external ids returns the same ids and creates nothing.
 
-    Existing external ids are looked up first so a retried batch costs no embedder calls.
+    Existing external ids are looked up first so a retried batch costs no embedder calls. An
+    external id repeated within the batch is one memory, so its items must be the same.
     """
+    for first, position in repeats(item.external_id for item in items):
+        if differing := _differing_fields(items[first], items[position]):
+            raise InvalidInput(
+                f"memories[{first}] and memories[{position}] share external_id "
+                f"{items[first].external_id!r} but differ in {', '.join(differing)}: "
+                "one of them would be lost"
+            )
     external_ids = [item.external_id for item in items if item.external_id is not None]
     known: dict[str, int] = {}
     if external_ids:
@@ -164,6 +182,10 @@ async def ingest(
         if item.external_id is not None:
             ids[position] = known[item.external_id]
     return IngestResult(ids=[int(i) for i in ids], created=created, existing=len(items) - created)
+
+
+def _differing_fields(one: NewMemory, other: NewMemory) -> list[str]:
+    return [f.name for f in fields(NewMemory) if getattr(one, f.name) != getattr(other, f.name)]
 
 
 _INSERT_SQL = """

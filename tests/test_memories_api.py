@@ -108,6 +108,26 @@ def test_duplicate_external_id_within_a_batch_maps_to_one_memory(client: TestCli
     assert body["created"] == 1 and body["existing"] == 1
 
 
+def test_duplicate_external_id_within_a_batch_with_other_content_is_refused(
+    client: TestClient,
+) -> None:
+    response = client.post(
+        "/memories",
+        json={
+            "namespace": "agent-1",
+            "memories": [
+                {"text": "first", "embedding": vector(1), "external_id": "dup"},
+                {"text": "other", "embedding": vector(2), "external_id": "unique"},
+                {"text": "second", "embedding": vector(1), "external_id": "dup"},
+            ],
+        },
+    )
+    assert response.status_code == 422 and error_code(response) == "invalid_input"
+    message = response.json()["error"]["message"]
+    assert "memories[0]" in message and "memories[2]" in message and "text" in message
+    assert client.get("/memories", params={"namespace": "agent-1"}).json()["memories"] == []
+
+
 def test_listing_pages_through_every_memory_once(client: TestClient) -> None:
     ids = ingest(
         client, "agent-1", [{"text": f"m{i}", "embedding": vector(i)} for i in range(23)]

@@ -455,6 +455,27 @@ def test_feedback_for_unknown_query_or_foreign_memory_is_a_404(judged_client: Te
     assert out_of_range.status_code == 422
 
 
+def test_feedback_naming_a_memory_twice_is_refused(client: TestClient, settings: Settings) -> None:
+    memories = [{"text": f"m{i}", "embedding": unit(np.arange(DIM) + i).tolist()} for i in range(3)]
+    ids = client.post("/memories", json={"namespace": "agent-1", "memories": memories}).json()["ids"]
+    query_id = retrieve(client, query="q", query_embedding=unit(np.ones(DIM)).tolist(), policy="semantic")["query_id"]
+    scores = [
+        {"memory_id": ids[0], "score": 1.0},
+        {"memory_id": ids[1], "score": 0.5},
+        {"memory_id": ids[0], "score": 0.0},
+    ]
+    response = client.post("/feedback", json={"namespace": "agent-1", "query_id": query_id, "scores": scores})
+    assert response.status_code == 422, response.text
+    error = response.json()["error"]
+    assert error["code"] == "invalid_input"
+    assert "scores[0]" in error["message"] and "scores[2]" in error["message"]
+    engine = create_engine(settings.database_url)
+    with engine.connect() as conn:
+        recorded = conn.execute(text("SELECT count(*) FROM scores WHERE source = 'feedback'")).scalar_one()
+    engine.dispose()
+    assert recorded == 0
+
+
 def test_a_zero_length_vector_already_stored_cannot_break_retrieval(clean_database: str) -> None:
     """Rows stored before vectors were checked as float32 (or written by hand) may have no
     length: the search and the content prior must treat them as orthogonal, never divide by

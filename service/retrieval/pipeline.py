@@ -23,7 +23,7 @@ from service.completion.similarity import (
 )
 from service.embedders import Embedder
 from service.errors import InvalidInput, LimitExceeded, NotFound
-from service.memories import check_embedding, embed_texts
+from service.memories import check_embedding, embed_texts, repeats
 from service.retrieval import store
 from service.retrieval.budget import BudgetSchedule, anchor_seed, sample_anchors
 from service.retrieval.rerank import (
@@ -414,8 +414,13 @@ class RetrievalPipeline:
         """Record client observations for a past query; returns (recorded, already_observed).
 
         The query's own parameters and the touched memory rows are re-solved at once, so the
-        next query already benefits.
+        next query already benefits. A memory may be scored once per request: of two scores
+        for it, one would be dropped.
         """
+        for first, position in repeats(memory_ids):
+            raise InvalidInput(
+                f"scores[{first}] and scores[{position}] both score memory {memory_ids[first]}"
+            )
         ids = np.asarray(memory_ids, dtype=np.int64)
         values = np.asarray(scores, dtype=np.float64)
         async with self.sessions() as session:
@@ -441,7 +446,7 @@ class RetrievalPipeline:
                 )
                 await self._resolve_memory_rows(session, namespace, inserted_ids, state.mean_score)
             await session.commit()
-        return len(inserted_ids), len(np.unique(ids)) - len(inserted_ids)
+        return len(inserted_ids), len(ids) - len(inserted_ids)
 
     async def _check_feedback_targets(
         self, session: AsyncSession, namespace: str, query_id: int, memory_ids: np.ndarray
