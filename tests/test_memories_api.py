@@ -187,7 +187,14 @@ def test_delete_removes_memory_and_its_observations(client: TestClient, settings
         ({"text": 42, "embedding": vector(1)}, "validation_error"),
         ({"text": "x", "embedding": "not a list"}, "validation_error"),
         ({"text": "x", "embedding": [0.0] * DIM}, "invalid_input"),
+        ({"text": " \n\t\u3000", "embedding": vector(1)}, "validation_error"),
         ({"text": "x", "occurred_at": "yesterday-ish"}, "validation_error"),
+        # Numbers (and numeric strings) would be read as Unix time, in seconds or, past 2e10,
+        # milliseconds: only an ISO-8601 string says which instant it means.
+        ({"text": "x", "occurred_at": -62135596801}, "validation_error"),
+        ({"text": "x", "occurred_at": 1700000000}, "validation_error"),
+        ({"text": "x", "occurred_at": 1700000000.5}, "validation_error"),
+        ({"text": "x", "occurred_at": "1700000000"}, "validation_error"),
         ({"text": "x", "unknown_field": 1}, "validation_error"),
     ],
     ids=[
@@ -197,7 +204,12 @@ def test_delete_removes_memory_and_its_observations(client: TestClient, settings
         "text-not-a-string",
         "embedding-not-a-list",
         "zero-vector",
+        "whitespace-only-text",
         "bad-timestamp",
+        "timestamp-as-negative-number",
+        "timestamp-as-seconds",
+        "timestamp-as-float",
+        "timestamp-as-numeric-string",
         "unknown-field",
     ],
 )

@@ -581,6 +581,7 @@ def test_local_scorer_and_embedder_answer_without_any_network(client: TestClient
         ({"candidates": 1001}, 413, "limit_exceeded"),
         ({"k": 0}, 422, "validation_error"),
         ({"query": ""}, 422, "validation_error"),
+        ({"query": " \t\n"}, 422, "validation_error"),
         ({"query_embedding": [0.1, 0.2]}, 422, "dimension_mismatch"),
         ({"namespace": "nobody-here"}, 404, "not_found"),
     ],
