@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import json
 import re
 from collections.abc import Hashable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, fields
@@ -201,6 +202,25 @@ _INSERT_SQL = """
 """
 
 
+# A JSON string, or a number in exponent form with a positive exponent: json.dumps writes
+# every float from 1e16 up (and no int) that way.
+_STRING_OR_LARGE_FLOAT = re.compile(r'"(?:[^"\\]|\\.)*"|-?[0-9]+(?:\.[0-9]+)?e\+[0-9]+')
+
+
+def metadata_json(metadata: dict[str, Any]) -> str:
+    """JSON text of a metadata object in which every float reads back from JSONB as a float.
+
+    JSONB stores numbers as numeric, which prints 1e308 (from json.dumps's "1e+308") as a
+    309-digit integer, so it read back as an int. Such floats are written out in full with a
+    ".0", which numeric keeps; the decimal is exact, so it reads back as the same float."""
+    text = json.dumps(metadata)
+    if "e+" not in text:
+        return text
+    return _STRING_OR_LARGE_FLOAT.sub(
+        lambda match: match[0] if match[0].startswith('"') else f"{float(match[0]):.1f}", text
+    )
+
+
 async def _insert_memories(
     session: AsyncSession,
     namespace: str,
@@ -221,7 +241,7 @@ async def _insert_memories(
             "embeddings": [np.asarray(v, dtype=np.float32) for v in vectors],
             "models": list(model_ids),
             "occurred_at": [item.occurred_at for item in items],
-            "metadata": [Jsonb(item.metadata) for item in items],
+            "metadata": [Jsonb(item.metadata, dumps=metadata_json) for item in items],
         },
     )
     return [(int(mid), ext) for mid, ext in await cursor.fetchall()]

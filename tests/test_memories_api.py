@@ -271,6 +271,24 @@ def test_vectors_unusable_as_float32_are_refused_for_memories_and_queries(
         assert "query_embedding" in response.json()["error"]["message"]
 
 
+def test_floats_in_metadata_read_back_as_floats(client: TestClient) -> None:
+    # JSONB keeps numbers as numeric, which prints 1e308 as a 309-digit integer.
+    metadata = {"huge": 1e308, "big": 1e16, "negative": -2.5e20, "count": 10**20, "small": 1e-7}
+    memory_id = ingest(
+        client, "agent-1", [{"text": "x", "embedding": vector(1), "metadata": metadata}]
+    )["ids"][0]
+    read = client.get(f"/memories/{memory_id}").json()["metadata"]
+    listed = client.get("/memories", params={"namespace": "agent-1"}).json()["memories"][0]
+    retrieved = client.post(
+        "/retrieve", json={"namespace": "agent-1", "query": "q", "query_embedding": vector(1)}
+    ).json()["memories"][0]
+    for got in (read, listed["metadata"], retrieved["metadata"]):
+        assert got == metadata
+        assert {key: type(value) for key, value in got.items()} == {
+            key: type(value) for key, value in metadata.items()
+        }
+
+
 def test_too_many_items_is_rejected(client: TestClient) -> None:
     memories = [{"text": "x", "embedding": [1.0] + [0.0] * (DIM - 1)}] * 1001
     response = client.post("/memories", json={"namespace": "agent-1", "memories": memories})
