@@ -309,11 +309,20 @@ def test_malformed_namespace_is_rejected(client: TestClient, namespace: str) -> 
     assert response.status_code == 422 and "namespace" in response.json()["error"]["message"]
 
 
-def test_malformed_json_is_a_400(client: TestClient) -> None:
-    response = client.post(
-        "/memories", content=b'{"namespace": "a", "memories": [', headers={"content-type": "application/json"}
-    )
-    assert response.status_code == 400 and error_code(response) == "malformed_json"
+@pytest.mark.parametrize(
+    "body",
+    [
+        b'{"namespace": "a", "memories": [',
+        b'{"namespace": "a\xc3\x28", "memories": []}',
+        b'{"namespace": "a", "memories": ' + b"[" * 100_000 + b"]" * 100_000 + b"}",
+        b'{"namespace": "a", "memories": [{"text": "x", "n": 1' + b"0" * 5000 + b"}]}",
+    ],
+    ids=["truncated", "invalid-utf8", "100k-deep-arrays", "5000-digit-number"],
+)
+def test_malformed_json_is_a_400(client: TestClient, body: bytes) -> None:
+    response = client.post("/memories", content=body, headers={"content-type": "application/json"})
+    assert response.status_code == 400 and error_code(response) == "malformed_json", response.text
+    assert response.json()["error"]["message"].startswith("request body is not valid JSON")
 
 
 def test_unknown_memory_id_is_a_404(client: TestClient) -> None:
