@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import json
+import re
 from datetime import datetime
+from pathlib import Path
 
 import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import create_engine, text
+
+from service.api.errors import status_for
+from service.errors import EarmError
 
 DIM = 384
 
@@ -349,6 +354,30 @@ def test_forged_cursor_is_rejected(client: TestClient, cursor: str) -> None:
     ingest(client, "agent-1", [{"text": "x", "embedding": vector(1)}])
     response = client.get("/memories", params={"namespace": "agent-1", "cursor": cursor})
     assert response.status_code == 422 and error_code(response) == "invalid_input", response.text
+
+
+def readme_error_table() -> set[tuple[int, str]]:
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    section = readme.split("## Errors", 1)[1].split("\n## ", 1)[0]
+    rows = re.findall(r"^\| (\d{3}) \| `(\w+)` \|", section, re.MULTILINE)
+    return {(int(status), code) for status, code in rows}
+
+
+def domain_errors(cls: type[EarmError] = EarmError) -> list[type[EarmError]]:
+    return [sub for direct in cls.__subclasses__() for sub in (direct, *domain_errors(direct))]
+
+
+def test_every_error_code_the_api_answers_with_is_in_the_readme_table(client: TestClient) -> None:
+    answered = {(status_for(error("")), error.code) for error in domain_errors()}
+    for response in (
+        client.put("/memories/1"),
+        client.get("/no-such-route"),
+        client.get("/memories/abc"),
+        client.post("/memories", content=b"{", headers={"content-type": "application/json"}),
+    ):
+        answered.add((response.status_code, error_code(response)))
+    assert (405, "method_not_allowed") in answered
+    assert answered - readme_error_table() == set()
 
 
 def test_health_and_readiness(client: TestClient) -> None:
