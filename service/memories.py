@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import base64
-import binascii
 import json
 import re
 from collections.abc import Hashable, Iterable, Iterator, Sequence
@@ -296,7 +295,7 @@ def decode_cursor(cursor: str) -> int:
     int() also reads signs, spaces and underscores, and an id past bigint failed in SQL (500)."""
     try:
         raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
-    except (binascii.Error, UnicodeDecodeError):
+    except ValueError:  # not ASCII, not base64 (binascii.Error) or not UTF-8 underneath
         raw = ""
     if not _CURSOR.fullmatch(raw) or int(raw[1:]) > MAX_BIGINT:
         raise InvalidInput("cursor is not one this service returned")

@@ -348,6 +348,7 @@ def test_non_integer_memory_id_is_a_422(client: TestClient) -> None:
         "bTkyMjMzNzIwMzY4NTQ3NzU4MDg",  # m + 2**63
         "bS0x",  # m-1
         "bTFfMA",  # m1_0, which int() reads as 10
+        "b\u00e9",  # not ASCII, so not base64 at all
     ],
 )
 def test_forged_cursor_is_rejected(client: TestClient, cursor: str) -> None:
