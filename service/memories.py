@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import base64
-import binascii
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+import json
+import re
+from collections.abc import Hashable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field, fields
 from datetime import datetime
 from typing import Any
 
@@ -15,7 +16,7 @@ from sqlalchemy import delete, select
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from service.db.models import Memory, Namespace
+from service.db.models import MAX_BIGINT, Memory, Namespace
 from service.embedders import Embedder, EmbedderError
 from service.errors import (
     DimensionMismatch,
@@ -50,18 +51,47 @@ class MemoryPage:
 
 
 def check_embedding(vector: Sequence[float], dim: int, what: str) -> np.ndarray:
-    """A client-supplied vector as float32, or a precise error."""
-    array = np.asarray(vector, dtype=np.float64)
+    """A client-supplied vector (a memory's or a query's) as float32, or a precise error.
+
+    The checks look at the float32 values pgvector stores, not at the JSON numbers: 1e-50 is
+    not zero but becomes 0, 1e39 is finite but becomes infinite. pgvector's cosine distance
+    also sums the squares in float32, so the squared length must be positive and finite there
+    too (384 x 1e-30 or 384 x 1e38 have none); a vector without one would make every
+    similarity to it NaN, and the content prior divide by its zero norm."""
+    with np.errstate(over="ignore", under="ignore"):
+        array = np.asarray(vector, dtype=np.float32)
+        squared_length = np.sum(np.square(array), dtype=np.float32)
     if array.ndim != 1 or array.shape[0] != dim:
         raise DimensionMismatch(
             f"{what} has {array.shape[0] if array.ndim == 1 else array.shape} dimensions; "
             f"this deployment uses {dim}"
         )
     if not np.all(np.isfinite(array)):
-        raise InvalidInput(f"{what} contains NaN or infinite values")
+        raise InvalidInput(
+            f"{what} has NaN, infinite or out-of-range values: vectors are stored as 32-bit "
+            "floats, whose magnitude ends at 3.4e38"
+        )
     if not np.any(array):
-        raise InvalidInput(f"{what} is all zeros, which has no cosine similarity")
-    return array.astype(np.float32)
+        raise InvalidInput(
+            f"{what} is all zeros as 32-bit floats (magnitudes below 1.4e-45 round to 0), "
+            "which has no cosine similarity"
+        )
+    if not 0 < squared_length < np.inf:
+        raise InvalidInput(
+            f"{what} has no length in 32-bit floats (its squared length "
+            f"{'overflows' if squared_length else 'rounds to 0'}): scale it, e.g. to unit length"
+        )
+    return array
+
+
+def repeats(keys: Iterable[Hashable | None]) -> Iterator[tuple[int, int]]:
+    """(first position, position) of each key that occurred before; None keys are skipped."""
+    first_positions: dict[Hashable, int] = {}
+    for position, key in enumerate(keys):
+        if key is not None:
+            first = first_positions.setdefault(key, position)
+            if first != position:
+                yield first, position
 
 
 async def embed_texts(embedder: Embedder | None, texts: Sequence[str]) -> np.ndarray:
@@ -89,8 +119,16 @@ async def ingest(
 ) -> IngestResult:
     """Store a batch; a retry with the same external ids returns the same ids and creates nothing.
 
-    Existing external ids are looked up first so a retried batch costs no embedder calls.
+    Existing external ids are looked up first so a retried batch costs no embedder calls. An
+    external id repeated within the batch is one memory, so its items must be the same.
     """
+    for first, position in repeats(item.external_id for item in items):
+        if differing := _differing_fields(items[first], items[position]):
+            raise InvalidInput(
+                f"memories[{first}] and memories[{position}] share external_id "
+                f"{items[first].external_id!r} but differ in {', '.join(differing)}: "
+                "one of them would be lost"
+            )
     external_ids = [item.external_id for item in items if item.external_id is not None]
     known: dict[str, int] = {}
     if external_ids:
@@ -146,6 +184,10 @@ async def ingest(
     return IngestResult(ids=[int(i) for i in ids], created=created, existing=len(items) - created)
 
 
+def _differing_fields(one: NewMemory, other: NewMemory) -> list[str]:
+    return [f.name for f in fields(NewMemory) if getattr(one, f.name) != getattr(other, f.name)]
+
+
 _INSERT_SQL = """
     INSERT INTO memories (namespace, external_id, text, embedding, embedding_model, occurred_at,
                           metadata)
@@ -157,6 +199,25 @@ _INSERT_SQL = """
     ON CONFLICT (namespace, external_id) DO NOTHING
     RETURNING id, external_id
 """
+
+
+# A JSON string, or a number in exponent form with a positive exponent: json.dumps writes
+# every float from 1e16 up (and no int) that way.
+_STRING_OR_LARGE_FLOAT = re.compile(r'"(?:[^"\\]|\\.)*"|-?[0-9]+(?:\.[0-9]+)?e\+[0-9]+')
+
+
+def metadata_json(metadata: dict[str, Any]) -> str:
+    """JSON text of a metadata object in which every float reads back from JSONB as a float.
+
+    JSONB stores numbers as numeric, which prints 1e308 (from json.dumps's "1e+308") as a
+    309-digit integer, so it read back as an int. Such floats are written out in full with a
+    ".0", which numeric keeps; the decimal is exact, so it reads back as the same float."""
+    text = json.dumps(metadata)
+    if "e+" not in text:
+        return text
+    return _STRING_OR_LARGE_FLOAT.sub(
+        lambda match: match[0] if match[0].startswith('"') else f"{float(match[0]):.1f}", text
+    )
 
 
 async def _insert_memories(
@@ -179,7 +240,7 @@ async def _insert_memories(
             "embeddings": [np.asarray(v, dtype=np.float32) for v in vectors],
             "models": list(model_ids),
             "occurred_at": [item.occurred_at for item in items],
-            "metadata": [Jsonb(item.metadata) for item in items],
+            "metadata": [Jsonb(item.metadata, dumps=metadata_json) for item in items],
         },
     )
     return [(int(mid), ext) for mid, ext in await cursor.fetchall()]
@@ -222,18 +283,23 @@ async def get_memory(session: AsyncSession, memory_id: int) -> Memory:
     return memory
 
 
+_CURSOR = re.compile(r"m[1-9][0-9]{0,18}")
+
+
 def encode_cursor(last_id: int) -> str:
     return base64.urlsafe_b64encode(f"m{last_id}".encode()).decode().rstrip("=")
 
 
 def decode_cursor(cursor: str) -> int:
+    """The id :func:`encode_cursor` wrote, or InvalidInput for anything it cannot have written:
+    int() also reads signs, spaces and underscores, and an id past bigint failed in SQL (500)."""
     try:
         raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
-        if not raw.startswith("m"):
-            raise ValueError(raw)
-        return int(raw[1:])
-    except (binascii.Error, UnicodeDecodeError, ValueError) as exc:
-        raise InvalidInput("cursor is not one this service returned") from exc
+    except ValueError:  # not ASCII, not base64 (binascii.Error) or not UTF-8 underneath
+        raw = ""
+    if not _CURSOR.fullmatch(raw) or int(raw[1:]) > MAX_BIGINT:
+        raise InvalidInput("cursor is not one this service returned")
+    return int(raw[1:])
 
 
 async def list_memories(

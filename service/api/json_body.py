@@ -6,8 +6,10 @@ floats), ``json.loads`` took 45–60 ms, most of the service's CPU per batch; ``
 takes 22–30 ms for the same objects (NaN and Infinity literals included, which the checks
 then reject with a clear 422). A document it refuses goes to ``json.loads``, which has the last
 word: JSON that only the standard library takes (escaped lone surrogates, which the text checks
-turn into a 422) keeps working, and a malformed body still raises :class:`json.JSONDecodeError`,
-FastAPI's 400 ``malformed_json``.
+turn into a 422) keeps working, and a body neither reads raises :class:`json.JSONDecodeError`,
+FastAPI's 400 ``malformed_json``, with pydantic-core's reason. (``json.loads`` refuses invalid
+UTF-8, nesting past the recursion limit and integers of more than 4300 digits with other
+errors, which FastAPI answers with a bare 400 ``http_error``.)
 """
 
 from __future__ import annotations
@@ -27,8 +29,12 @@ class FastJSONRequest(Request):
             body = await self.body()
             try:
                 self._json = pydantic_core.from_json(body)
-            except ValueError:
-                self._json = json.loads(body)
+            except ValueError as fast_error:
+                try:
+                    self._json = json.loads(body)
+                except (ValueError, RecursionError) as exc:
+                    # pydantic-core's reason, which has the line and column
+                    raise json.JSONDecodeError(str(fast_error), "", 0) from exc
         return self._json
 
 

@@ -6,8 +6,9 @@ from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
 from fastapi import Path
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
 
+from service.db.models import MAX_BIGINT
 from service.limits import storable_text_problem
 
 NAMESPACE_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$"
@@ -20,9 +21,8 @@ NamespaceName = Annotated[
         examples=["agent-42"],
     ),
 ]
-# Ids are Postgres bigints: larger numbers can name nothing, so they are refused at the edge
-# (422) instead of reaching SQL.
-MAX_BIGINT = 2**63 - 1
+# Ids beyond MAX_BIGINT can name nothing, so they are refused at the edge (422) instead of
+# reaching SQL.
 DatabaseId = Annotated[int, Field(ge=1, le=MAX_BIGINT)]
 MemoryId = Annotated[int, Path(ge=1, le=MAX_BIGINT, description="A memory id.")]
 # NaN and infinities are legal in Python's JSON parser; refuse them at the edge.
@@ -37,6 +37,30 @@ def _storable(value: str) -> str:
     return value
 
 
+def _not_blank(value: str) -> str:
+    # Only whitespace says nothing to embed or to score, and a scorer would see an empty text.
+    if not value.strip():
+        raise ValueError("is only whitespace")
+    return value
+
+
+def _iso_8601_only(value: Any) -> Any:
+    # pydantic also reads a number, or a string of one, as Unix time: in seconds, or in
+    # milliseconds past 2e10 (so -62135596801, meant as year 1, was a date in 1968). Only an
+    # ISO-8601 string says which instant it means.
+    if not isinstance(value, str) or _is_number(value):
+        raise ValueError("must be an ISO-8601 date-time string, e.g. 2023-05-08T13:56:00Z")
+    return value
+
+
+def _is_number(value: str) -> bool:
+    try:
+        float(value)
+    except ValueError:
+        return False
+    return True
+
+
 def _representable(value: datetime) -> datetime:
     # A time Postgres and Python can both give back: within years 1..9999 once in UTC. It is
     # passed on in UTC (the same instant): Postgres rejects UTC offsets beyond ±15:59, which
@@ -49,9 +73,13 @@ def _representable(value: datetime) -> datetime:
     return value
 
 
-NonEmptyText = Annotated[str, Field(min_length=1), AfterValidator(_storable)]
+NonEmptyText = Annotated[
+    str, Field(min_length=1), AfterValidator(_storable), AfterValidator(_not_blank)
+]
 ExternalId = Annotated[str, Field(min_length=1, max_length=256), AfterValidator(_storable)]
-Timestamp = Annotated[datetime, AfterValidator(_representable)]
+Timestamp = Annotated[
+    datetime, BeforeValidator(_iso_8601_only), AfterValidator(_representable)
+]
 
 
 class StrictModel(BaseModel):

@@ -23,7 +23,7 @@ from service.completion.similarity import (
 )
 from service.embedders import Embedder
 from service.errors import InvalidInput, LimitExceeded, NotFound
-from service.memories import check_embedding, embed_texts
+from service.memories import check_embedding, embed_texts, repeats
 from service.retrieval import store
 from service.retrieval.budget import BudgetSchedule, anchor_seed, sample_anchors
 from service.retrieval.rerank import (
@@ -414,8 +414,13 @@ class RetrievalPipeline:
         """Record client observations for a past query; returns (recorded, already_observed).
 
         The query's own parameters and the touched memory rows are re-solved at once, so the
-        next query already benefits.
+        next query already benefits. A memory may be scored once per request: of two scores
+        for it, one would be dropped.
         """
+        for first, position in repeats(memory_ids):
+            raise InvalidInput(
+                f"scores[{first}] and scores[{position}] both score memory {memory_ids[first]}"
+            )
         ids = np.asarray(memory_ids, dtype=np.int64)
         values = np.asarray(scores, dtype=np.float64)
         async with self.sessions() as session:
@@ -443,7 +448,7 @@ class RetrievalPipeline:
                 )
                 await self._resolve_memory_rows(session, namespace, inserted_ids, state.mean_score)
             await session.commit()
-        return len(inserted_ids), len(np.unique(ids)) - len(inserted_ids)
+        return len(inserted_ids), len(ids) - len(inserted_ids)
 
     async def _check_feedback_targets(
         self, session: AsyncSession, namespace: str, query_id: int, memory_ids: np.ndarray
@@ -455,11 +460,11 @@ class RetrievalPipeline:
         )
         if query_namespace != namespace:
             raise NotFound(f"query {query_id} does not exist in namespace {namespace!r}")
-        found = dict(
+        distances = dict(
             (
                 await session.execute(
                     text(
-                        "SELECT m.id, 1 - (m.embedding <=> q.embedding) "
+                        "SELECT m.id, m.embedding <=> q.embedding "
                         "FROM memories m JOIN queries q ON q.id = :query_id "
                         "WHERE m.namespace = :namespace AND m.id = ANY(CAST(:ids AS bigint[]))"
                     ),
@@ -471,10 +476,10 @@ class RetrievalPipeline:
                 )
             ).all()
         )
-        missing = sorted(set(int(m) for m in memory_ids) - set(found))
+        missing = sorted(set(int(m) for m in memory_ids) - set(distances))
         if missing:
             raise NotFound(f"memories {missing[:10]} do not exist in namespace {namespace!r}")
-        return np.array([found[int(m)] for m in memory_ids], dtype=np.float64)
+        return store.cosine_similarities([distances[int(m)] for m in memory_ids])
 
     # ------------------------------------------------------------------------------- refit
 

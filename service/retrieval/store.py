@@ -139,8 +139,19 @@ def _namespace_state(row: Sequence[Any] | None, namespace: str) -> NamespaceStat
 
 def _content_sql(embedding: str, weights: str) -> str:
     """The content prior's e_m·w in SQL, e_m the unit embedding (<#> is the negated inner
-    product); NULL while the namespace has no weights (before its first refit)."""
-    return f"-({embedding} <#> {weights}) / vector_norm({embedding})"
+    product); NULL while the namespace has no weights (before its first refit), and for an
+    embedding of zero length, which has no unit vector (ingest refuses them, but rows stored
+    before it checked vectors as float32 may have one; dividing by its norm failed every
+    search of the namespace)."""
+    return f"-({embedding} <#> {weights}) / nullif(vector_norm({embedding}), 0)"
+
+
+def cosine_similarities(distances: Sequence[float]) -> np.ndarray:
+    """1 - pgvector's cosine distances, 0 (orthogonal) where a distance is NaN: pgvector's
+    answer for a vector of zero length (or one whose float32 squared length overflows), which
+    ingest refuses but older rows may have."""
+    similarities = 1.0 - np.asarray(distances, dtype=np.float64)
+    return np.where(np.isnan(similarities), 0.0, similarities)
 
 
 _CANDIDATE_COLUMNS = f"""
@@ -251,7 +262,7 @@ def _candidates(rows: Sequence[Sequence[Any]], rank: int) -> Candidates:
     # from_index, bias, factors, observation_count.
     return Candidates(
         ids=np.array([r[0] for r in rows], dtype=np.int64),
-        similarities=np.array([1.0 - r[5] for r in rows], dtype=np.float64),
+        similarities=cosine_similarities([r[5] for r in rows]),
         memory_bias=np.array([r[8] or 0.0 for r in rows], dtype=np.float64),
         memory_factors=factor_matrix([r[9] for r in rows], rank),
         observation_count=np.array([r[10] or 0 for r in rows], dtype=np.int64),
