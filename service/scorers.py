@@ -43,6 +43,7 @@ __all__ = [
     "ScorerObserver",
     "build_scorer",
     "cosine_to_score",
+    "observe_all",
     "parse_score",
 ]
 
@@ -118,6 +119,16 @@ def _notify(observer: ScorerObserver | None, scorer: str, outcome: Outcome, dura
         observer(scorer, outcome, duration_s)
     except Exception:  # pragma: no cover - an observer bug is logged, not propagated
         logger.exception("relevance scorer: observer failed")
+
+
+def observe_all(*observers: ScorerObserver) -> ScorerObserver:
+    """One observer that tells each of ``observers``, a failing one never stopping the rest."""
+
+    def observe(scorer: str, outcome: Outcome, duration_s: float) -> None:
+        for observer in observers:
+            _notify(observer, scorer, outcome, duration_s)
+
+    return observe
 
 
 @runtime_checkable

@@ -22,8 +22,9 @@ import httpx
 import numpy as np
 import pytest
 from fastapi.testclient import TestClient
+from prometheus_client.parser import text_string_to_metric_families
 
-from bench.loopback import LoopbackServer, chat_completions_app
+from bench.loopback import HTTPFault, LoopbackServer, chat_completions_app
 from service.api.app import create_app
 from service.db import migrate
 from service.db.database import EmbeddedPostgres
@@ -172,6 +173,56 @@ def test_the_first_retrieve_after_a_storm_of_scorer_timeouts_is_scored(
     assert recovered["degraded"] is False, recovered["timings"]
     assert recovered["scorer_calls"] == concurrency
     assert judge.state.calls - calls_before == concurrency
+
+
+def test_stats_and_metrics_report_a_failing_scorer_until_it_recovers(
+    judge_settings: Callable[..., Settings],
+) -> None:
+    failing = threading.Event()
+    failing.set()
+
+    def reply(prompt: str) -> str:
+        if failing.is_set():
+            raise HTTPFault(500, "judge down")
+        return "0.6"
+
+    def scorer_gauges(client: TestClient) -> dict[str, float]:
+        names = ("earm_scorer_recent_calls", "earm_scorer_recent_success_ratio", "earm_scorer_healthy")
+        return {
+            sample.name: sample.value
+            for family in text_string_to_metric_families(client.get("/metrics").text)
+            for sample in family.samples
+            if sample.name in names and sample.labels == {"scorer": "openai"}
+        }
+
+    with LoopbackServer(chat_completions_app(reply)) as server:
+        settings = judge_settings(server.url, embedder="none", scorer_max_retries=0)
+        with TestClient(create_app(settings)) as client:
+            stock(client, 12)
+            query = {"namespace": "agent-1", "query": "q", "candidates": 12, "policy": "full"}
+            assert client.post("/retrieve", json=query | {"query_embedding": vector(1)}).json()["degraded"]
+            down = client.get("/stats", params={"namespace": "agent-1"}).json()["scorer"]
+            listed = client.get("/stats").json()["scorer"]
+            down_gauges = scorer_gauges(client)
+            ready = client.get("/readyz").status_code
+
+            failing.clear()
+            for seed in (2, 3, 4):
+                assert not client.post("/retrieve", json=query | {"query_embedding": vector(seed)}).json()["degraded"]
+            up = client.get("/stats", params={"namespace": "agent-1"}).json()["scorer"]
+            up_gauges = scorer_gauges(client)
+
+    failed = {"name": "openai", "recent_calls": 12, "recent_success_rate": 0.0, "healthy": False}
+    assert down == listed == failed
+    assert down_gauges == {
+        "earm_scorer_recent_calls": 12.0,
+        "earm_scorer_recent_success_ratio": 0.0,
+        "earm_scorer_healthy": 0.0,
+    }
+    assert ready == 200  # /readyz is about the database; retrieves still answer
+    assert up == {"name": "openai", "recent_calls": 48, "recent_success_rate": 0.75, "healthy": True}
+    assert up_gauges["earm_scorer_recent_success_ratio"] == 0.75
+    assert up_gauges["earm_scorer_healthy"] == 1.0
 
 
 # ----------------------------------------------------------------------------- embedder
