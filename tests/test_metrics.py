@@ -171,7 +171,8 @@ metrics.observe_request("POST", "/retrieve", 200, 0.3)
 SCRAPE = """
 from service.observability import Metrics
 from service.retrieval.budget import BudgetSchedule
-print(Metrics().render(None, BudgetSchedule.parse("0:1.0")).decode())
+from service.scorer_health import ScorerHealth
+print(Metrics().render(None, BudgetSchedule.parse("0:1.0"), ScorerHealth("openai").snapshot()).decode())
 """
 
 

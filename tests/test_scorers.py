@@ -331,6 +331,32 @@ def test_openai_scorer_concurrent_requests_share_one_limit(serve: list[LoopbackS
     assert app.state.max_in_flight == 3
 
 
+def test_openai_scorer_slots_survive_a_cancellation_at_any_point_of_a_call(
+    serve: list[LoopbackServer],
+) -> None:
+    """Wherever a cancellation lands (waiting for a slot, connecting, sending, reading or
+    closing the response), every slot still serves the next call."""
+    server = start(serve, chat_completions_app(lambda prompt: "0.5"))
+    concurrency = 4
+    memories = [f"m{i}" for i in range(concurrency)]
+    embeddings = np.zeros((concurrency, DIM))
+
+    async def cancel_at_every_step_then_score() -> list[float | None]:
+        scorer = make_scorer(server.url, timeout_s=0.5, concurrency=concurrency, max_retries=0)
+        try:
+            for steps in range(50):
+                call = asyncio.create_task(scorer.score("q", QUERY_EMBEDDING, memories, embeddings))
+                for _ in range(steps):  # one event-loop iteration each
+                    await asyncio.sleep(0)
+                call.cancel()
+                await asyncio.gather(call, return_exceptions=True)
+            return await scorer.score("q", QUERY_EMBEDDING, memories, embeddings)
+        finally:
+            await scorer.aclose()
+
+    assert asyncio.run(cancel_at_every_step_then_score()) == [0.5] * concurrency
+
+
 def test_openai_scorer_gives_none_when_nothing_listens() -> None:
     with socket.socket() as sock:  # bound but not listening: connections are refused
         sock.bind(("127.0.0.1", 0))

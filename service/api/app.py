@@ -18,7 +18,8 @@ from service.indexing import BackgroundIndexer
 from service.limits import BodyLimits
 from service.observability import Metrics, RequestObservabilityMiddleware
 from service.retrieval.pipeline import RetrievalPipeline
-from service.scorers import build_scorer
+from service.scorer_health import ScorerHealth
+from service.scorers import build_scorer, observe_all
 from service.settings import Settings
 
 
@@ -39,7 +40,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             if isinstance(embedder, LocalEmbedder):
                 # Load the ONNX model now, not on the first request (~0.4 s).
                 await asyncio.to_thread(embedder.load)
-            scorer = build_scorer(settings, observer=metrics.observe_scorer_call)
+            scorer_health = ScorerHealth(settings.scorer)
+            scorer = build_scorer(
+                settings, observer=observe_all(metrics.observe_scorer_call, scorer_health)
+            )
             pipeline = RetrievalPipeline(database.sessions, embedder, scorer, settings)
             # Started now: memories left unindexed by an earlier run are indexed first.
             indexer = BackgroundIndexer(
@@ -51,6 +55,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 database=database,
                 embedder=embedder,
                 scorer=scorer,
+                scorer_health=scorer_health,
                 pipeline=pipeline,
                 indexer=indexer,
                 metrics=metrics,

@@ -14,6 +14,7 @@ from service.embedders import Embedder
 from service.indexing import BackgroundIndexer
 from service.observability import Metrics
 from service.retrieval.pipeline import RetrievalPipeline
+from service.scorer_health import ScorerHealth
 from service.scorers import RelevanceScorer
 from service.settings import Settings
 
@@ -26,6 +27,7 @@ class Components:
     database: Database
     embedder: Embedder | None
     scorer: RelevanceScorer
+    scorer_health: ScorerHealth
     pipeline: RetrievalPipeline
     indexer: BackgroundIndexer
     # Built by create_app before the lifespan (the middleware needs it); one per app.

@@ -16,6 +16,7 @@ from service.api.deps import ComponentsDep, SessionDep
 from service.api.schemas import ErrorResponse, NamespaceName
 from service.auth import AUTH_RESPONSES, DOCUMENT_BEARER, PrincipalDep, require_namespace
 from service.observability import CONTENT_TYPE_LATEST, annotate
+from service.scorer_health import MAX_AGE_S, MIN_CALLS, WINDOW_CALLS
 
 log = logging.getLogger(__name__)
 
@@ -57,13 +58,35 @@ class NamespaceStatsOut(BaseModel):
     last_refit_at: datetime | None
 
 
+class ScorerHealthOut(BaseModel):
+    """Health of the relevance scorer of the process that answered (not per namespace)."""
+
+    name: str = Field(description="The scorer (`EARM_SCORER`): `local` or `openai`.")
+    recent_calls: int = Field(
+        description=f"Scorer calls in the health window: the last {WINDOW_CALLS}, none older "
+        f"than {MAX_AGE_S:g} s."
+    )
+    recent_success_rate: float | None = Field(
+        description="Share of those calls that returned a score (null: no recent calls)."
+    )
+    healthy: bool = Field(
+        description=f"false once at least {MIN_CALLS} recent calls were made and fewer than "
+        "half succeeded: retrieves answer degraded and learning stalls."
+    )
+
+
+class NamespaceReportOut(NamespaceStatsOut):
+    scorer: ScorerHealthOut
+
+
 class StatsListOut(BaseModel):
     namespaces: list[NamespaceStatsOut]
+    scorer: ScorerHealthOut
 
 
 @router.get(
     "/stats",
-    response_model=NamespaceStatsOut | StatsListOut,
+    response_model=NamespaceReportOut | StatsListOut,
     dependencies=[DOCUMENT_BEARER],
     responses={**AUTH_RESPONSES, 404: {"model": ErrorResponse}, 422: {"model": ErrorResponse}},
 )
@@ -73,25 +96,27 @@ async def read_stats(
     session: SessionDep,
     principal: PrincipalDep,
     namespace: Annotated[NamespaceName | None, Query()] = None,
-) -> NamespaceStatsOut | StatsListOut:
+) -> NamespaceReportOut | StatsListOut:
     """One namespace's counts, budget, savings and completion quality; without `namespace`,
-    those of every namespace the API key may use."""
+    those of every namespace the API key may use. Both carry the scorer's health."""
     settings, schedule = components.settings, components.pipeline.schedule
+    scorer = ScorerHealthOut(**asdict(components.scorer_health.snapshot()))
     if namespace is None:
         rows = await stats_sql.all_namespace_stats(session, schedule, settings.default_candidates)
         return StatsListOut(
-            namespaces=[NamespaceStatsOut(**asdict(r)) for r in rows if principal.allows(r.namespace)]
+            namespaces=[NamespaceStatsOut(**asdict(r)) for r in rows if principal.allows(r.namespace)],
+            scorer=scorer,
         )
     annotate(request, namespace=namespace)
     require_namespace(principal, namespace)
     row = await stats_sql.namespace_stats(session, namespace, schedule, settings.default_candidates)
-    return NamespaceStatsOut(**asdict(row))
+    return NamespaceReportOut(**asdict(row), scorer=scorer)
 
 
 @router.get("/metrics", response_class=Response, responses={200: {"content": {CONTENT_TYPE_LATEST: {}}}})
 async def metrics(components: ComponentsDep) -> Response:
-    """Prometheus exposition: HTTP, retrieve, scorer metrics and gauges from the namespace
-    counters (which read the `namespaces` table only)."""
+    """Prometheus exposition: HTTP, retrieve, scorer metrics, the scorer's health and gauges
+    from the namespace counters (which read the `namespaces` table only)."""
     snapshot = None
     try:
         async with asyncio.timeout(METRICS_DATABASE_TIMEOUT_S):
@@ -99,5 +124,7 @@ async def metrics(components: ComponentsDep) -> Response:
                 snapshot = await stats_sql.counter_snapshot(session, METRICS_MAX_NAMESPACES)
     except Exception as exc:  # the process metrics are still worth serving
         log.warning("metrics: database gauges unavailable: %s", type(exc).__name__)
-    body = components.metrics.render(snapshot, components.pipeline.schedule)
+    body = components.metrics.render(
+        snapshot, components.pipeline.schedule, components.scorer_health.snapshot()
+    )
     return Response(content=body, media_type=CONTENT_TYPE_LATEST)
