@@ -8,18 +8,22 @@ revocation time. Keys come from ``earm keys create`` or are seeded from ``EARM_A
 Every route is authenticated by one app-level dependency (``service.http.deps.authenticate``,
 which asks :class:`Authenticator`) except the public ones (``service.http.deps.PUBLIC_PATHS``,
 plus the docs, which are not API routes); handlers then call :func:`require_namespace` for the
-namespace they touch. Two modes:
+namespace they touch. Two modes, stored in the database (table ``auth_settings``) so that
+revoking every key does not reopen access:
 
-- **keys configured** (at least one unrevoked key): a request without a valid key gets 401
-  ``unauthenticated``; a namespace outside the key's patterns gets 403 ``forbidden``.
-- **no keys**: a request without credentials acts as an anonymous admin, but only loopback
-  clients are served (``earm serve`` refuses a non-loopback bind address, and requests from
-  non-loopback peers get 401) unless ``EARM_ALLOW_ANONYMOUS=true``.
+- **key enforcement on**: a request without a valid key gets 401 ``unauthenticated``; a
+  namespace outside the key's patterns gets 403 ``forbidden``. The first key ever created (by
+  ``earm keys create`` or from ``EARM_API_KEYS``) turns it on.
+- **key enforcement off** (a fresh deployment, or after ``earm keys enforcement off``): a
+  request without credentials acts as an anonymous admin, but only loopback clients are served
+  (``earm serve`` refuses a non-loopback bind address, and requests from non-loopback peers get
+  401) unless ``EARM_ALLOW_ANONYMOUS=true``.
 
 Credentials, when sent, are always checked: an unknown or revoked key gets 401 in both modes.
 
-Lookups are cached in-process for ``EARM_AUTH_CACHE_TTL_S`` (default 2 s): a revoked key stops
-working, and a new key starts working, within that time on every replica.
+Lookups and the mode are cached in-process for ``EARM_AUTH_CACHE_TTL_S`` (default 2 s): a
+revoked key stops working, a new key starts working and a mode change takes effect within that
+time on every replica.
 """
 
 from __future__ import annotations
@@ -38,7 +42,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from service.db import keys as key_table
 from service.db.keys import KeyRecord
-from service.errors import Forbidden, Unauthenticated
+from service.errors import ConfigurationError, Forbidden, Unauthenticated
 from service.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -124,10 +128,10 @@ def parse_seed_keys(raw: str | None) -> list[SeedKey]:
         key, separator, patterns = entry.partition("=")
         key = key.strip()
         if not separator:
-            raise ValueError(f"EARM_API_KEYS entry {number} is not KEY=PATTERNS")
+            raise ConfigurationError(f"EARM_API_KEYS entry {number} is not KEY=PATTERNS")
         if len(key) < MIN_SEEDED_KEY_CHARS:
             # Never echo the key itself, not even in an error.
-            raise ValueError(
+            raise ConfigurationError(
                 f"EARM_API_KEYS entry {number}: the key is shorter than {MIN_SEEDED_KEY_CHARS} "
                 "characters; generate one with `python -c 'import secrets; "
                 "print(secrets.token_urlsafe(32))'`"
@@ -135,7 +139,7 @@ def parse_seed_keys(raw: str | None) -> list[SeedKey]:
         try:
             seeds.append(SeedKey(key, validate_patterns(patterns.split(","))))
         except ValueError as exc:
-            raise ValueError(f"EARM_API_KEYS entry {number}: {exc}") from None
+            raise ConfigurationError(f"EARM_API_KEYS entry {number}: {exc}") from None
     return seeds
 
 
@@ -166,11 +170,13 @@ def _peer_is_remote(host: str | None) -> bool:
 async def create_key(
     session: AsyncSession, patterns: Sequence[str], name: str | None = None
 ) -> tuple[str, KeyRecord]:
-    """Store a new key; returns (the key, its record). The key is not retrievable later."""
+    """Store a new key; returns (the key, its record). The key is not retrievable later. The
+    first key ever created turns key enforcement on."""
     key = generate_key()
     record = await key_table.insert_key(
         session, name or f"key-{hash_key(key)[:8]}", hash_key(key), validate_patterns(patterns)
     )
+    await key_table.enforce_keys_unless_decided(session)
     return key, record
 
 
@@ -179,6 +185,8 @@ async def seed_keys(session: AsyncSession, seeds: Sequence[SeedKey]) -> None:
     ``earm keys revoke`` stays revoked; its patterns follow the setting otherwise."""
     for seed in seeds:
         await key_table.upsert_seed_key(session, seed.name, hash_key(seed.key), seed.patterns)
+    if seeds:
+        await key_table.enforce_keys_unless_decided(session)
 
 
 # ---------------------------------------------------------------------------- authenticator
@@ -199,7 +207,7 @@ class Authenticator:
         self.allow_anonymous = allow_anonymous
         self.seeds = list(seeds)
         self._principals: dict[str, tuple[float, Principal | None]] = {}
-        self._keys_configured: tuple[float, bool] | None = None
+        self._keys_enforced: tuple[float, bool] | None = None
 
     @classmethod
     def from_settings(
@@ -218,22 +226,22 @@ class Authenticator:
                 await session.commit()
             log.info("seeded %d API key(s) from EARM_API_KEYS", len(self.seeds))
         if bind_host is not None and not is_loopback_host(bind_host):
-            if not self.allow_anonymous and not await self.keys_configured():
-                raise RuntimeError(
+            if not self.allow_anonymous and not await self.keys_enforced():
+                raise ConfigurationError(
                     f"refusing to serve on {bind_host}, a non-loopback address, without API "
                     "keys: create one with `earm keys create --namespaces '*'` (or set "
-                    "EARM_API_KEYS), or set EARM_ALLOW_ANONYMOUS=true to serve without "
-                    "authentication"
+                    "EARM_API_KEYS; `earm keys enforcement on` if keys exist), or set "
+                    "EARM_ALLOW_ANONYMOUS=true to serve without authentication"
                 )
 
-    async def keys_configured(self) -> bool:
+    async def keys_enforced(self) -> bool:
         now = time.monotonic()
-        if self._keys_configured is not None and self._keys_configured[0] > now:
-            return self._keys_configured[1]
+        if self._keys_enforced is not None and self._keys_enforced[0] > now:
+            return self._keys_enforced[1]
         async with self.sessions() as session:
-            configured = await key_table.any_active_key(session)
-        self._keys_configured = (now + self.ttl_s, configured)
-        return configured
+            enforced = await key_table.key_enforcement(session)
+        self._keys_enforced = (now + self.ttl_s, enforced)
+        return enforced
 
     async def principal_for_key(self, key: str) -> Principal | None:
         digest = hash_key(key)
@@ -261,11 +269,12 @@ class Authenticator:
             if principal is None:
                 raise Unauthenticated("the API key is unknown or revoked")
             return principal
-        if await self.keys_configured():
+        if await self.keys_enforced():
             raise Unauthenticated("send an API key as 'Authorization: Bearer <key>'")
         if self.allow_anonymous or not _peer_is_remote(peer):
             return ANONYMOUS
         raise Unauthenticated(
-            "no API keys are configured, so this service only answers loopback clients; "
-            "create a key with `earm keys create` or set EARM_ALLOW_ANONYMOUS=true"
+            "API keys are not enforced, so this service only answers loopback clients; "
+            "create a key with `earm keys create` (`earm keys enforcement on` if keys exist) "
+            "or set EARM_ALLOW_ANONYMOUS=true"
         )

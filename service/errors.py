@@ -66,3 +66,9 @@ class Forbidden(EarmError):
     """The API key is valid but its namespace patterns do not cover the namespace."""
 
     code = "forbidden"
+
+
+class ConfigurationError(ValueError):
+    """A setting, command-line argument or database that earm was pointed at cannot work. Raised
+    at start-up or by a CLI command, never while serving a request: the ``earm`` command prints
+    the message, which says what is wrong and how to fix it, as one line and exits non-zero."""

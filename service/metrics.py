@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import shutil
 import tempfile
@@ -33,6 +34,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.multiprocess import MultiProcessCollector
 
 from service.db.stats import CounterSnapshot
+from service.providers.scorer_health import ScorerHealthSnapshot
 from service.settings import BudgetSchedule
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -44,6 +46,7 @@ __all__ = [
     "Metrics",
     "database_gauges",
     "multiprocess_directory",
+    "scorer_health_gauges",
 ]
 
 log = logging.getLogger(__name__)
@@ -176,16 +179,45 @@ class Metrics:
     # ------------------------------------------------------------------------- exposition
 
     def render(
-        self, snapshot: CounterSnapshot | None, schedule: BudgetSchedule
+        self,
+        snapshot: CounterSnapshot | None,
+        schedule: BudgetSchedule,
+        scorer_health: ScorerHealthSnapshot,
     ) -> bytes:
         """The exposition: this app's (or every worker's) metrics plus the database gauges
-        (``snapshot`` None: the database did not answer, ``earm_database_up 0``)."""
+        (``snapshot`` None: the database did not answer, ``earm_database_up 0``) and the
+        scorer health gauges (of the process that answers the scrape)."""
         if self.multiprocess:
             families = list(MultiProcessCollector(None).collect())
         else:
             families = list(self.registry.collect())
         families.extend(database_gauges(snapshot, schedule))
+        families.extend(scorer_health_gauges(scorer_health))
         return generate_latest(_Families(families))  # type: ignore[arg-type]
+
+
+def scorer_health_gauges(health: ScorerHealthSnapshot) -> list[Metric]:
+    """The scorer's recent calls, their success ratio (NaN without recent calls) and whether
+    it counts as healthy, labelled by scorer."""
+    gauges = [
+        ("earm_scorer_recent_calls", "Scorer calls in the health window.", health.recent_calls),
+        (
+            "earm_scorer_recent_success_ratio",
+            "Share of the recent scorer calls that returned a score (NaN: none recently).",
+            math.nan if health.recent_success_rate is None else health.recent_success_rate,
+        ),
+        (
+            "earm_scorer_healthy",
+            "0 while most recent scorer calls fail (retrieves answer degraded), else 1.",
+            1.0 if health.healthy else 0.0,
+        ),
+    ]
+    families: list[Metric] = []
+    for name, documentation, value in gauges:
+        family = GaugeMetricFamily(name, documentation, labels=["scorer"])
+        family.add_metric([health.name], float(value))
+        families.append(family)
+    return families
 
 
 def database_gauges(snapshot: CounterSnapshot | None, schedule: BudgetSchedule) -> list[Metric]:

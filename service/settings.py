@@ -47,6 +47,24 @@ class Settings(BaseSettings):
         description="How often the background indexer looks for memories another process "
         "ingested (its own ingests wake it at once), and its wait after a database error.",
     )
+    embedded_watch_interval_s: float = Field(
+        default=1.0,
+        gt=0,
+        description="How often the service checks that its embedded Postgres is alive (it "
+        "restarts it when it died).",
+    )
+    embedded_restart_attempts: int = Field(
+        default=5,
+        ge=1,
+        le=100,
+        description="Attempts to restart a dead embedded Postgres before giving up (logged; "
+        "requests then answer 503 until earm is restarted).",
+    )
+    embedded_restart_backoff_s: float = Field(
+        default=1.0,
+        gt=0,
+        description="Wait after the first failed restart attempt, doubled after each further one.",
+    )
 
     # --- embedder -------------------------------------------------------------------------
     embedding_dim: int = Field(default=384, ge=1, le=16000)
@@ -126,6 +144,19 @@ class Settings(BaseSettings):
     host: str = "127.0.0.1"
     port: int = Field(default=8000, ge=0, le=65535)
     log_level: str = "INFO"
+    header_timeout_s: float = Field(
+        default=10.0,
+        gt=0,
+        description="A request's line and headers must arrive within this time (earm serve "
+        "answers 408 and closes the connection otherwise); it also bounds a new connection's "
+        "silence before its first request.",
+    )
+    body_timeout_s: float = Field(
+        default=20.0,
+        gt=0,
+        description="A request's body must arrive within this time of its headers (408 "
+        "request_timeout, connection closed otherwise).",
+    )
 
     @field_validator("budget_schedule")
     @classmethod

@@ -14,7 +14,7 @@ from service.db.engine import EmbeddedPostgres
 from service.http.app import create_app
 from service.settings import Settings
 
-TABLES = "namespaces, memories, queries, scores, memory_factors, api_keys"
+TABLES = "namespaces, memories, queries, scores, memory_factors, api_keys, auth_settings"
 
 
 @pytest.fixture(scope="session")

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from bench.loopback import LoopbackServer
+from service.bench.loopback import LoopbackServer
 from service.client import AsyncEarmClient, EarmAPIError, EarmClient
 from service.http.app import create_app
 from service.settings import Settings

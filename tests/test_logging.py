@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from bench.loopback import LoopbackServer, chat_completions_app
+from service.bench.loopback import LoopbackServer, chat_completions_app
 from service.http.app import create_app
 from service.logs import ACCESS_LOGGER, JsonFormatter
 from service.settings import Settings

@@ -14,7 +14,7 @@ import pytest
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
-from bench.loopback import LoopbackServer, chat_completions_app
+from service.bench.loopback import LoopbackServer, chat_completions_app
 from service.http.app import create_app
 from service.settings import Settings
 
@@ -171,7 +171,8 @@ metrics.observe_request("POST", "/retrieve", 200, 0.3)
 SCRAPE = """
 from service.metrics import Metrics
 from service.settings import BudgetSchedule
-print(Metrics().render(None, BudgetSchedule.parse("0:1.0")).decode())
+from service.providers.scorer_health import ScorerHealth
+print(Metrics().render(None, BudgetSchedule.parse("0:1.0"), ScorerHealth("openai").snapshot()).decode())
 """
 
 

@@ -1,4 +1,4 @@
-"""``earm keys create|list|revoke``: API keys from the command line (docs/security.md)."""
+"""``earm keys create|list|revoke|enforcement``: API keys from the command line (docs/security.md)."""
 
 from __future__ import annotations
 
@@ -7,14 +7,24 @@ import asyncio
 import sys
 from typing import Any
 
+from sqlalchemy.ext.asyncio import AsyncSession
+
 from service.auth import create_key, validate_patterns
 from service.db.engine import open_database
-from service.db.keys import list_keys, revoke_key
+from service.db.keys import (
+    KeyRecord,
+    count_active_keys,
+    key_enforcement,
+    list_keys,
+    revoke_key,
+    set_key_enforcement,
+)
+from service.errors import ConfigurationError
 from service.settings import Settings
 
 
 def add_keys_parser(commands: argparse._SubParsersAction) -> None:
-    """``earm keys create|list|revoke``."""
+    """``earm keys create|list|revoke|enforcement``."""
     keys = commands.add_parser("keys", help="manage API keys (docs/security.md)")
     actions = keys.add_subparsers(dest="keys_command", required=True)
 
@@ -35,6 +45,13 @@ def add_keys_parser(commands: argparse._SubParsersAction) -> None:
     revoke.add_argument("id", type=int)
     revoke.set_defaults(func=_cli_revoke)
 
+    enforcement = actions.add_parser(
+        "enforcement",
+        help="whether requests need a key: on from the first key until turned off here",
+    )
+    enforcement.add_argument("state", choices=["status", "on", "off"])
+    enforcement.set_defaults(func=_cli_enforcement)
+
 
 def _run_with_session(settings: Settings, work: Any) -> Any:
     async def run() -> Any:
@@ -48,8 +65,22 @@ def _run_with_session(settings: Settings, work: Any) -> Any:
 
 
 def _cli_create(args: argparse.Namespace, settings: Settings) -> int:
-    patterns = validate_patterns(p for group in args.namespaces for p in group.split(","))
-    key, record = _run_with_session(settings, lambda s: create_key(s, patterns, args.name))
+    try:
+        patterns = validate_patterns(p for group in args.namespaces for p in group.split(","))
+    except ValueError as exc:
+        raise ConfigurationError(f"--namespaces: {exc}") from None
+
+    async def create(session: AsyncSession) -> tuple[str, KeyRecord, bool]:
+        key, record = await create_key(session, patterns, args.name)
+        return key, record, await key_enforcement(session)
+
+    key, record, enforced = _run_with_session(settings, create)
+    if not enforced:
+        print(
+            "key enforcement is off: requests without a key are still served "
+            "(`earm keys enforcement on` to require keys)",
+            file=sys.stderr,
+        )
     print(
         f"created key {record.id} ({record.name}) for namespaces {', '.join(record.patterns)}; "
         "store it now, it cannot be shown again:",
@@ -75,3 +106,25 @@ def _cli_revoke(args: argparse.Namespace, settings: Settings) -> int:
         return 0
     print(f"no active key with id {args.id}", file=sys.stderr)
     return 1
+
+
+def _cli_enforcement(args: argparse.Namespace, settings: Settings) -> int:
+    async def apply(session: AsyncSession) -> tuple[bool, int]:
+        if args.state != "status":
+            await set_key_enforcement(session, args.state == "on")
+        return await key_enforcement(session), await count_active_keys(session)
+
+    enforced, active = _run_with_session(settings, apply)
+    keys = f"{active} active key{'' if active == 1 else 's'}"
+    if enforced:
+        consequence = "requests need an API key" + (
+            "" if active else "; with none active, only /healthz, /readyz and /metrics answer"
+        )
+    else:
+        consequence = "requests without a key are served as an anonymous admin, " + (
+            "from any client (EARM_ALLOW_ANONYMOUS=true)"
+            if settings.allow_anonymous
+            else "from loopback clients only"
+        )
+    print(f"key enforcement: {'on' if enforced else 'off'} ({keys}): {consequence}")
+    return 0

@@ -1,14 +1,35 @@
-"""How numbers travel to and from Postgres: ``real`` values and arrays, stored factor rows, and
-binary COPY streams (built and parsed in numpy, with no per-row Python)."""
+"""How numbers travel to and from Postgres: metadata floats in JSONB, ``real`` values and
+arrays, cosine distances, stored factor rows, and binary COPY streams (built and parsed in
+numpy, with no per-row Python)."""
 
 from __future__ import annotations
 
+import json
+import re
 import struct
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 import psycopg
+
+# A JSON string, or a number in exponent form with a positive exponent: json.dumps writes
+# every float from 1e16 up (and no int) that way.
+_STRING_OR_LARGE_FLOAT = re.compile(r'"(?:[^"\\]|\\.)*"|-?[0-9]+(?:\.[0-9]+)?e\+[0-9]+')
+
+
+def metadata_json(metadata: dict[str, Any]) -> str:
+    """JSON text of a metadata object in which every float reads back from JSONB as a float.
+
+    JSONB stores numbers as numeric, which prints 1e308 (from json.dumps's "1e+308") as a
+    309-digit integer, so it read back as an int. Such floats are written out in full with a
+    ".0", which numeric keeps; the decimal is exact, so it reads back as the same float."""
+    text = json.dumps(metadata)
+    if "e+" not in text:
+        return text
+    return _STRING_OR_LARGE_FLOAT.sub(
+        lambda match: match[0] if match[0].startswith('"') else f"{float(match[0]):.1f}", text
+    )
 
 
 def real_values(values: np.ndarray) -> np.ndarray:
@@ -28,6 +49,14 @@ def real_array_literals(rows: np.ndarray) -> list[str]:
     """Rows of a 2-D array as ``'{...}'`` literals for a ``real[]`` column (Postgres has no
     ragged 2-D arrays, so each row travels as text)."""
     return ["{" + ",".join(repr(x) for x in as_real(row)) + "}" for row in rows]
+
+
+def cosine_similarities(distances: Sequence[float]) -> np.ndarray:
+    """1 - pgvector's cosine distances, 0 (orthogonal) where a distance is NaN: pgvector's
+    answer for a vector of zero length (or one whose float32 squared length overflows), which
+    ingest refuses but older rows may have."""
+    similarities = 1.0 - np.asarray(distances, dtype=np.float64)
+    return np.where(np.isnan(similarities), 0.0, similarities)
 
 
 def factor_matrix(factor_lists: Sequence[Sequence[float] | None], rank: int) -> np.ndarray:

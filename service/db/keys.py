@@ -1,5 +1,6 @@
 """The ``api_keys`` rows: only each key's sha256 is stored, with its namespace patterns and an
-optional revocation time (the key logic is ``service.auth``). SQLAlchemy expressions: none of
+optional revocation time; and the ``auth_settings`` row, the key enforcement mode (the key
+logic is ``service.auth``). SQLAlchemy expressions: none of
 these statements is on a hot path (lookups are cached by the authenticator)."""
 
 from __future__ import annotations
@@ -8,11 +9,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
-from sqlalchemy import exists, func, insert, select, update
+from sqlalchemy import func, insert, select, update
 from sqlalchemy.dialects.postgresql import insert as upsert
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from service.db.models import ApiKey
+from service.db.models import ApiKey, AuthSettings
 
 
 @dataclass(frozen=True)
@@ -75,8 +76,37 @@ async def upsert_seed_key(
     )
 
 
-async def any_active_key(session: AsyncSession) -> bool:
-    return bool(await session.scalar(select(exists().where(ApiKey.revoked_at.is_(None)))))
+async def count_active_keys(session: AsyncSession) -> int:
+    active = await session.scalar(
+        select(func.count()).select_from(ApiKey).where(ApiKey.revoked_at.is_(None))
+    )
+    return int(active or 0)
+
+
+async def key_enforcement(session: AsyncSession) -> bool:
+    """Whether requests need a key. No row in ``auth_settings``: never turned on."""
+    return bool(await session.scalar(select(AuthSettings.key_enforcement)))
+
+
+async def set_key_enforcement(session: AsyncSession, enforced: bool) -> None:
+    """The operator's decision (``earm keys enforcement on|off``); creating keys never undoes it."""
+    statement = upsert(AuthSettings).values(id=1, key_enforcement=enforced)
+    await session.execute(
+        statement.on_conflict_do_update(
+            index_elements=[AuthSettings.id],
+            set_={"key_enforcement": statement.excluded.key_enforcement, "changed_at": func.now()},
+        )
+    )
+
+
+async def enforce_keys_unless_decided(session: AsyncSession) -> None:
+    """Called with every new key: the first one turns enforcement on; once the mode is stored
+    (on, or turned off by an operator), a new key leaves it as it is."""
+    await session.execute(
+        upsert(AuthSettings)
+        .values(id=1, key_enforcement=True)
+        .on_conflict_do_nothing(index_elements=[AuthSettings.id])
+    )
 
 
 async def active_key(

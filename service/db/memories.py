@@ -12,6 +12,7 @@ from psycopg.types.json import Jsonb
 from sqlalchemy import delete, select, text
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from service.db.codecs import metadata_json
 from service.db.engine import driver_connection
 from service.db.models import Memory
 
@@ -65,7 +66,7 @@ async def insert_memories(
             "embeddings": [np.asarray(v, dtype=np.float32) for v in vectors],
             "models": list(model_ids),
             "occurred_at": list(occurred_at),
-            "metadata": [Jsonb(m) for m in metadata],
+            "metadata": [Jsonb(m, dumps=metadata_json) for m in metadata],
         },
     )
     return [(int(mid), ext) for mid, ext in await cursor.fetchall()]

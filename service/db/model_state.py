@@ -6,8 +6,10 @@ after each query or feedback and replaced wholesale by a full refit (binary COPY
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Any
 
 import numpy as np
+import psycopg
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -19,8 +21,11 @@ from service.db.namespaces import namespace_state
 
 def content_sql(embedding: str, weights: str) -> str:
     """The content prior's e_m·w in SQL, e_m the unit embedding (<#> is the negated inner
-    product); NULL while the namespace has no weights (before its first refit)."""
-    return f"-({embedding} <#> {weights}) / vector_norm({embedding})"
+    product); NULL while the namespace has no weights (before its first refit), and for an
+    embedding of zero length, which has no unit vector (ingest refuses them, but rows stored
+    before it checked vectors as float32 may have one; dividing by its norm failed every
+    search of the namespace)."""
+    return f"-({embedding} <#> {weights}) / nullif(vector_norm({embedding}), 0)"
 
 
 async def add_feedback_to_mean(
@@ -102,6 +107,20 @@ async def update_query_factors(
     )
 
 
+async def _still_existing(
+    conn: psycopg.AsyncConnection[Any], memory_ids: np.ndarray
+) -> np.ndarray:
+    """A mask of the ``memory_ids`` not deleted. Run under the namespace's lock, which a
+    delete takes too: no delete is under way, and this statement sees every one committed."""
+    cursor = await conn.execute(
+        "SELECT t.id FROM unnest(%(ids)s::bigint[]) AS t(id) "
+        "WHERE NOT EXISTS (SELECT FROM memories m WHERE m.id = t.id)",
+        {"ids": [int(m) for m in memory_ids]},
+    )
+    deleted = [row[0] for row in await cursor.fetchall()]
+    return np.isin(memory_ids, deleted, invert=True)
+
+
 async def replace_model(
     session: AsyncSession,
     namespace: str,
@@ -118,9 +137,15 @@ async def replace_model(
 ) -> None:
     """Write a full refit: every memory row and query column of the namespace, and reset the
     counter. Rows travel by binary COPY (the memory side straight into ``memory_factors``,
-    emptied for the namespace first; the query side through a temporary table)."""
+    emptied for the namespace first; the query side through a temporary table). Memories
+    deleted since the observations were read get no row."""
     await namespace_state(session, namespace, for_update=True)
     conn = await driver_connection(session)
+    existing = await _still_existing(conn, memory_ids)
+    memory_ids, memory_bias, memory_factors, observation_count = (
+        np.asarray(values)[existing]
+        for values in (memory_ids, memory_bias, memory_factors, observation_count)
+    )
     await conn.execute("DELETE FROM memory_factors WHERE namespace = %s", (namespace,))
     if len(memory_ids):
         await copy_in(
@@ -158,13 +183,17 @@ async def replace_model(
             UPDATE namespaces SET queries_since_refit = 0, last_refit_at = :at,
                 content_slope = :content_slope,
                 content_weights = CAST(:content_weights AS vector),
-                score_sum = (SELECT coalesce(sum(score), 0) FROM scores WHERE namespace = :namespace),
+                score_sum = (SELECT coalesce(sum(score::text::float8), 0) FROM scores
+                             WHERE namespace = :namespace),
                 score_count = (SELECT count(*) FROM scores WHERE namespace = :namespace)
             WHERE name = :namespace
             """
         ),
         # The running mean is recomputed from the data under the namespace lock: it heals drift
-        # from deleted memories and counts observations recorded while the fit ran.
+        # from deleted memories and counts observations recorded while the fit ran. The sum is
+        # of the numbers the fit reads (see namespace_observations), in double precision: sum()
+        # of `real` adds in float32, whose rounding depends on the rows' physical order, so a
+        # replay of the same requests could get another mean.
         {
             "namespace": namespace,
             "at": refitted_at,

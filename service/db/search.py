@@ -16,7 +16,7 @@ import numpy as np
 from psycopg.types.json import Jsonb
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from service.db.codecs import factor_matrix
+from service.db.codecs import cosine_similarities, factor_matrix
 from service.db.engine import driver_connection
 from service.db.model_state import content_sql
 from service.db.namespaces import STATE_SQL, NamespaceState, state_from_row
@@ -152,7 +152,7 @@ def _candidates(rows: Sequence[Sequence[Any]], rank: int) -> Candidates:
     # from_index, bias, factors, observation_count.
     return Candidates(
         ids=np.array([r[0] for r in rows], dtype=np.int64),
-        similarities=np.array([1.0 - r[5] for r in rows], dtype=np.float64),
+        similarities=cosine_similarities([r[5] for r in rows]),
         memory_bias=np.array([r[8] or 0.0 for r in rows], dtype=np.float64),
         memory_factors=factor_matrix([r[9] for r in rows], rank),
         observation_count=np.array([r[10] or 0 for r in rows], dtype=np.int64),

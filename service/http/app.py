@@ -9,15 +9,17 @@ from contextlib import asynccontextmanager
 from fastapi import Depends, FastAPI
 
 from service.auth import Authenticator
-from service.db.engine import open_database
+from service.db.engine import open_database, supervised
 from service.http.deps import Components, authenticate
 from service.http.error_handlers import install_error_handlers
-from service.http.middleware import BodySizeLimit, RequestObservabilityMiddleware
+from service.http.middleware import BodyLimits, RequestObservabilityMiddleware
 from service.http.routes import health, memories, retrieve, stats
 from service.ingest.indexer import BackgroundIndexer
 from service.metrics import Metrics
 from service.providers.embedders import LocalEmbedder
 from service.providers.factory import build_embedder, build_scorer
+from service.providers.scorer_health import ScorerHealth
+from service.providers.scorers import observe_all
 from service.retrieve.pipeline import RetrievalPipeline
 from service.settings import Settings
 
@@ -30,15 +32,19 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        async with open_database(settings) as database:
-            # Seeds EARM_API_KEYS; refuses a non-loopback EARM_HOST without keys.
+        # In embedded mode, the server is restarted whenever it dies (service.db.engine).
+        async with open_database(settings) as database, supervised(database, settings):
+            # Seeds EARM_API_KEYS; refuses a non-loopback EARM_HOST without key enforcement.
             app.state.authenticator = Authenticator.from_settings(settings, database.sessions)
             await app.state.authenticator.start(bind_host=settings.host)
             embedder = build_embedder(settings)
             if isinstance(embedder, LocalEmbedder):
                 # Load the ONNX model now, not on the first request (~0.4 s).
                 await asyncio.to_thread(embedder.load)
-            scorer = build_scorer(settings, observer=metrics.observe_scorer_call)
+            scorer_health = ScorerHealth(settings.scorer)
+            scorer = build_scorer(
+                settings, observer=observe_all(metrics.observe_scorer_call, scorer_health)
+            )
             pipeline = RetrievalPipeline(database.sessions, embedder, scorer, settings)
             # Started now: memories left unindexed by an earlier run are indexed first.
             indexer = BackgroundIndexer(
@@ -50,6 +56,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 database=database,
                 embedder=embedder,
                 scorer=scorer,
+                scorer_health=scorer_health,
                 pipeline=pipeline,
                 indexer=indexer,
                 metrics=metrics,
@@ -68,10 +75,13 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         version="1",
         summary="Retrieval for long-term agent memory that learns from its own reranking.",
         lifespan=lifespan,
-        # Every route needs a key once keys exist, except auth.PUBLIC_PATHS (docs/security.md).
+        # Every route needs a key once key enforcement is on, except deps.PUBLIC_PATHS
+        # (docs/security.md).
         dependencies=[Depends(authenticate)],
     )
-    app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
+    app.add_middleware(
+        BodyLimits, max_bytes=settings.max_body_bytes, timeout_s=settings.body_timeout_s
+    )
     app.state.metrics = metrics
     app.add_middleware(RequestObservabilityMiddleware, metrics=metrics)
     install_error_handlers(app)

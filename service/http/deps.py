@@ -18,6 +18,7 @@ from service.http.schemas import ErrorResponse
 from service.ingest.indexer import BackgroundIndexer
 from service.metrics import Metrics
 from service.providers.embedders import Embedder
+from service.providers.scorer_health import ScorerHealth
 from service.providers.scorers import RelevanceScorer
 from service.retrieve.pipeline import RetrievalPipeline
 from service.settings import Settings
@@ -31,6 +32,7 @@ class Components:
     database: Database
     embedder: Embedder | None
     scorer: RelevanceScorer
+    scorer_health: ScorerHealth
     pipeline: RetrievalPipeline
     indexer: BackgroundIndexer
     # Built by create_app before the lifespan (the middleware needs it); one per app.
@@ -77,7 +79,7 @@ PUBLIC_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
 #: the routers that use it; the checking itself is :func:`authenticate`.
 bearer_scheme = HTTPBearer(
     auto_error=False,
-    description="An API key from `earm keys create` (required once any key exists).",
+    description="An API key from `earm keys create` (required once key enforcement is on).",
 )
 
 

@@ -98,7 +98,12 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        codes = {404: "not_found", 405: "method_not_allowed", 413: "payload_too_large"}
+        codes = {
+            404: "not_found",
+            405: "method_not_allowed",
+            408: "request_timeout",
+            413: "payload_too_large",
+        }
         return error_response(
             exc.status_code, codes.get(exc.status_code, "http_error"), str(exc.detail), exc.headers
         )

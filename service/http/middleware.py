@@ -1,9 +1,12 @@
 """What wraps every request before a handler sees it, and after.
 
-- :class:`BodySizeLimit` (ASGI middleware): the body limit applies before anything parses the
+- :class:`BodyLimits` (ASGI middleware): the body limits apply before anything parses the
   body: a ``Content-Length`` above ``EARM_MAX_BODY_BYTES`` is refused at once, and a body
   without one (chunked) is counted as it streams in and refused as soon as it crosses the
-  limit, so neither the JSON parser nor the process memory ever sees more than the limit.
+  limit, so neither the JSON parser nor the process memory ever sees more than the limit. A
+  body still incomplete ``EARM_BODY_TIMEOUT_S`` after its headers is answered 408, so a client
+  trickling its body cannot hold a connection (the time to send the headers is bounded by the
+  server, ``service.http.server``).
 - :class:`FastJSONRoute`: request bodies parsed by pydantic-core's JSON parser instead of the
   standard library's (below).
 - :class:`RequestObservabilityMiddleware` (ASGI middleware): request id (``X-Request-ID``
@@ -18,12 +21,15 @@ MB of floats), ``json.loads`` took 45–60 ms, most of the service's CPU per bat
 (Rust) takes 22–30 ms for the same objects (NaN and Infinity literals included, which the checks
 then reject with a clear 422). A document it refuses goes to ``json.loads``, which has the last
 word: JSON that only the standard library takes (escaped lone surrogates, which the text checks
-turn into a 422) keeps working, and a malformed body still raises :class:`json.JSONDecodeError`,
-FastAPI's 400 ``malformed_json``.
+turn into a 422) keeps working, and a body neither reads raises :class:`json.JSONDecodeError`,
+FastAPI's 400 ``malformed_json``, with pydantic-core's reason. (``json.loads`` refuses invalid
+UTF-8, nesting past the recursion limit and integers of more than 4300 digits with other
+errors, which FastAPI answers with a bare 400 ``http_error``.)
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import re
@@ -42,9 +48,10 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from service.logs import ACCESS_LOGGER, current_request_id
 from service.metrics import Metrics
 
-# ------------------------------------------------------------------------------ body size
+# ------------------------------------------------------------------------------ body limits
 
 PAYLOAD_TOO_LARGE = "payload_too_large"
+REQUEST_TIMEOUT = "request_timeout"
 
 
 class BodyTooLarge(HTTPException):
@@ -55,67 +62,91 @@ class BodyTooLarge(HTTPException):
         super().__init__(413, f"the request body exceeds {max_bytes} bytes (EARM_MAX_BODY_BYTES)")
 
 
-class BodySizeLimit:
-    """ASGI middleware: 413 ``payload_too_large`` for bodies over ``max_bytes``."""
+class BodyReadTimeout(HTTPException):
+    """Raised from ``receive`` when the body has not arrived within the body timeout; like
+    :class:`BodyTooLarge`, it reaches the app's error handler (408)."""
 
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+    def __init__(self, timeout_s: float) -> None:
+        super().__init__(
+            408, f"the request body did not arrive within {timeout_s:g} s (EARM_BODY_TIMEOUT_S)"
+        )
+
+
+def _declares_body(headers: Headers) -> bool:
+    return "transfer-encoding" in headers or headers.get("content-length", "0").strip() != "0"
+
+
+class BodyLimits:
+    """ASGI middleware: 413 ``payload_too_large`` for bodies over ``max_bytes``, 408
+    ``request_timeout`` for bodies not received whole within ``timeout_s``. A response that
+    starts before its request's body was read whole closes the connection, so the server stops
+    reading (or waiting for) the rest."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int, timeout_s: float) -> None:
         self.app = app
         self.max_bytes = max_bytes
+        self.timeout_s = timeout_s
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        declared = Headers(scope=scope).get("content-length")
+        headers = Headers(scope=scope)
+        declared = headers.get("content-length")
         if declared is not None:
             try:
                 too_large = int(declared) > self.max_bytes
             except ValueError:
                 too_large = False  # the server rejects a malformed Content-Length itself
             if too_large:
-                await self._refuse(send)
+                await self._refuse(send, BodyTooLarge(self.max_bytes), PAYLOAD_TOO_LARGE)
                 return
 
+        # The app is called once the headers are in: the whole body is due by then + timeout_s.
+        deadline = asyncio.get_running_loop().time() + self.timeout_s
         received = 0
+        body_complete = not _declares_body(headers)
         response_started = False
 
-        async def counting_receive() -> Message:
-            nonlocal received
-            message = await receive()
+        async def limited_receive() -> Message:
+            nonlocal received, body_complete
+            if body_complete:
+                return await receive()  # e.g. waiting for http.disconnect: not a body read
+            try:
+                async with asyncio.timeout_at(deadline):
+                    message = await receive()
+            except TimeoutError:
+                raise BodyReadTimeout(self.timeout_s) from None
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
                 if received > self.max_bytes:
                     raise BodyTooLarge(self.max_bytes)
+                body_complete = not message.get("more_body", False)
             return message
 
-        async def tracking_send(message: Message) -> None:
+        async def closing_send(message: Message) -> None:
             nonlocal response_started
             if message["type"] == "http.response.start":
                 response_started = True
+                if not body_complete:
+                    MutableHeaders(scope=message)["connection"] = "close"
             await send(message)
 
         try:
-            await self.app(scope, counting_receive, tracking_send)
-        except BodyTooLarge:
+            await self.app(scope, limited_receive, closing_send)
+        except (BodyTooLarge, BodyReadTimeout) as exc:
             # Read outside a FastAPI route (which would have answered already).
             if response_started:
                 raise
-            await self._refuse(send)
+            code = PAYLOAD_TOO_LARGE if isinstance(exc, BodyTooLarge) else REQUEST_TIMEOUT
+            await self._refuse(send, exc, code)
 
-    async def _refuse(self, send: Send) -> None:
-        body = json.dumps(
-            {
-                "error": {
-                    "code": PAYLOAD_TOO_LARGE,
-                    "message": f"the request body exceeds {self.max_bytes} bytes "
-                    "(EARM_MAX_BODY_BYTES)",
-                }
-            }
-        ).encode()
+    async def _refuse(self, send: Send, error: HTTPException, code: str) -> None:
+        body = json.dumps({"error": {"code": code, "message": error.detail}}).encode()
         await send(
             {
                 "type": "http.response.start",
-                "status": 413,
+                "status": error.status_code,
                 "headers": [
                     (b"content-type", b"application/json"),
                     (b"content-length", str(len(body)).encode()),
@@ -135,8 +166,12 @@ class FastJSONRequest(Request):
             body = await self.body()
             try:
                 self._json = pydantic_core.from_json(body)
-            except ValueError:
-                self._json = json.loads(body)
+            except ValueError as fast_error:
+                try:
+                    self._json = json.loads(body)
+                except (ValueError, RecursionError) as exc:
+                    # pydantic-core's reason, which has the line and column
+                    raise json.JSONDecodeError(str(fast_error), "", 0) from exc
         return self._json
 
 

@@ -6,9 +6,11 @@ from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
 from fastapi import Path
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
 
+from service.db.models import MAX_BIGINT
 from service.ingest.validation import storable_text_problem
+from service.providers.scorer_health import MAX_AGE_S, MIN_CALLS, WINDOW_CALLS
 
 NAMESPACE_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$"
 
@@ -20,9 +22,8 @@ NamespaceName = Annotated[
         examples=["agent-42"],
     ),
 ]
-# Ids are Postgres bigints: larger numbers can name nothing, so they are refused at the edge
-# (422) instead of reaching SQL.
-MAX_BIGINT = 2**63 - 1
+# Ids beyond MAX_BIGINT can name nothing, so they are refused at the edge (422) instead of
+# reaching SQL.
 DatabaseId = Annotated[int, Field(ge=1, le=MAX_BIGINT)]
 MemoryId = Annotated[int, Path(ge=1, le=MAX_BIGINT, description="A memory id.")]
 # NaN and infinities are legal in Python's JSON parser; refuse them at the edge.
@@ -37,6 +38,30 @@ def _storable(value: str) -> str:
     return value
 
 
+def _not_blank(value: str) -> str:
+    # Only whitespace says nothing to embed or to score, and a scorer would see an empty text.
+    if not value.strip():
+        raise ValueError("is only whitespace")
+    return value
+
+
+def _iso_8601_only(value: Any) -> Any:
+    # pydantic also reads a number, or a string of one, as Unix time: in seconds, or in
+    # milliseconds past 2e10 (so -62135596801, meant as year 1, was a date in 1968). Only an
+    # ISO-8601 string says which instant it means.
+    if not isinstance(value, str) or _is_number(value):
+        raise ValueError("must be an ISO-8601 date-time string, e.g. 2023-05-08T13:56:00Z")
+    return value
+
+
+def _is_number(value: str) -> bool:
+    try:
+        float(value)
+    except ValueError:
+        return False
+    return True
+
+
 def _representable(value: datetime) -> datetime:
     # A time Postgres and Python can both give back: within years 1..9999 once in UTC. It is
     # passed on in UTC (the same instant): Postgres rejects UTC offsets beyond ±15:59, which
@@ -49,9 +74,13 @@ def _representable(value: datetime) -> datetime:
     return value
 
 
-NonEmptyText = Annotated[str, Field(min_length=1), AfterValidator(_storable)]
+NonEmptyText = Annotated[
+    str, Field(min_length=1), AfterValidator(_storable), AfterValidator(_not_blank)
+]
 ExternalId = Annotated[str, Field(min_length=1, max_length=256), AfterValidator(_storable)]
-Timestamp = Annotated[datetime, AfterValidator(_representable)]
+Timestamp = Annotated[
+    datetime, BeforeValidator(_iso_8601_only), AfterValidator(_representable)
+]
 
 
 class StrictModel(BaseModel):
@@ -208,5 +237,27 @@ class NamespaceStatsOut(BaseModel):
     last_refit_at: datetime | None
 
 
+class ScorerHealthOut(BaseModel):
+    """Health of the relevance scorer of the process that answered (not per namespace)."""
+
+    name: str = Field(description="The scorer (`EARM_SCORER`): `local` or `openai`.")
+    recent_calls: int = Field(
+        description=f"Scorer calls in the health window: the last {WINDOW_CALLS}, none older "
+        f"than {MAX_AGE_S:g} s."
+    )
+    recent_success_rate: float | None = Field(
+        description="Share of those calls that returned a score (null: no recent calls)."
+    )
+    healthy: bool = Field(
+        description=f"false once at least {MIN_CALLS} recent calls were made and fewer than "
+        "half succeeded: retrieves answer degraded and learning stalls."
+    )
+
+
+class NamespaceReportOut(NamespaceStatsOut):
+    scorer: ScorerHealthOut
+
+
 class StatsListOut(BaseModel):
     namespaces: list[NamespaceStatsOut]
+    scorer: ScorerHealthOut

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import base64
-import binascii
+import re
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from datetime import datetime
 from typing import Any
 
@@ -13,9 +13,10 @@ import numpy as np
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from service.db import memories as memory_table
-from service.db.models import Memory
+from service.db.models import MAX_BIGINT, Memory
 from service.db.namespaces import ensure_namespace, namespace_state
 from service.errors import InvalidInput, NotFound
+from service.ingest.validation import repeats
 from service.providers.embedders import Embedder, check_embedding, embed_texts
 
 
@@ -50,8 +51,16 @@ async def ingest(
 ) -> IngestResult:
     """Store a batch; a retry with the same external ids returns the same ids and creates nothing.
 
-    Existing external ids are looked up first so a retried batch costs no embedder calls.
+    Existing external ids are looked up first so a retried batch costs no embedder calls. An
+    external id repeated within the batch is one memory, so its items must be the same.
     """
+    for first, position in repeats(item.external_id for item in items):
+        if differing := _differing_fields(items[first], items[position]):
+            raise InvalidInput(
+                f"memories[{first}] and memories[{position}] share external_id "
+                f"{items[first].external_id!r} but differ in {', '.join(differing)}: "
+                "one of them would be lost"
+            )
     external_ids = [item.external_id for item in items if item.external_id is not None]
     known: dict[str, int] = {}
     if external_ids:
@@ -105,6 +114,10 @@ async def ingest(
     return IngestResult(ids=[int(i) for i in ids], created=created, existing=len(items) - created)
 
 
+def _differing_fields(one: NewMemory, other: NewMemory) -> list[str]:
+    return [f.name for f in fields(NewMemory) if getattr(one, f.name) != getattr(other, f.name)]
+
+
 def _model_ids(
     embedder: Embedder | None, items: Sequence[NewMemory], pending: Sequence[int]
 ) -> list[str]:
@@ -142,18 +155,23 @@ async def get_memory(session: AsyncSession, memory_id: int) -> Memory:
     return memory
 
 
+_CURSOR = re.compile(r"m[1-9][0-9]{0,18}")
+
+
 def encode_cursor(last_id: int) -> str:
     return base64.urlsafe_b64encode(f"m{last_id}".encode()).decode().rstrip("=")
 
 
 def decode_cursor(cursor: str) -> int:
+    """The id :func:`encode_cursor` wrote, or InvalidInput for anything it cannot have written:
+    int() also reads signs, spaces and underscores, and an id past bigint failed in SQL (500)."""
     try:
         raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
-        if not raw.startswith("m"):
-            raise ValueError(raw)
-        return int(raw[1:])
-    except (binascii.Error, UnicodeDecodeError, ValueError) as exc:
-        raise InvalidInput("cursor is not one this service returned") from exc
+    except ValueError:  # not ASCII, not base64 (binascii.Error) or not UTF-8 underneath
+        raw = ""
+    if not _CURSOR.fullmatch(raw) or int(raw[1:]) > MAX_BIGINT:
+        raise InvalidInput("cursor is not one this service returned")
+    return int(raw[1:])
 
 
 async def list_memories(

@@ -1,5 +1,5 @@
 """Checks of client input that pydantic cannot express: text Postgres can store, metadata (and
-filter) size and depth, text length. Every violation is a domain error (413
+filter) size and depth, text length, keys repeated within one request. Every violation is a domain error (413
 ``limit_exceeded`` or 422 ``invalid_input`` at the HTTP edge). The body size limit, which
 applies before anything is parsed, is the HTTP layer's (``service.http.middleware``).
 """
@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Hashable, Iterable, Iterator
 from typing import Any
 
 from service.errors import InvalidInput, LimitExceeded
@@ -76,3 +77,13 @@ def check_metadata(value: dict[str, Any] | None, max_bytes: int, max_depth: int,
 def check_text_length(text: str, max_chars: int, what: str) -> None:
     if len(text) > max_chars:
         raise LimitExceeded(f"{what} has {len(text)} characters; the limit is {max_chars}")
+
+
+def repeats(keys: Iterable[Hashable | None]) -> Iterator[tuple[int, int]]:
+    """(first position, position) of each key that occurred before; None keys are skipped."""
+    first_positions: dict[Hashable, int] = {}
+    for position, key in enumerate(keys):
+        if key is not None:
+            first = first_positions.setdefault(key, position)
+            if first != position:
+                yield first, position

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import logging
 import re
 import time
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import httpx
@@ -117,16 +118,19 @@ class OpenAIChatScorer:
         # whenever a request starts or ends. Measured: 16 concurrent calls cost the client 29 ms
         # of CPU through one pool of 16, 17 ms through 16 single-connection clients.
         # They share one TLS context: loading the CA bundle costs ~25 ms per context.
-        tls = httpx.create_ssl_context()
+        self._tls = httpx.create_ssl_context()
         self._clients: asyncio.LifoQueue[httpx.AsyncClient] = asyncio.LifoQueue()
         for _ in range(concurrency):
-            self._clients.put_nowait(
-                httpx.AsyncClient(
-                    verify=tls,
-                    timeout=timeout_s,
-                    limits=httpx.Limits(max_connections=1, max_keepalive_connections=1),
-                )
-            )
+            self._clients.put_nowait(self._new_client())
+        # Closing of clients taken out of service (see _slot); awaited by aclose().
+        self._closing: set[asyncio.Task[None]] = set()
+
+    def _new_client(self) -> httpx.AsyncClient:
+        return httpx.AsyncClient(
+            verify=self._tls,
+            timeout=self.timeout_s,
+            limits=httpx.Limits(max_connections=1, max_keepalive_connections=1),
+        )
 
     @property
     def calls_ok(self) -> int:
@@ -181,13 +185,9 @@ class OpenAIChatScorer:
         try:
             # The deadline covers the wait for a slot too: one request's scoring never
             # outlives timeout_s, however many pairs queue behind a hung endpoint.
-            async with asyncio.timeout_at(deadline):
-                client = await self._clients.get()
-                try:
-                    started = time.perf_counter()
-                    value = await self._call_with_retries(client, body, deadline)
-                finally:
-                    self._clients.put_nowait(client)
+            async with asyncio.timeout_at(deadline), self._slot() as client:
+                started = time.perf_counter()
+                value = await self._call_with_retries(client, body, deadline)
             outcome = "ok"
         except TimeoutError:
             outcome = "timeout"
@@ -200,6 +200,45 @@ class OpenAIChatScorer:
         self.outcomes[outcome] += 1
         notify(self.observer, self.name, outcome, duration_s)
         return value, outcome
+
+    @contextlib.asynccontextmanager
+    async def _slot(self) -> AsyncIterator[httpx.AsyncClient]:
+        """A concurrency slot's client for one pair's call; the slot always goes back.
+
+        Its client goes back with it only if the call ended on its own: a score, or
+        :class:`_PairFailed` after a whole response or an error httpcore cleaned up after.
+        A call interrupted by asyncio cancellation (the request's deadline, or the request
+        cancelled) or by an unexpected error hands the slot a fresh client and closes the old
+        one. httpcore 1.0 shields its cleanup from anyio cancellation only, so a cancellation
+        landing between connecting and sending leaves the single connection NEW, and one
+        landing while the response is closed leaves it ACTIVE; the pool never reuses nor reaps
+        either (encode/httpcore#1093), and every later call on the slot would wait for the
+        pool until its deadline without reaching the endpoint.
+        """
+        client = await self._clients.get()
+        interrupted = True
+        try:
+            yield client
+            interrupted = False
+        except _PairFailed:
+            interrupted = False
+            raise
+        finally:
+            self._clients.put_nowait(self._new_client() if interrupted else client)
+            if interrupted:
+                self._retire(client)
+
+    def _retire(self, client: httpx.AsyncClient) -> None:
+        """Close ``client`` in the background: the pair's answer does not wait for it, and a
+        second cancellation of the pair cannot interrupt it."""
+        closing = asyncio.get_running_loop().create_task(client.aclose())
+        self._closing.add(closing)
+        closing.add_done_callback(self._closed)
+
+    def _closed(self, closing: asyncio.Task[None]) -> None:
+        self._closing.discard(closing)
+        if not closing.cancelled() and closing.exception() is not None:
+            logger.debug("relevance scorer: closing a retired client failed: %r", closing.exception())
 
     async def _call_with_retries(
         self, client: httpx.AsyncClient, body: dict[str, Any], deadline: float
@@ -252,6 +291,7 @@ class OpenAIChatScorer:
         """Close the HTTP clients (the scorer is not used afterwards)."""
         while not self._clients.empty():
             await self._clients.get_nowait().aclose()
+        await asyncio.gather(*self._closing, return_exceptions=True)
 
     def __repr__(self) -> str:  # no api key, ever
         return f"OpenAIChatScorer(url={self.url!r}, model={self.model!r}, concurrency={self.concurrency})"

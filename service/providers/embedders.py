@@ -87,18 +87,37 @@ def l2_normalise(vectors: np.ndarray) -> np.ndarray:
 
 
 def check_embedding(vector: Sequence[float], dim: int, what: str) -> np.ndarray:
-    """A client-supplied vector as float32, or a precise error."""
-    array = np.asarray(vector, dtype=np.float64)
+    """A client-supplied vector (a memory's or a query's) as float32, or a precise error.
+
+    The checks look at the float32 values pgvector stores, not at the JSON numbers: 1e-50 is
+    not zero but becomes 0, 1e39 is finite but becomes infinite. pgvector's cosine distance
+    also sums the squares in float32, so the squared length must be positive and finite there
+    too (384 x 1e-30 or 384 x 1e38 have none); a vector without one would make every
+    similarity to it NaN, and the content prior divide by its zero norm."""
+    with np.errstate(over="ignore", under="ignore"):
+        array = np.asarray(vector, dtype=np.float32)
+        squared_length = np.sum(np.square(array), dtype=np.float32)
     if array.ndim != 1 or array.shape[0] != dim:
         raise DimensionMismatch(
             f"{what} has {array.shape[0] if array.ndim == 1 else array.shape} dimensions; "
             f"this deployment uses {dim}"
         )
     if not np.all(np.isfinite(array)):
-        raise InvalidInput(f"{what} contains NaN or infinite values")
+        raise InvalidInput(
+            f"{what} has NaN, infinite or out-of-range values: vectors are stored as 32-bit "
+            "floats, whose magnitude ends at 3.4e38"
+        )
     if not np.any(array):
-        raise InvalidInput(f"{what} is all zeros, which has no cosine similarity")
-    return array.astype(np.float32)
+        raise InvalidInput(
+            f"{what} is all zeros as 32-bit floats (magnitudes below 1.4e-45 round to 0), "
+            "which has no cosine similarity"
+        )
+    if not 0 < squared_length < np.inf:
+        raise InvalidInput(
+            f"{what} has no length in 32-bit floats (its squared length "
+            f"{'overflows' if squared_length else 'rounds to 0'}): scale it, e.g. to unit length"
+        )
+    return array
 
 
 async def embed_texts(embedder: Embedder | None, texts: Sequence[str]) -> np.ndarray:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from service.errors import ConfigurationError
 from service.providers.chat_scorer import OpenAIChatScorer
 from service.providers.embedders import LOCAL_DIM, Embedder, LocalEmbedder
 from service.providers.openai_embedder import OpenAIEmbedder
@@ -16,14 +17,14 @@ def build_embedder(settings: Settings) -> Embedder | None:
         return None
     if kind == "local":
         if settings.embedding_dim != LOCAL_DIM:
-            raise ValueError(
+            raise ConfigurationError(
                 f"the local embedder produces {LOCAL_DIM}-d vectors but EARM_EMBEDDING_DIM="
                 f"{settings.embedding_dim}; set EARM_EMBEDDING_DIM={LOCAL_DIM} or use another embedder"
             )
         return LocalEmbedder(batch_size=settings.embedder_batch_size)
     if kind == "openai":
         if not settings.embedder_base_url:
-            raise ValueError(
+            raise ConfigurationError(
                 "EARM_EMBEDDER=openai requires EARM_EMBEDDER_BASE_URL "
                 "(e.g. https://api.openai.com/v1 or http://localhost:11434/v1)"
             )
@@ -37,7 +38,7 @@ def build_embedder(settings: Settings) -> Embedder | None:
             batch_size=settings.embedder_batch_size,
             max_retries=settings.embedder_max_retries,
         )
-    raise ValueError(f"unknown embedder {kind!r}; expected 'local', 'openai' or 'none'")
+    raise ConfigurationError(f"unknown embedder {kind!r}; expected 'local', 'openai' or 'none'")
 
 
 def build_scorer(settings: Settings, observer: ScorerObserver | None = None) -> RelevanceScorer:
@@ -46,7 +47,7 @@ def build_scorer(settings: Settings, observer: ScorerObserver | None = None) -> 
         return LocalScorer(observer=observer)
     if settings.scorer == "openai":
         if not settings.scorer_base_url:
-            raise ValueError(
+            raise ConfigurationError(
                 "EARM_SCORER=openai requires EARM_SCORER_BASE_URL "
                 "(e.g. https://api.openai.com/v1 or http://localhost:8001/v1)"
             )
@@ -60,4 +61,4 @@ def build_scorer(settings: Settings, observer: ScorerObserver | None = None) -> 
             max_retries=settings.scorer_max_retries,
             observer=observer,
         )
-    raise ValueError(f"unknown scorer {settings.scorer!r}; expected 'local' or 'openai'")
+    raise ConfigurationError(f"unknown scorer {settings.scorer!r}; expected 'local' or 'openai'")

@@ -30,6 +30,7 @@ __all__ = [
     "ScorerObserver",
     "cosine_to_score",
     "notify",
+    "observe_all",
 ]
 
 #: Centre and temperature of the cosine -> relevance sigmoid (MODELS.md: fitted on 20 hand-made
@@ -67,6 +68,16 @@ def notify(observer: ScorerObserver | None, scorer: str, outcome: Outcome, durat
         observer(scorer, outcome, duration_s)
     except Exception:  # pragma: no cover - an observer bug is logged, not propagated
         logger.exception("relevance scorer: observer failed")
+
+
+def observe_all(*observers: ScorerObserver) -> ScorerObserver:
+    """One observer that tells each of ``observers``, a failing one never stopping the rest."""
+
+    def observe(scorer: str, outcome: Outcome, duration_s: float) -> None:
+        for observer in observers:
+            notify(observer, scorer, outcome, duration_s)
+
+    return observe
 
 
 @runtime_checkable

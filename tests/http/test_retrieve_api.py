@@ -12,7 +12,7 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import create_engine, text
 
-from bench.loopback import HTTPFault, LoopbackServer, chat_completions_app
+from service.bench.loopback import HTTPFault, LoopbackServer, chat_completions_app
 from service.http.app import create_app
 from service.settings import Settings
 
@@ -242,6 +242,33 @@ def test_content_prior_lifts_new_memories_that_look_like_judged_relevant_ones(
     assert unobserved_new and all(m["source"] == "estimated" for m in unobserved_new)
 
 
+def test_refit_sets_the_running_score_sum_to_the_double_precision_sum_of_stored_scores(
+    judged_client: TestClient, judge, judged_settings: Settings
+) -> None:
+    """A refit recomputes the namespace's score sum (its mean centres the model) from the
+    stored `real` scores. Summed as `real`, it carried float32 rounding that also depended on
+    the physical order of the rows, so a replay of the same requests could differ."""
+    topic = Topic()
+    topic.ingest(judged_client, "agent-1")
+    label_judge = judge[0]
+    label_judge.memory_texts = topic.memory_texts
+    for i in range(5):  # a young namespace refits often; the fifth query makes one due
+        query = f"fractional question {i}"
+        label_judge.queries.append(query)
+        # Scores float32 cannot hold exactly, so float32 sums round.
+        label_judge.labels |= {(query, m): 0.1 + 0.01 * (j % 7) for j, m in enumerate(topic.memory_texts)}
+        retrieve(judged_client, query=query, query_embedding=topic.query_vector(), candidates=N_MEMORIES, policy="full")
+    engine = create_engine(judged_settings.database_url)
+    with engine.connect() as conn:
+        score_sum, since_refit = conn.execute(
+            text("SELECT score_sum, queries_since_refit FROM namespaces")
+        ).one()
+        exact_sum = conn.execute(text("SELECT sum(score::text::float8) FROM scores")).scalar_one()
+    engine.dispose()
+    assert since_refit == 0, "the last query should have refitted"
+    assert score_sum == pytest.approx(exact_sum, rel=1e-12, abs=0)
+
+
 def test_restart_keeps_the_learned_state(judged_settings: Settings, judge) -> None:
     topic = Topic()
     with TestClient(create_app(judged_settings)) as client:
@@ -455,6 +482,77 @@ def test_feedback_for_unknown_query_or_foreign_memory_is_a_404(judged_client: Te
     assert out_of_range.status_code == 422
 
 
+def test_feedback_naming_a_memory_twice_is_refused(client: TestClient, settings: Settings) -> None:
+    memories = [{"text": f"m{i}", "embedding": unit(np.arange(DIM) + i).tolist()} for i in range(3)]
+    ids = client.post("/memories", json={"namespace": "agent-1", "memories": memories}).json()["ids"]
+    query_id = retrieve(client, query="q", query_embedding=unit(np.ones(DIM)).tolist(), policy="semantic")["query_id"]
+    scores = [
+        {"memory_id": ids[0], "score": 1.0},
+        {"memory_id": ids[1], "score": 0.5},
+        {"memory_id": ids[0], "score": 0.0},
+    ]
+    response = client.post("/feedback", json={"namespace": "agent-1", "query_id": query_id, "scores": scores})
+    assert response.status_code == 422, response.text
+    error = response.json()["error"]
+    assert error["code"] == "invalid_input"
+    assert "scores[0]" in error["message"] and "scores[2]" in error["message"]
+    engine = create_engine(settings.database_url)
+    with engine.connect() as conn:
+        recorded = conn.execute(text("SELECT count(*) FROM scores WHERE source = 'feedback'")).scalar_one()
+    engine.dispose()
+    assert recorded == 0
+
+
+def test_a_zero_length_vector_already_stored_cannot_break_retrieval(clean_database: str) -> None:
+    """Rows stored before vectors were checked as float32 (or written by hand) may have no
+    length: the search and the content prior must treat them as orthogonal, never divide by
+    their zero norm."""
+    settings = Settings(
+        database_url=clean_database, embedder="local", scorer="local", refit_every=2,
+        refit_in_background=False, _env_file=None,
+    )
+    rng = np.random.default_rng(3)
+    with TestClient(create_app(settings)) as client:
+        memories = [{"text": f"m{i}", "embedding": unit(rng.normal(size=DIM)).tolist()} for i in range(12)]
+        assert client.post("/memories", json={"namespace": "agent-1", "memories": memories}).status_code == 201
+
+        def query() -> list[float]:
+            return unit(rng.normal(size=DIM)).tolist()
+
+        for _ in range(2):  # the second query's refit fits the content prior
+            retrieve(client, query="q", query_embedding=query(), policy="full")
+        engine = create_engine(clean_database)
+        with engine.begin() as conn:
+            assert conn.execute(
+                text("SELECT content_weights IS NOT NULL FROM namespaces WHERE name = 'agent-1'")
+            ).scalar_one()
+            zero_id = conn.execute(
+                text(
+                    "INSERT INTO memories (namespace, text, embedding, embedding_model) "
+                    "VALUES ('agent-1', 'zero', :zero, 'client') RETURNING id"
+                ),
+                {"zero": str([0.0] * DIM)},
+            ).scalar_one()
+        engine.dispose()
+        query_ids = {}
+        for policy in ("semantic", "earm", "full", "observed", "earm", "full"):
+            result = retrieve(client, query="q", query_embedding=query(), policy=policy, k=13)
+            query_ids[policy] = result["query_id"]
+            zero = next(m for m in result["memories"] if m["id"] == zero_id)
+            assert zero["similarity"] == 0.0
+            assert all(np.isfinite(m["score"]) for m in result["memories"])
+        feedback = client.post(
+            "/feedback",
+            json={"namespace": "agent-1", "query_id": query_ids["semantic"],
+                  "scores": [{"memory_id": zero_id, "score": 1.0}]},
+        )
+        assert feedback.status_code == 200, feedback.text
+        assert feedback.json()["recorded"] == 1
+        for _ in range(2):  # another refit, now with the zero row's observations
+            result = retrieve(client, query="q", query_embedding=query(), k=13)
+            assert all(np.isfinite(m["score"]) for m in result["memories"])
+
+
 def test_candidates_are_filled_when_namespace_is_a_small_share_of_the_table(
     client: TestClient,
 ) -> None:
@@ -510,6 +608,7 @@ def test_local_scorer_and_embedder_answer_without_any_network(client: TestClient
         ({"candidates": 1001}, 413, "limit_exceeded"),
         ({"k": 0}, 422, "validation_error"),
         ({"query": ""}, 422, "validation_error"),
+        ({"query": " \t\n"}, 422, "validation_error"),
         ({"query_embedding": [0.1, 0.2]}, 422, "dimension_mismatch"),
         ({"namespace": "nobody-here"}, 404, "not_found"),
     ],

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
-from bench.loopback import LoopbackServer, chat_completions_app
+from service.bench.loopback import LoopbackServer, chat_completions_app
 from service.http.app import create_app
 from service.settings import Settings
 

@@ -12,7 +12,7 @@ import httpx
 import numpy as np
 import pytest
 
-from bench.loopback import HTTPFault, LoopbackServer, embeddings_app
+from service.bench.loopback import HTTPFault, LoopbackServer, embeddings_app
 from service.providers.embedders import LOCAL_DIM, LOCAL_MODEL_ID, EmbedderError, LocalEmbedder
 from service.providers.factory import build_embedder
 from service.providers.openai_embedder import OpenAIEmbedder

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
-from bench.loopback import HTTPFault, LoopbackServer, chat_completions_app
+from service.bench.loopback import HTTPFault, LoopbackServer, chat_completions_app
 from service.providers.chat_scorer import OpenAIChatScorer, parse_score
 from service.providers.factory import build_scorer
 from service.providers.scorers import LOCAL_CENTER, LOCAL_TEMPERATURE, LocalScorer, cosine_to_score
@@ -323,6 +323,32 @@ def test_openai_scorer_concurrent_requests_share_one_limit(serve: list[LoopbackS
     asyncio.run(two_requests())
     assert app.state.calls == 18
     assert app.state.max_in_flight == 3
+
+
+def test_openai_scorer_slots_survive_a_cancellation_at_any_point_of_a_call(
+    serve: list[LoopbackServer],
+) -> None:
+    """Wherever a cancellation lands (waiting for a slot, connecting, sending, reading or
+    closing the response), every slot still serves the next call."""
+    server = start(serve, chat_completions_app(lambda prompt: "0.5"))
+    concurrency = 4
+    memories = [f"m{i}" for i in range(concurrency)]
+    embeddings = np.zeros((concurrency, DIM))
+
+    async def cancel_at_every_step_then_score() -> list[float | None]:
+        scorer = make_scorer(server.url, timeout_s=0.5, concurrency=concurrency, max_retries=0)
+        try:
+            for steps in range(50):
+                call = asyncio.create_task(scorer.score("q", QUERY_EMBEDDING, memories, embeddings))
+                for _ in range(steps):  # one event-loop iteration each
+                    await asyncio.sleep(0)
+                call.cancel()
+                await asyncio.gather(call, return_exceptions=True)
+            return await scorer.score("q", QUERY_EMBEDDING, memories, embeddings)
+        finally:
+            await scorer.aclose()
+
+    assert asyncio.run(cancel_at_every_step_then_score()) == [0.5] * concurrency
 
 
 def test_openai_scorer_gives_none_when_nothing_listens() -> None:

@@ -19,7 +19,14 @@ from service.http.deps import (
     SessionDep,
 )
 from service.http.middleware import annotate
-from service.http.schemas import ErrorResponse, NamespaceName, NamespaceStatsOut, StatsListOut
+from service.http.schemas import (
+    ErrorResponse,
+    NamespaceName,
+    NamespaceReportOut,
+    NamespaceStatsOut,
+    ScorerHealthOut,
+    StatsListOut,
+)
 from service.metrics import CONTENT_TYPE_LATEST
 
 log = logging.getLogger(__name__)
@@ -34,7 +41,7 @@ METRICS_DATABASE_TIMEOUT_S = 2.0
 
 @router.get(
     "/stats",
-    response_model=NamespaceStatsOut | StatsListOut,
+    response_model=NamespaceReportOut | StatsListOut,
     dependencies=[DOCUMENT_BEARER],
     responses={**AUTH_RESPONSES, 404: {"model": ErrorResponse}, 422: {"model": ErrorResponse}},
 )
@@ -44,25 +51,27 @@ async def read_stats(
     session: SessionDep,
     principal: PrincipalDep,
     namespace: Annotated[NamespaceName | None, Query()] = None,
-) -> NamespaceStatsOut | StatsListOut:
+) -> NamespaceReportOut | StatsListOut:
     """One namespace's counts, budget, savings and completion quality; without `namespace`,
-    those of every namespace the API key may use."""
+    those of every namespace the API key may use. Both carry the scorer's health."""
     settings, schedule = components.settings, components.pipeline.schedule
+    scorer = ScorerHealthOut(**asdict(components.scorer_health.snapshot()))
     if namespace is None:
         rows = await stats_sql.all_namespace_stats(session, schedule, settings.default_candidates)
         return StatsListOut(
-            namespaces=[NamespaceStatsOut(**asdict(r)) for r in rows if principal.allows(r.namespace)]
+            namespaces=[NamespaceStatsOut(**asdict(r)) for r in rows if principal.allows(r.namespace)],
+            scorer=scorer,
         )
     annotate(request, namespace=namespace)
     require_namespace(principal, namespace)
     row = await stats_sql.namespace_stats(session, namespace, schedule, settings.default_candidates)
-    return NamespaceStatsOut(**asdict(row))
+    return NamespaceReportOut(**asdict(row), scorer=scorer)
 
 
 @router.get("/metrics", response_class=Response, responses={200: {"content": {CONTENT_TYPE_LATEST: {}}}})
 async def metrics(components: ComponentsDep) -> Response:
-    """Prometheus exposition: HTTP, retrieve, scorer metrics and gauges from the namespace
-    counters (which read the `namespaces` table only)."""
+    """Prometheus exposition: HTTP, retrieve, scorer metrics, the scorer's health and gauges
+    from the namespace counters (which read the `namespaces` table only)."""
     snapshot = None
     try:
         async with asyncio.timeout(METRICS_DATABASE_TIMEOUT_S):
@@ -70,5 +79,7 @@ async def metrics(components: ComponentsDep) -> Response:
                 snapshot = await stats_sql.counter_snapshot(session, METRICS_MAX_NAMESPACES)
     except Exception as exc:  # the process metrics are still worth serving
         log.warning("metrics: database gauges unavailable: %s", type(exc).__name__)
-    body = components.metrics.render(snapshot, components.pipeline.schedule)
+    body = components.metrics.render(
+        snapshot, components.pipeline.schedule, components.scorer_health.snapshot()
+    )
     return Response(content=body, media_type=CONTENT_TYPE_LATEST)

@@ -170,21 +170,8 @@ def _session_numbers(conversation: dict[str, Any]) -> list[int]:
     return sorted(numbers)
 
 
-def parse_conversation(sample: dict[str, Any], max_sessions: int | None = None) -> Conversation:
-    """Turn one LoCoMo sample object into a :class:`Conversation`.
-
-    ``max_sessions`` slices the conversation to its first sessions (for quick tests); questions
-    are then kept only if their evidence is non-empty and lies entirely inside the slice.
-    """
-    sample_id = str(sample["sample_id"])
-    conv = sample["conversation"]
-    sessions = _session_numbers(conv)
-    all_ids = {
-        turn["dia_id"] for n in sessions for turn in conv[f"session_{n}"] if "dia_id" in turn
-    }
-    if max_sessions is not None:
-        sessions = sessions[:max_sessions]
-
+def _turns(conv: dict[str, Any], sessions: list[int]) -> list[Turn]:
+    """The turns of the given sessions, each at its session's start plus a per-turn offset."""
     starts = [parse_session_datetime(conv[f"session_{n}_date_time"]) for n in sessions]
     turns: list[Turn] = []
     for i, n in enumerate(sessions):
@@ -208,15 +195,21 @@ def parse_conversation(sample: dict[str, Any], max_sessions: int | None = None) 
                     occurred_at=start + step * (pos - 1),
                 )
             )
+    return turns
 
-    kept_ids = {t.dia_id for t in turns}
+
+def _questions(
+    sample: dict[str, Any], all_ids: set[str], kept_ids: set[str] | None
+) -> list[Question]:
+    """The ``qa`` items with normalised evidence; with ``kept_ids`` (a sliced conversation) only
+    those whose evidence is non-empty and lies entirely inside the slice."""
+    sample_id = str(sample["sample_id"])
     questions: list[Question] = []
     for idx, qa in enumerate(sample.get("qa", [])):
         raw = tuple(str(e) for e in qa.get("evidence", []) if isinstance(e, str))
         evidence = normalize_evidence(raw, all_ids)
-        if max_sessions is not None:
-            if not evidence or not set(evidence) <= kept_ids:
-                continue
+        if kept_ids is not None and (not evidence or not set(evidence) <= kept_ids):
+            continue
         questions.append(
             Question(
                 sample_id=sample_id,
@@ -227,12 +220,30 @@ def parse_conversation(sample: dict[str, Any], max_sessions: int | None = None) 
                 raw_evidence=raw,
             )
         )
+    return questions
+
+
+def parse_conversation(sample: dict[str, Any], max_sessions: int | None = None) -> Conversation:
+    """Turn one LoCoMo sample object into a :class:`Conversation`.
+
+    ``max_sessions`` slices the conversation to its first sessions (for quick tests); questions
+    are then kept only if their evidence is non-empty and lies entirely inside the slice.
+    """
+    conv = sample["conversation"]
+    sessions = _session_numbers(conv)
+    all_ids = {
+        turn["dia_id"] for n in sessions for turn in conv[f"session_{n}"] if "dia_id" in turn
+    }
+    if max_sessions is not None:
+        sessions = sessions[:max_sessions]
+    turns = _turns(conv, sessions)
+    kept_ids = {t.dia_id for t in turns} if max_sessions is not None else None
     return Conversation(
-        sample_id=sample_id,
+        sample_id=str(sample["sample_id"]),
         speaker_a=str(conv.get("speaker_a", "")),
         speaker_b=str(conv.get("speaker_b", "")),
         turns=turns,
-        questions=questions,
+        questions=_questions(sample, all_ids, kept_ids),
     )
 
 

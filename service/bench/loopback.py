@@ -141,6 +141,10 @@ def _fault_response(fault: HTTPFault) -> JSONResponse:
     return JSONResponse(payload, status_code=fault.status, headers=fault.headers)
 
 
+class _BadRequest(Exception):
+    """The request does not speak the protocol; answered 400 like OpenAI does."""
+
+
 def _bad_request(message: str) -> JSONResponse:
     return JSONResponse(
         {"error": {"message": message, "type": "invalid_request_error", "code": 400}}, status_code=400
@@ -186,11 +190,39 @@ def _message_text(content: Any) -> str:
     return ""
 
 
-def _models_payload(model: str) -> dict[str, Any]:
-    return {
-        "object": "list",
-        "data": [{"id": model, "object": "model", "created": 0, "owned_by": "loopback"}],
-    }
+def _openai_app(title: str, model: str) -> FastAPI:
+    """An app with the request counters and ``GET /v1/models`` listing ``model``."""
+    app = FastAPI(title=title)
+    _init_counters(app)
+
+    @app.get("/v1/models")
+    async def list_models() -> dict[str, Any]:
+        return {
+            "object": "list",
+            "data": [{"id": model, "object": "model", "created": 0, "owned_by": "loopback"}],
+        }
+
+    return app
+
+
+async def _serve(
+    app: FastAPI, request: Request, answer: Callable[[Any], Awaitable[dict[str, Any]]]
+) -> Any:
+    """One POST: counted, its JSON body recorded as ``last_request`` and answered by
+    ``answer``, or a 400 (not JSON, or :class:`_BadRequest`) or the callback's
+    :class:`HTTPFault`."""
+    with _Track(app):
+        try:
+            body = await request.json()
+        except ValueError:
+            return _bad_request("body is not valid JSON")
+        app.state.last_request = {"headers": dict(request.headers), "json": body}
+        try:
+            return await answer(body)
+        except _BadRequest as exc:
+            return _bad_request(str(exc))
+        except HTTPFault as fault:
+            return _fault_response(fault)
 
 
 def chat_completions_app(reply: ReplyFn, model: str = "loopback-judge") -> FastAPI:
@@ -206,54 +238,48 @@ def chat_completions_app(reply: ReplyFn, model: str = "loopback-judge") -> FastA
     ``max_in_flight`` and ``last_request`` (headers and JSON body of the latest POST).
     ``GET /v1/models`` lists ``model``.
     """
-    app = FastAPI(title="loopback chat completions")
-    _init_counters(app)
+    app = _openai_app("loopback chat completions", model)
     ids = itertools.count(1)
 
-    @app.get("/v1/models")
-    async def list_models() -> dict[str, Any]:
-        return _models_payload(model)
+    async def answer(body: Any) -> dict[str, Any]:
+        messages = body.get("messages") if isinstance(body, dict) else None
+        if not isinstance(messages, list) or not messages:
+            raise _BadRequest("'messages' must be a non-empty list")
+        prompt = "\n\n".join(
+            _message_text(m.get("content")) for m in messages if isinstance(m, dict)
+        )
+        text = await _maybe_await(reply(prompt))
+        return _chat_completion(next(ids), body.get("model") or model, prompt, str(text))
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Any:
-        with _Track(app):
-            try:
-                body = await request.json()
-            except ValueError:
-                return _bad_request("body is not valid JSON")
-            app.state.last_request = {"headers": dict(request.headers), "json": body}
-            messages = body.get("messages") if isinstance(body, dict) else None
-            if not isinstance(messages, list) or not messages:
-                return _bad_request("'messages' must be a non-empty list")
-            prompt = "\n\n".join(
-                _message_text(m.get("content")) for m in messages if isinstance(m, dict)
-            )
-            try:
-                text = await _maybe_await(reply(prompt))
-            except HTTPFault as fault:
-                return _fault_response(fault)
-            prompt_tokens = len(prompt.split())
-            completion_tokens = len(str(text).split())
-            return {
-                "id": f"chatcmpl-loopback-{next(ids)}",
-                "object": "chat.completion",
-                "created": int(time.time()),
-                "model": body.get("model") or model,
-                "choices": [
-                    {
-                        "index": 0,
-                        "message": {"role": "assistant", "content": str(text)},
-                        "finish_reason": "stop",
-                    }
-                ],
-                "usage": {
-                    "prompt_tokens": prompt_tokens,
-                    "completion_tokens": completion_tokens,
-                    "total_tokens": prompt_tokens + completion_tokens,
-                },
-            }
+        return await _serve(app, request, answer)
 
     return app
+
+
+def _chat_completion(number: int, model: str, prompt: str, text: str) -> dict[str, Any]:
+    """A chat-completions response body answering ``prompt`` with ``text``."""
+    prompt_tokens = len(prompt.split())
+    completion_tokens = len(text.split())
+    return {
+        "id": f"chatcmpl-loopback-{number}",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": text},
+                "finish_reason": "stop",
+            }
+        ],
+        "usage": {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens,
+        },
+    }
 
 
 def embeddings_app(
@@ -267,44 +293,31 @@ def embeddings_app(
     (with correct ``index`` fields), which the OpenAI protocol allows, to check that clients
     order by ``index``. Counters on ``app.state`` as in :func:`chat_completions_app`.
     """
-    app = FastAPI(title="loopback embeddings")
-    _init_counters(app)
+    app = _openai_app("loopback embeddings", model)
 
-    @app.get("/v1/models")
-    async def list_models() -> dict[str, Any]:
-        return _models_payload(model)
+    async def answer(body: Any) -> dict[str, Any]:
+        raw = body.get("input") if isinstance(body, dict) else None
+        if isinstance(raw, str):
+            texts = [raw]
+        elif isinstance(raw, list) and all(isinstance(t, str) for t in raw):
+            texts = list(raw)
+        else:
+            raise _BadRequest("'input' must be a string or a list of strings")
+        vectors = await _maybe_await(embed(texts))
+        rows = [[float(x) for x in vector] for vector in vectors]
+        data = [{"object": "embedding", "index": i, "embedding": row} for i, row in enumerate(rows)]
+        if out_of_order:
+            data.reverse()
+        tokens = sum(len(t.split()) for t in texts)
+        return {
+            "object": "list",
+            "data": data,
+            "model": body.get("model") or model,
+            "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+        }
 
     @app.post("/v1/embeddings")
     async def embeddings(request: Request) -> Any:
-        with _Track(app):
-            try:
-                body = await request.json()
-            except ValueError:
-                return _bad_request("body is not valid JSON")
-            app.state.last_request = {"headers": dict(request.headers), "json": body}
-            raw = body.get("input") if isinstance(body, dict) else None
-            if isinstance(raw, str):
-                texts = [raw]
-            elif isinstance(raw, list) and all(isinstance(t, str) for t in raw):
-                texts = list(raw)
-            else:
-                return _bad_request("'input' must be a string or a list of strings")
-            try:
-                vectors = await _maybe_await(embed(texts))
-            except HTTPFault as fault:
-                return _fault_response(fault)
-            rows = [[float(x) for x in vector] for vector in vectors]
-            data = [
-                {"object": "embedding", "index": i, "embedding": row} for i, row in enumerate(rows)
-            ]
-            if out_of_order:
-                data.reverse()
-            tokens = sum(len(t.split()) for t in texts)
-            return {
-                "object": "list",
-                "data": data,
-                "model": body.get("model") or model,
-                "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
-            }
+        return await _serve(app, request, answer)
 
     return app

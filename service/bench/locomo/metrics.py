@@ -7,10 +7,11 @@ service reported (stage, budget, scorer calls, timings). Everything else here ag
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+from service.bench.common.stats import percentile
 
 #: Score sources the service reports per returned memory.
 SOURCES = ("observed", "estimated", "semantic")
@@ -85,21 +86,6 @@ def mean(values: Iterable[float]) -> float | None:
     """Arithmetic mean, or None for no values."""
     vals = list(values)
     return sum(vals) / len(vals) if vals else None
-
-
-def percentile(values: Iterable[float], q: float) -> float | None:
-    """The ``q``-th percentile (0–100) with linear interpolation (numpy's default), or None."""
-    vals = sorted(values)
-    if not vals:
-        return None
-    if not 0 <= q <= 100:
-        raise ValueError("q must be in [0, 100]")
-    pos = (len(vals) - 1) * q / 100.0
-    lo = math.floor(pos)
-    hi = math.ceil(pos)
-    if lo == hi:
-        return float(vals[lo])
-    return float(vals[lo] + (vals[hi] - vals[lo]) * (pos - lo))
 
 
 def rolling_mean(values: Sequence[float], window: int) -> list[float]:

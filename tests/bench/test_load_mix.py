@@ -6,18 +6,17 @@ from __future__ import annotations
 import pytest
 from sqlalchemy import create_engine, text
 
-from bench.load_mix import LoadMixConfig, LoadMixReport, run_load_mix
+from service.bench.load_mix import LoadMixConfig, LoadMixReport, run_load_mix
 from service.settings import Settings
-
 
 
 @pytest.fixture(scope="module")
 def report(database_url: str) -> LoadMixReport:
     # The run's namespaces are its own (random prefix), so the shared test database will do;
-    # only no API key may be left in it (the clients send none).
+    # only key enforcement may not be left on (the clients send no key).
     engine = create_engine(database_url)
     with engine.begin() as conn:
-        conn.execute(text("TRUNCATE api_keys"))
+        conn.execute(text("TRUNCATE api_keys, auth_settings"))
     engine.dispose()
     settings = Settings(database_url=database_url, embedder="none", scorer="local", _env_file=None)
     return run_load_mix(

@@ -14,8 +14,13 @@ from pathlib import Path
 import httpx
 import pytest
 
-from bench.judge import NoiseModel, OracleJudge, oracle_score, pair_key, start_judge
-from bench.locomo import (
+from service.bench.locomo import (
+    LocomoConfig,
+    add_locomo_parser,
+    format_markdown,
+    run_locomo,
+)
+from service.bench.locomo.data import (
     Conversation,
     Question,
     Turn,
@@ -24,7 +29,14 @@ from bench.locomo import (
     parse_conversation,
     parse_session_datetime,
 )
-from bench.metrics import (
+from service.bench.locomo.judge import (
+    NoiseModel,
+    OracleJudge,
+    oracle_score,
+    pair_key,
+    start_judge,
+)
+from service.bench.locomo.metrics import (
     QueryRecord,
     derived,
     estimated_share_at_k,
@@ -35,9 +47,8 @@ from bench.metrics import (
     rolling_mean,
     summarize_policy,
 )
-from bench.run_locomo import LocomoConfig, add_locomo_parser, format_markdown, run_locomo
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 LOCOMO_DIR = Path(
     os.environ.get("EARM_LOCOMO_DIR") or REPO_ROOT.parent / "shared" / "data" / "locomo"
 )

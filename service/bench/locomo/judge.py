@@ -1,8 +1,8 @@
 """Relevance judges for the LoCoMo replay: a label-based oracle served as a chat-completions LLM.
 
 The service scores (query, memory) pairs through its OpenAI-compatible scorer. In the benchmark
-that "LLM" is a real HTTP server on loopback (:mod:`bench.loopback`) whose answers come from
-LoCoMo's evidence labels, through a documented noise model:
+that "LLM" is a real HTTP server on loopback (:mod:`service.bench.loopback`) whose answers come
+from LoCoMo's evidence labels, through a documented noise model:
 
 * the pair is identified by finding a known question text and a known turn (memory) text inside
   the prompt (:meth:`OracleJudge.identify`);
@@ -31,8 +31,8 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
-from bench.locomo import Conversation
-from bench.loopback import LoopbackServer, chat_completions_app
+from service.bench.locomo.data import Conversation
+from service.bench.loopback import LoopbackServer, chat_completions_app
 
 logger = logging.getLogger(__name__)
 
