@@ -14,7 +14,7 @@ from service.bench.load_mix.fault_report import FIRST_AFTER_RECOVERY
 
 SECONDS = 4.0
 FAULTS = Faults(stalling_scorer=True, deletes=True, kill_postgres=True, scorer_timeout_s=0.5,
-                recovery_grace_s=1.0)
+                recovery_grace_s=60.0)
 EXPLAINED = {"503 database_unavailable", "404 not_found"}
 
 
@@ -80,7 +80,7 @@ def test_kill_figures_and_the_audits_after_postgres_is_back(report: LoadMixRepor
     assert kill["postmaster_pid"] > 0 and kill["processes_killed"] >= 1
     assert sum(kill["statuses_after_kill"].values()) >= kill["unavailable_503"]
     assert kill["unavailable_503"] == kill["statuses_after_kill"].get("503 database_unavailable", 0)
-    assert kill["postgres_back"]["by"] in ("service", "bench (not back within the grace period)")
+    assert kill["postgres_back"]["by"] == "service"  # its supervisor restarted Postgres
     # The audits ran against the database Postgres kept: with faults, by id as well.
     assert "database: every acknowledged observation of a live memory is stored" in report.audits
     assert "http: no retrieve returned a memory deleted before it started" in report.audits

@@ -22,9 +22,9 @@ class Faults:
     #: default: under a heavy mix a shorter one degrades retrieves that merely queue for the
     #: scorer, and the stall would not stand out).
     scorer_timeout_s: float = 10.0
-    #: After the load, how long a killed Postgres may take to be back before the bench starts
-    #: it itself, so that the audits can read what it kept.
-    recovery_grace_s: float = 10.0
+    #: After the load, how long the service's supervisor may take to restart a killed Postgres
+    #: before the run fails (its default backoff gives up after about 31 s).
+    recovery_grace_s: float = 60.0
 
     @property
     def any(self) -> bool:

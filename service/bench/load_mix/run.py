@@ -31,7 +31,7 @@ def drive(base_url: str, config: LoadMixConfig, database_url: str | None = None,
     driver = Driver(base_url.rstrip("/"), config, uuid.uuid4().hex[:8], faults)
     duration = asyncio.run(driver.run())
     if faults is not None:
-        faults.bring_postgres_back(base_url)
+        faults.wait_for_postgres(base_url)
     audits, problems = audit_http(driver.ledgers, config)
     problems = driver.problems + problems
     if database_url:
