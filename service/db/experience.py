@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 import psycopg.sql
+from numpy.typing import NDArray
 from sqlalchemy import select, text
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -221,7 +222,7 @@ _ROW_OBSERVATIONS_SQL = f"""
 
 
 async def memory_row_observations(
-    session: AsyncSession, memory_ids: Sequence[int], rank: int
+    session: AsyncSession, memory_ids: NDArray[np.integer[Any]], rank: int
 ) -> RowObservations:
     conn = await driver_connection(session)
     cursor = await conn.execute(_ROW_OBSERVATIONS_SQL, {"ids": [int(m) for m in memory_ids]})
@@ -317,7 +318,7 @@ async def feedback_similarities(
     if query_namespace != namespace:
         raise NotFound(f"query {query_id} does not exist in namespace {namespace!r}")
     ids = [int(m) for m in memory_ids]
-    distances = dict(
+    distances: dict[int, float] = dict(
         (
             await session.execute(
                 select(Memory.id, Memory.embedding.cosine_distance(Query.embedding))

@@ -13,6 +13,7 @@ from sqlalchemy import func, insert, select, update
 from sqlalchemy.dialects.postgresql import insert as upsert
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from service.db.engine import affected_rows
 from service.db.models import ApiKey, AuthSettings
 
 
@@ -56,7 +57,7 @@ async def revoke_key(session: AsyncSession, key_id: int) -> bool:
         .values(revoked_at=func.now())
         .execution_options(synchronize_session=False)
     )
-    return result.rowcount == 1  # type: ignore[attr-defined]
+    return affected_rows(result) == 1
 
 
 async def upsert_seed_key(

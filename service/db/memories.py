@@ -13,7 +13,7 @@ from sqlalchemy import delete, select, text
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from service.db.codecs import metadata_json
-from service.db.engine import driver_connection
+from service.db.engine import affected_rows, driver_connection
 from service.db.models import Memory
 
 
@@ -26,7 +26,8 @@ async def ids_by_external_id(
             Memory.namespace == namespace, Memory.external_id.in_(external_ids)
         )
     )
-    return {external_id: memory_id for external_id, memory_id in rows}
+    # `is not None` never drops a row (IN matches no NULL); it tells mypy the keys are str.
+    return {external_id: memory_id for external_id, memory_id in rows if external_id is not None}
 
 
 # Raw SQL on the psycopg connection rather than an ORM insert: the vectors go in pgvector's
@@ -90,7 +91,7 @@ async def delete_memory(session: AsyncSession, memory_id: int) -> bool:
     """Delete a memory (its observations and model parameters go with it, by FK cascade);
     False when it does not exist."""
     result = await session.execute(delete(Memory).where(Memory.id == memory_id))
-    return result.rowcount != 0  # type: ignore[attr-defined]
+    return affected_rows(result) != 0
 
 
 _INDEX_BATCH_SQL = text(
@@ -112,4 +113,4 @@ async def mark_indexed(session: AsyncSession, batch_size: int) -> int:
     """Flag up to ``batch_size`` unindexed memories (by namespace, oldest first) as indexed,
     which inserts them into the partial HNSW index; returns how many."""
     result = await session.execute(_INDEX_BATCH_SQL, {"batch_size": batch_size})
-    return int(result.rowcount)  # type: ignore[attr-defined]
+    return affected_rows(result)

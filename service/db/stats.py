@@ -16,8 +16,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
-from sqlalchemy import text
+from sqlalchemy import Row, text
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from service.errors import NotFound
@@ -87,7 +88,9 @@ def _ratio(numerator: float, denominator: float) -> float | None:
     return float(numerator) / float(denominator) if denominator else None
 
 
-def _namespace_stats(row, schedule: BudgetSchedule, default_candidates: int) -> NamespaceStats:
+def _namespace_stats(
+    row: Row[Any], schedule: BudgetSchedule, default_candidates: int
+) -> NamespaceStats:
     queries, memories, observations = int(row.next_query_index), int(row.memories), int(row.observations)
     stage = schedule.stage_for(queries)
     saved = _ratio(row.scorer_calls, row.full_rerank_calls)

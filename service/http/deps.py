@@ -40,7 +40,8 @@ class Components:
 
 
 def get_components(request: Request) -> Components:
-    return request.app.state.components
+    components: Components = request.app.state.components  # app.state's attributes are Any
+    return components
 
 
 ComponentsDep = Annotated[Components, Depends(get_components)]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 
 import psycopg
 from fastapi import FastAPI, Request
@@ -56,7 +57,7 @@ def is_transient_database_error(exc: BaseException) -> bool:
 
 
 def error_response(
-    status: int, code: str, message: str, headers: dict[str, str] | None = None
+    status: int, code: str, message: str, headers: Mapping[str, str] | None = None
 ) -> JSONResponse:
     return JSONResponse(
         status_code=status, content={"error": {"code": code, "message": message}}, headers=headers

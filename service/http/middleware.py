@@ -209,7 +209,7 @@ def annotate(request: Request, **fields: Any) -> None:
 def _request_id(scope: Scope) -> str:
     for name, value in scope.get("headers", ()):
         if name == b"x-request-id":
-            candidate = value.decode("latin-1")
+            candidate: str = value.decode("latin-1")  # ASGI header values are bytes
             if _SANE_REQUEST_ID.match(candidate):
                 return candidate
             break

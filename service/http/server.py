@@ -41,6 +41,7 @@ class HeadTimeoutProtocol(HttpToolsProtocol):
         self.head_timeout_s = head_timeout_s
         self._head_timer: asyncio.TimerHandle | None = None
 
+    # The ignore: this is uvicorn's signature, which narrows asyncio's BaseTransport to Transport.
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         self._arm_head_timer()

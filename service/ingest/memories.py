@@ -111,7 +111,9 @@ async def ingest(
     for position, item in enumerate(items):
         if item.external_id is not None:
             ids[position] = known[item.external_id]
-    return IngestResult(ids=[int(i) for i in ids], created=created, existing=len(items) - created)
+    filled = [int(i) for i in ids if i is not None]
+    assert len(filled) == len(items), "every item has an id: inserted, known or fetched"
+    return IngestResult(ids=filled, created=created, existing=len(items) - created)
 
 
 def _differing_fields(one: NewMemory, other: NewMemory) -> list[str]:
@@ -145,7 +147,9 @@ async def _vectors_for(
         computed = await embed_texts(embedder, [items[i].text for i in to_embed])
         for i, vector in zip(to_embed, computed):
             vectors[i] = vector
-    return vectors  # type: ignore[return-value]
+    filled = [vector for vector in vectors if vector is not None]
+    assert len(filled) == len(vectors), "the embedder returns a vector for every text"
+    return filled
 
 
 async def get_memory(session: AsyncSession, memory_id: int) -> Memory:

@@ -18,9 +18,10 @@ import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
+from numpy.typing import NDArray
 
 from service.errors import (
     DimensionMismatch,
@@ -72,7 +73,7 @@ class Embedder(Protocol):
     model_id: str
     dim: int
 
-    async def embed(self, texts: Sequence[str]) -> np.ndarray:
+    async def embed(self, texts: Sequence[str]) -> NDArray[np.float32]:
         """float32 array of shape ``(len(texts), dim)``, rows L2-normalised, in input order."""
         ...
 
@@ -81,12 +82,16 @@ class Embedder(Protocol):
         ...
 
 
-def l2_normalise(vectors: np.ndarray) -> np.ndarray:
+def l2_normalise(vectors: NDArray[np.floating[Any]]) -> NDArray[np.float32]:
     norms = np.linalg.norm(vectors, axis=1, keepdims=True)
-    return (vectors / np.maximum(norms, 1e-12)).astype(np.float32, copy=False)
+    # Annotated: numpy types ufunc results (np.maximum) as Any.
+    unit_rows: NDArray[np.float32] = (vectors / np.maximum(norms, 1e-12)).astype(
+        np.float32, copy=False
+    )
+    return unit_rows
 
 
-def check_embedding(vector: Sequence[float], dim: int, what: str) -> np.ndarray:
+def check_embedding(vector: Sequence[float], dim: int, what: str) -> NDArray[np.float32]:
     """A client-supplied vector (a memory's or a query's) as float32, or a precise error.
 
     The checks look at the float32 values pgvector stores, not at the JSON numbers: 1e-50 is
@@ -120,7 +125,7 @@ def check_embedding(vector: Sequence[float], dim: int, what: str) -> np.ndarray:
     return array
 
 
-async def embed_texts(embedder: Embedder | None, texts: Sequence[str]) -> np.ndarray:
+async def embed_texts(embedder: Embedder | None, texts: Sequence[str]) -> NDArray[np.float32]:
     """Embed texts with the configured embedder, translating its failures to a domain error."""
     if embedder is None:
         raise EmbeddingRequired(
@@ -278,7 +283,7 @@ class LocalEmbedder:
                 "local embedder loaded in %.2f s (threads=%d)", time.perf_counter() - started, self.threads
             )
 
-    def embed_sync(self, texts: Sequence[str]) -> np.ndarray:
+    def embed_sync(self, texts: Sequence[str]) -> NDArray[np.float32]:
         """Blocking embed; ``(len(texts), 384)`` float32, unit rows, input order."""
         texts = list(texts)
         if not texts:
@@ -301,7 +306,7 @@ class LocalEmbedder:
             out[idx] = self._run(ids[idx, :width], mask[idx, :width])
         return out
 
-    def _run(self, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    def _run(self, ids: NDArray[np.int64], mask: NDArray[np.int64]) -> NDArray[np.float32]:
         """Model forward pass, mean pooling over real tokens, L2 normalisation."""
         assert self._session is not None
         feeds = {"input_ids": ids, "attention_mask": mask}
@@ -316,7 +321,7 @@ class LocalEmbedder:
         pooled = (hidden * weights).sum(axis=1) / np.maximum(weights.sum(axis=1), 1e-9)
         return l2_normalise(pooled)
 
-    async def embed(self, texts: Sequence[str]) -> np.ndarray:
+    async def embed(self, texts: Sequence[str]) -> NDArray[np.float32]:
         """Runs :meth:`embed_sync` in a worker thread so the event loop never blocks."""
         texts = list(texts)
         if not texts:

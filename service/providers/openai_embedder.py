@@ -9,6 +9,7 @@ from typing import Any
 
 import httpx
 import numpy as np
+from numpy.typing import NDArray
 
 from service.providers.embedders import EmbedderError, l2_normalise
 from service.providers.retry import backoff_delay, retry_after_seconds, retryable_status
@@ -72,7 +73,7 @@ class OpenAIEmbedder:
         self._owns_client = client is None
         self._client = client if client is not None else httpx.AsyncClient(timeout=timeout_s)
 
-    async def embed(self, texts: Sequence[str]) -> np.ndarray:
+    async def embed(self, texts: Sequence[str]) -> NDArray[np.float32]:
         texts = list(texts)
         if not texts:
             return np.zeros((0, self.dim), dtype=np.float32)
@@ -84,7 +85,7 @@ class OpenAIEmbedder:
         ]
         return l2_normalise(np.concatenate(parts, axis=0))
 
-    async def _embed_batch(self, batch: list[str]) -> np.ndarray:
+    async def _embed_batch(self, batch: list[str]) -> NDArray[np.float32]:
         body = {"model": self.model, "input": batch, "encoding_format": "float"}
         attempt = 0
         while True:
@@ -124,7 +125,7 @@ class OpenAIEmbedder:
             await asyncio.sleep(delay)
             attempt += 1
 
-    def _parse(self, response: httpx.Response, expected: int) -> np.ndarray:
+    def _parse(self, response: httpx.Response, expected: int) -> NDArray[np.float32]:
         """Validated ``(expected, dim)`` float32 rows in request order (sorted by ``index``)."""
         def bad(why: str) -> EmbedderError:
             return EmbedderError(f"invalid embeddings response from {self.url}: {why}")

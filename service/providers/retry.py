@@ -39,4 +39,4 @@ def retry_after_seconds(headers: httpx.Headers) -> float | None:
 
 def backoff_delay(attempt: int, base_s: float, cap_s: float = 8.0) -> float:
     """Exponential backoff with full jitter (attempt 0 -> up to base_s); spreads retry storms."""
-    return random.uniform(0.5, 1.0) * min(cap_s, base_s * (2**attempt))
+    return random.uniform(0.5, 1.0) * min(cap_s, base_s * (2.0**attempt))

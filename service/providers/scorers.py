@@ -137,7 +137,7 @@ class LocalScorer:
         query = query / max(float(np.linalg.norm(query)), 1e-12)
         started = time.perf_counter()
         cosines = np.clip(memories @ query, -1.0, 1.0)
-        scores = [float(s) for s in cosine_to_score(cosines)]
+        scores: list[float | None] = [float(s) for s in cosine_to_score(cosines)]
         if self.observer is not None and scores:
             per_pair = (time.perf_counter() - started) / len(scores)
             for _ in scores:

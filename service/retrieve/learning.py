@@ -8,12 +8,16 @@ import asyncio
 import logging
 from collections.abc import Sequence
 from datetime import UTC, datetime
-from typing import Any
 
 import numpy as np
+from numpy.typing import NDArray
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from service.completion.similarity import fit_with_similarity, fold_in_with_similarity
+from service.completion.similarity import (
+    ContentPrior,
+    fit_with_similarity,
+    fold_in_with_similarity,
+)
 from service.db import experience, model_state
 from service.db.experience import NamespaceObservations, RecordedQuery, RowObservations
 from service.db.namespaces import (
@@ -261,7 +265,17 @@ class Learner:
         memory_ids: np.ndarray,
         memory_idx: np.ndarray,
         memory_embeddings: np.ndarray,
-    ) -> tuple[Any, ...]:
+    ) -> tuple[  # model_state.replace_model's arguments, in its order:
+        np.ndarray,  # memory_ids
+        NDArray[np.float64],  # memory_bias
+        NDArray[np.float64],  # memory_factors
+        NDArray[np.intp],  # observation_count
+        np.ndarray,  # query_ids
+        NDArray[np.float64],  # query_bias
+        NDArray[np.float64],  # query_slope
+        NDArray[np.float64],  # query_factors
+        ContentPrior,
+    ]:
         """The refit. ``memory_ids`` are the observed memories in id order, ``memory_idx`` each
         observation's row among them, ``memory_embeddings`` theirs (zero rows for memories
         deleted since)."""

@@ -13,6 +13,7 @@ from datetime import UTC, datetime
 from typing import Any, Literal
 
 import numpy as np
+from numpy.typing import NDArray
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from service.completion.similarity import content_offsets
@@ -123,12 +124,14 @@ class RetrievalPipeline:
                 f"query has {len(request.query)} characters; the limit is {settings.max_text_chars}"
             )
 
-    async def _query_vector(self, request: RetrieveRequest) -> np.ndarray:
+    async def _query_vector(self, request: RetrieveRequest) -> NDArray[np.float32]:
         if request.query_embedding is not None:
             return check_embedding(
                 request.query_embedding, self.settings.embedding_dim, "query_embedding"
             )
-        return (await embed_texts(self.embedder, [request.query]))[0]
+        # Annotated: numpy types an integer index of an array as Any.
+        query_vector: NDArray[np.float32] = (await embed_texts(self.embedder, [request.query]))[0]
+        return query_vector
 
     def _budget(self, request: RetrieveRequest, query_index: int, n_candidates: int) -> int:
         if request.policy == "semantic":

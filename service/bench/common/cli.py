@@ -11,13 +11,20 @@ import shlex
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
 
 T = TypeVar("T")
+Config = TypeVar("Config", bound="DataclassInstance")
 
 
 def add_command(
-    subparsers: argparse._SubParsersAction, name: str, help: str, description: str | None
+    subparsers: argparse._SubParsersAction[argparse.ArgumentParser],
+    name: str,
+    help: str,
+    description: str | None,
 ) -> argparse.ArgumentParser:
     """An ``earm bench`` sub-command whose ``--help`` shows ``description`` (the benchmark's
     docstring) as it is written."""
@@ -38,11 +45,11 @@ def csv(kind: Callable[[str], T]) -> Callable[[str], tuple[T, ...]]:
     return parse
 
 
-def config_from_args(cls: type[T], args: argparse.Namespace, **overrides: Any) -> T:
+def config_from_args(cls: type[Config], args: argparse.Namespace, **overrides: Any) -> Config:
     """A config dataclass from the parsed flags named like its fields, plus ``overrides``."""
     values = {
         f.name: getattr(args, f.name)
-        for f in dataclasses.fields(cls)  # type: ignore[arg-type]
+        for f in dataclasses.fields(cls)
         if hasattr(args, f.name)
     }
     return cls(**(values | overrides))

@@ -19,7 +19,8 @@ def check(response: httpx.Response) -> dict[str, Any]:
     """The JSON body of a successful response; :class:`ServiceError` with the API's error
     code and message (or the start of the body) otherwise."""
     if response.is_success:
-        return response.json()
+        body: dict[str, Any] = response.json()  # the API answers with JSON objects
+        return body
     try:
         error = response.json().get("error", {})
         detail = f"{error.get('code')}: {error.get('message')}"

@@ -67,7 +67,9 @@ def _add_data_and_service_flags(parser: argparse.ArgumentParser, defaults: LoadC
                         help="Postgres with pgvector (default: embedded, temporary)")
 
 
-def add_load_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+def add_load_parser(
+    subparsers: argparse._SubParsersAction[argparse.ArgumentParser],
+) -> argparse.ArgumentParser:
     """Register ``earm bench load``."""
     from service.bench import load  # its docstring describes the run
 

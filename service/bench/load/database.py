@@ -6,10 +6,13 @@ import asyncio
 import os
 import platform
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any, LiteralString
 
 from service.bench.common.database import libpq_url
 from service.bench.load.session import LoadRun
+
+if TYPE_CHECKING:
+    import psycopg
 
 
 async def until_indexed(run: LoadRun) -> None:
@@ -115,12 +118,20 @@ def environment(database_url: str) -> dict[str, Any]:
 
     info = _machine()
     with psycopg.connect(libpq_url(database_url)) as conn:
-        info["postgres"] = conn.execute("SHOW server_version").fetchone()[0]
-        info["pgvector"] = conn.execute(
-            "SELECT extversion FROM pg_extension WHERE extname = 'vector'"
-        ).fetchone()[0]
-        info["hnsw_index"] = conn.execute(
-            "SELECT pg_get_indexdef('ix_memories_embedding_hnsw'::regclass)"
-        ).fetchone()[0]
-        info["shared_buffers"] = conn.execute("SHOW shared_buffers").fetchone()[0]
+        info["postgres"] = _value(conn, "SHOW server_version")
+        info["pgvector"] = _value(
+            conn, "SELECT extversion FROM pg_extension WHERE extname = 'vector'"
+        )
+        info["hnsw_index"] = _value(
+            conn, "SELECT pg_get_indexdef('ix_memories_embedding_hnsw'::regclass)"
+        )
+        info["shared_buffers"] = _value(conn, "SHOW shared_buffers")
     return info
+
+
+def _value(conn: psycopg.Connection[Any], query: LiteralString) -> Any:
+    """The first column of the statement's one row."""
+    row = conn.execute(query).fetchone()
+    if row is None:
+        raise RuntimeError(f"no row from {query!r}")
+    return row[0]

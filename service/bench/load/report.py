@@ -42,7 +42,7 @@ def _ingest(report: Report) -> list[str]:
     return ["", "## Ingest", "", *table(head, rows, "lrrrrr")]
 
 
-def _retrieve_row(cell: dict[str, Any], floor: float | None) -> tuple:
+def _retrieve_row(cell: dict[str, Any], floor: float | None) -> tuple[object, ...]:
     ratio = cell["overhead_ms"]["p50"] / floor if floor else None
     return (cell["policy"], cell["concurrency"], cell["requests"], cell["scorer_calls_mean"],
             _p(cell["total_ms"]), _p(cell["overhead_ms"]), _p(cell["client_ms"]),
@@ -109,7 +109,7 @@ def _slow_judge(report: Report) -> list[str]:
     ]
 
 
-def _tier_row(tier: dict[str, Any]) -> tuple:
+def _tier_row(tier: dict[str, Any]) -> tuple[object, ...]:
     refit = tier["service_refit"]
     return (f"{tier['observations']:,}", f"{tier['queries']:,}",
             f"{tier['memories_with_history']:,}", f"{tier['insert']['seconds']:.1f}",

@@ -6,6 +6,7 @@ import math
 from collections.abc import Sequence
 
 import numpy as np
+from numpy.typing import NDArray
 
 from service.bench.load.config import LoadConfig
 
@@ -16,8 +17,10 @@ _WORDS = (
 _NAMES = ("Ana", "Bo", "Chen", "Dara", "Eli", "Farah", "Gus", "Hana")
 
 
-def _normalise(rows: np.ndarray) -> np.ndarray:
-    return rows / np.linalg.norm(rows, axis=-1, keepdims=True)
+def _normalise(rows: NDArray[np.float64]) -> NDArray[np.float64]:
+    # Annotated: numpy types linalg.norm along an axis as Any.
+    unit_rows: NDArray[np.float64] = rows / np.linalg.norm(rows, axis=-1, keepdims=True)
+    return unit_rows
 
 
 class World:
@@ -47,11 +50,15 @@ class World:
         self.by_topic = [np.flatnonzero(self.memory_topics == t) for t in range(config.topics)]
         self._queries: dict[int, tuple[int, np.ndarray, np.ndarray]] = {}
 
-    def _latents(self, rng: np.random.Generator, topics: np.ndarray) -> np.ndarray:
+    def _latents(self, rng: np.random.Generator, topics: np.ndarray) -> NDArray[np.float64]:
         noise = rng.normal(size=(len(topics), self.config.true_rank))
-        return 0.8 * self.topic_latents[topics] + 0.6 * noise / math.sqrt(self.config.true_rank)
+        # Annotated: numpy types fancy indexing (topic_latents[topics]) as Any.
+        latents: NDArray[np.float64] = (
+            0.8 * self.topic_latents[topics] + 0.6 * noise / math.sqrt(self.config.true_rank)
+        )
+        return latents
 
-    def embeddings(self, rng: np.random.Generator, topics: np.ndarray) -> np.ndarray:
+    def embeddings(self, rng: np.random.Generator, topics: np.ndarray) -> NDArray[np.float32]:
         """Fresh embeddings of the given topics (rounded, float32)."""
         noise = _normalise(rng.normal(size=(len(topics), self.config.dim)))
         vectors = _normalise(self.centres[topics] + 0.9 * noise)
@@ -73,8 +80,15 @@ class World:
         topics = rng.integers(self.config.topics, size=len(numbers))
         return topics, self.embeddings(rng, topics), self._latents(rng, topics)
 
-    def relevance(self, query_latent: np.ndarray, memory_index: np.ndarray | int) -> np.ndarray:
-        return np.clip(0.5 + 0.5 * (self.memory_latents[memory_index] @ query_latent), 0.0, 1.0)
+    def relevance(
+        self, query_latent: np.ndarray, memory_index: np.ndarray | int
+    ) -> NDArray[np.float64] | np.float64:
+        """The relevance to each memory of ``memory_index``; a scalar for one memory."""
+        # Annotated: numpy types the product of an indexed array as Any.
+        relevance: NDArray[np.float64] | np.float64 = np.clip(
+            0.5 + 0.5 * (self.memory_latents[memory_index] @ query_latent), 0.0, 1.0
+        )
+        return relevance
 
     def chatter(self, n: int) -> list[str]:
         """``n`` made-up sentences for the ingest through the service's own embedder."""

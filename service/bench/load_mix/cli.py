@@ -19,7 +19,9 @@ from service.bench.load_mix.config import Faults, LoadMixConfig
 from service.bench.load_mix.run import run_load_mix
 
 
-def add_load_mix_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+def add_load_mix_parser(
+    subparsers: argparse._SubParsersAction[argparse.ArgumentParser],
+) -> argparse.ArgumentParser:
     """Register ``earm bench load-mix``."""
     from service.bench import load_mix  # its docstring describes the run and its audits
 

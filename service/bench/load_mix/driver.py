@@ -72,7 +72,8 @@ class Driver:
         centre = self.topics[rng.integers(len(self.topics))]
         noise = rng.normal(size=self.config.dim)
         vector = centre + 0.6 * noise / np.linalg.norm(noise)
-        return vector.round(5).tolist()
+        values: list[float] = vector.round(5).tolist()  # numpy types tolist() as Any
+        return values
 
     async def _call(self, client: httpx.AsyncClient, op: str, name: str, path: str,
                     body: dict[str, Any] | None = None, method: str = "POST") -> Any:

@@ -45,7 +45,9 @@ def drive(base_url: str, config: LoadMixConfig, database_url: str | None = None,
 
 
 @contextmanager
-def _stalling_judge(config: LoadMixConfig) -> Iterator[tuple[StallingJudge | None, dict]]:
+def _stalling_judge(
+    config: LoadMixConfig,
+) -> Iterator[tuple[StallingJudge | None, dict[str, Any]]]:
     """The judge of the stalling-scorer fault, and the service settings that make it the
     scorer; nothing without that fault."""
     if not config.faults.stalling_scorer:

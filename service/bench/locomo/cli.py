@@ -25,7 +25,9 @@ def _probability(value: str) -> float:
     return p
 
 
-def add_locomo_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+def add_locomo_parser(
+    subparsers: argparse._SubParsersAction[argparse.ArgumentParser],
+) -> argparse.ArgumentParser:
     """Register the ``locomo`` sub-command (``earm bench locomo …``)."""
     from service.bench import locomo  # its docstring describes the replay
 

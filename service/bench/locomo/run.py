@@ -31,7 +31,7 @@ def run_locomo(config: LocomoConfig) -> dict[str, Any]:
     noise = NoiseModel(
         miss=config.judge_miss, false=config.judge_false, noise=config.judge_noise, seed=config.seed
     )
-    judge_kind = cast(JudgeKind, config.judge)
+    judge_kind = cast(JudgeKind, config.judge)  # LocomoConfig.__post_init__ checked it
     total = sum(len(question_stream(c, config)) for c in conversations) * len(config.policies)
     records: dict[str, list[QueryRecord]] = {}
     shared_service = bool(config.url or config.database_url)
