@@ -5,6 +5,7 @@ after each query or feedback and replaced wholesale by a full refit (binary COPY
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -121,19 +122,24 @@ async def _still_existing(
     return np.isin(memory_ids, deleted, invert=True)
 
 
+@dataclass(frozen=True)
+class RefittedModel:
+    """A namespace's model from a full refit, as :func:`replace_model` writes it: one entry per
+    observed memory (ids ascending) and one per observed query (ids ascending)."""
+
+    memory_ids: np.ndarray
+    memory_bias: np.ndarray
+    memory_factors: np.ndarray
+    observation_count: np.ndarray  # observations per memory
+    query_ids: np.ndarray
+    query_bias: np.ndarray
+    query_slope: np.ndarray
+    query_factors: np.ndarray
+    prior: ContentPrior
+
+
 async def replace_model(
-    session: AsyncSession,
-    namespace: str,
-    memory_ids: np.ndarray,
-    memory_bias: np.ndarray,
-    memory_factors: np.ndarray,
-    observation_count: np.ndarray,
-    query_ids: np.ndarray,
-    query_bias: np.ndarray,
-    query_slope: np.ndarray,
-    query_factors: np.ndarray,
-    prior: ContentPrior,
-    refitted_at: datetime,
+    session: AsyncSession, namespace: str, model: RefittedModel, refitted_at: datetime
 ) -> None:
     """Write a full refit: every memory row and query column of the namespace, and reset the
     counter. Rows travel by binary COPY (the memory side straight into ``memory_factors``,
@@ -141,10 +147,15 @@ async def replace_model(
     deleted since the observations were read get no row."""
     await namespace_state(session, namespace, for_update=True)
     conn = await driver_connection(session)
-    existing = await _still_existing(conn, memory_ids)
+    existing = await _still_existing(conn, model.memory_ids)
     memory_ids, memory_bias, memory_factors, observation_count = (
         np.asarray(values)[existing]
-        for values in (memory_ids, memory_bias, memory_factors, observation_count)
+        for values in (
+            model.memory_ids, model.memory_bias, model.memory_factors, model.observation_count
+        )
+    )
+    query_ids, query_bias, query_slope, query_factors, prior = (
+        model.query_ids, model.query_bias, model.query_slope, model.query_factors, model.prior
     )
     await conn.execute("DELETE FROM memory_factors WHERE namespace = %s", (namespace,))
     if len(memory_ids):

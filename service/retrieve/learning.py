@@ -8,7 +8,6 @@ import asyncio
 import logging
 from collections.abc import Sequence
 from datetime import UTC, datetime
-from typing import Any
 
 import numpy as np
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
@@ -16,6 +15,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from service.completion.similarity import fit_with_similarity, fold_in_with_similarity
 from service.db import experience, model_state
 from service.db.experience import NamespaceObservations, RecordedQuery, RowObservations
+from service.db.model_state import RefittedModel
 from service.db.namespaces import (
     namespace_state,
     try_lock_namespace_refit,
@@ -246,7 +246,7 @@ class Learner:
                     self._fit, observations, memory_ids, memory_idx, embeddings
                 )
                 await model_state.replace_model(
-                    session, namespace, *fitted, refitted_at=datetime.now(UTC)
+                    session, namespace, fitted, refitted_at=datetime.now(UTC)
                 )
                 await session.commit()
             finally:
@@ -261,7 +261,7 @@ class Learner:
         memory_ids: np.ndarray,
         memory_idx: np.ndarray,
         memory_embeddings: np.ndarray,
-    ) -> tuple[Any, ...]:
+    ) -> RefittedModel:
         """The refit. ``memory_ids`` are the observed memories in id order, ``memory_idx`` each
         observation's row among them, ``memory_embeddings`` theirs (zero rows for memories
         deleted since)."""
@@ -285,14 +285,14 @@ class Learner:
             content_reg=self.settings.content_reg,
             memory_reg=self.settings.memory_reg,
         )
-        return (
-            memory_ids,
-            model.memory_bias,
-            model.memory_factors,
-            np.bincount(memory_idx, minlength=len(memory_ids)),
-            query_ids,
-            model.query_bias,
-            model.query_slope,
-            model.query_factors,
-            model.prior,
+        return RefittedModel(
+            memory_ids=memory_ids,
+            memory_bias=model.memory_bias,
+            memory_factors=model.memory_factors,
+            observation_count=np.bincount(memory_idx, minlength=len(memory_ids)),
+            query_ids=query_ids,
+            query_bias=model.query_bias,
+            query_slope=model.query_slope,
+            query_factors=model.query_factors,
+            prior=model.prior,
         )
