@@ -17,6 +17,7 @@ import shutil
 import tempfile
 from collections import Counter as Tally
 from collections.abc import Iterable, Iterator
+from dataclasses import asdict
 from typing import TYPE_CHECKING
 
 from prometheus_client import (
@@ -161,11 +162,10 @@ class Metrics:
     def observe_retrieve(self, result: RetrieveResult) -> None:
         policy = str(result.policy)
         self.retrieves.labels(policy=policy, degraded=str(bool(result.degraded)).lower()).inc()
-        for name, milliseconds in result.timings.items():
+        for name, milliseconds in asdict(result.timings).items():
             phase = name.removesuffix("_ms")
             self.retrieve_phase.labels(phase=phase, policy=policy).observe(milliseconds / 1000.0)
-        if "complete_ms" in result.timings:
-            self.completion.labels(policy=policy).observe(result.timings["complete_ms"] / 1000.0)
+        self.completion.labels(policy=policy).observe(result.timings.complete_ms / 1000.0)
         if result.scorer_calls:
             self.retrieve_scorer_calls.labels(policy=policy).inc(result.scorer_calls)
         for source, count in Tally(m.source for m in result.memories).items():

@@ -29,6 +29,9 @@ class NewMemory:
     metadata: dict[str, Any] = field(default_factory=dict)
 
 
+# The results below are also the API's response bodies (service.http serves them as they are).
+
+
 @dataclass(frozen=True)
 class IngestResult:
     ids: list[int]
@@ -37,8 +40,35 @@ class IngestResult:
 
 
 @dataclass(frozen=True)
+class StoredMemory:
+    """A stored memory, as lookup and listing return it (the embedding is not returned)."""
+
+    id: int
+    namespace: str
+    external_id: str | None
+    text: str
+    occurred_at: datetime | None
+    created_at: datetime
+    metadata: dict[str, Any]
+    embedding_model: str
+
+    @classmethod
+    def of(cls, row: Memory) -> StoredMemory:
+        return cls(
+            id=row.id,
+            namespace=row.namespace,
+            external_id=row.external_id,
+            text=row.text,
+            occurred_at=row.occurred_at,
+            created_at=row.created_at,
+            metadata=row.metadata_,
+            embedding_model=row.embedding_model,
+        )
+
+
+@dataclass(frozen=True)
 class MemoryPage:
-    memories: list[Memory]
+    memories: list[StoredMemory]
     next_cursor: str | None
 
 
@@ -148,11 +178,11 @@ async def _vectors_for(
     return vectors  # type: ignore[return-value]
 
 
-async def get_memory(session: AsyncSession, memory_id: int) -> Memory:
+async def get_memory(session: AsyncSession, memory_id: int) -> StoredMemory:
     memory = await memory_table.get_memory(session, memory_id)
     if memory is None:
         raise NotFound(f"memory {memory_id} does not exist")
-    return memory
+    return StoredMemory.of(memory)
 
 
 _CURSOR = re.compile(r"m[1-9][0-9]{0,18}")
@@ -182,7 +212,7 @@ async def list_memories(
     found = await memory_table.memories_after(session, namespace, after_id, limit + 1)
     page = found[:limit]
     next_cursor = encode_cursor(page[-1].id) if len(found) > limit else None
-    return MemoryPage(page, next_cursor)
+    return MemoryPage([StoredMemory.of(row) for row in page], next_cursor)
 
 
 async def delete_memory(session: AsyncSession, memory_id: int, namespace: str) -> None:

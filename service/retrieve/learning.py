@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 
 import numpy as np
@@ -35,6 +36,15 @@ def refit_due(queries_since_refit: int, queries_recorded: int, refit_every: int)
     time its query count has grown by half), so factors are learned early. Still O(log n)
     refits before the steady period."""
     return queries_since_refit >= min(refit_every, max(1, queries_recorded // 2))
+
+
+@dataclass(frozen=True)
+class FeedbackResult:
+    """Scores recorded, and scores for memories already observed for the query (the first
+    score of a pair is kept)."""
+
+    recorded: int
+    already_observed: int
 
 
 class Learner:
@@ -176,8 +186,8 @@ class Learner:
 
     async def feedback(
         self, namespace: str, query_id: int, memory_ids: Sequence[int], scores: Sequence[float]
-    ) -> tuple[int, int]:
-        """Record client observations for a past query; returns (recorded, already_observed).
+    ) -> FeedbackResult:
+        """Record client observations for a past query.
 
         The query's own parameters and the touched memory rows are re-solved at once, so the
         next query already benefits. A memory may be scored once per request: of two scores
@@ -214,7 +224,9 @@ class Learner:
                 )
                 await self._resolve_memory_rows(session, namespace, inserted_ids, state.mean_score)
             await session.commit()
-        return len(inserted_ids), len(ids) - len(inserted_ids)
+        return FeedbackResult(
+            recorded=len(inserted_ids), already_observed=len(ids) - len(inserted_ids)
+        )
 
     # ------------------------------------------------------------------------------- refit
 

@@ -8,7 +8,7 @@ import asyncio
 import json
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Literal
 
@@ -21,12 +21,13 @@ from service.errors import InvalidInput, LimitExceeded
 from service.providers.embedders import Embedder, check_embedding, embed_texts
 from service.providers.scorers import RelevanceScorer
 from service.retrieve.budget import anchor_seed, sample_anchors
-from service.retrieve.learning import Learner
+from service.retrieve.learning import FeedbackResult, Learner
 from service.retrieve.rerank import (
     ESTIMATED,
     CandidateState,
     Policy,
     Ranking,
+    Source,
     rank_candidates,
 )
 from service.settings import BudgetSchedule, Settings
@@ -48,6 +49,9 @@ class RetrieveRequest:
     filters: dict[str, Any] | None = None
 
 
+# The results below are also the API's response body (service.http serves them as they are).
+
+
 @dataclass(frozen=True)
 class RetrievedMemory:
     id: int
@@ -56,22 +60,34 @@ class RetrievedMemory:
     occurred_at: datetime | None
     metadata: dict[str, Any]
     score: float
-    source: str
+    source: Source
     similarity: float
     rank: int
+
+
+@dataclass(frozen=True)
+class Timings:
+    """Milliseconds per phase of one retrieve."""
+
+    embed_ms: float
+    search_ms: float
+    score_ms: float
+    complete_ms: float
+    record_ms: float
+    total_ms: float
 
 
 @dataclass(frozen=True)
 class RetrieveResult:
     query_id: int
     query_index: int
-    policy: Policy
+    policy: str  # the request's Policy, documented as a plain string in the API
     stage: int
     budget: int
     scorer_calls: int
     degraded: bool
     memories: list[RetrievedMemory]
-    timings: dict[str, float] = field(default_factory=dict)
+    timings: Timings
 
 
 class _Stopwatch:
@@ -84,9 +100,9 @@ class _Stopwatch:
         self.timings[name] = round((now - since) * 1000, 3)
         return now
 
-    def total(self) -> dict[str, float]:
+    def total(self) -> Timings:
         self.timings["total_ms"] = round((time.perf_counter() - self.start) * 1000, 3)
-        return self.timings
+        return Timings(**self.timings)
 
 
 class RetrievalPipeline:
@@ -275,8 +291,8 @@ class RetrievalPipeline:
 
     async def feedback(
         self, namespace: str, query_id: int, memory_ids: Sequence[int], scores: Sequence[float]
-    ) -> tuple[int, int]:
-        """Record client observations for a past query; returns (recorded, already_observed)."""
+    ) -> FeedbackResult:
+        """Record client observations for a past query."""
         return await self.learner.feedback(namespace, query_id, memory_ids, scores)
 
     async def refit(self, namespace: str) -> bool:

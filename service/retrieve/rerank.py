@@ -21,6 +21,8 @@ from service.completion.similarity import (
 Policy = Literal["earm", "semantic", "full", "observed"]
 POLICIES: tuple[Policy, ...] = ("earm", "semantic", "full", "observed")
 
+#: Where a returned score came from.
+Source = Literal["observed", "estimated", "semantic"]
 OBSERVED, ESTIMATED, SEMANTIC = "observed", "estimated", "semantic"
 
 
