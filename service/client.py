@@ -112,6 +112,17 @@ def _retrieve_body(namespace: str, query: str, options: Mapping[str, Any]) -> di
     return body
 
 
+def _stats_params(namespace: str | None) -> dict[str, str] | None:
+    return {"namespace": namespace} if namespace is not None else None
+
+
+def _list_params(namespace: str, limit: int, cursor: str | None) -> dict[str, Any]:
+    params: dict[str, Any] = {"namespace": namespace, "limit": limit}
+    if cursor is not None:
+        params["cursor"] = cursor
+    return params
+
+
 @cache
 def _adapter(result_type: type[Result]) -> TypeAdapter[Result]:
     return TypeAdapter(result_type)
@@ -177,17 +188,14 @@ class EarmClient:
 
     def stats(self, namespace: str | None = None) -> NamespaceStats | list[NamespaceStats]:
         """``GET /stats``: one namespace's stats, or (no namespace) a list of every visible one."""
-        params = {"namespace": namespace} if namespace is not None else None
-        return _stats_result(self._call("GET", "/stats", params=params).json())
+        return _stats_result(self._call("GET", "/stats", params=_stats_params(namespace)).json())
 
     def get(self, memory_id: int) -> Memory:
         return self._parse(Memory, "GET", f"/memories/{int(memory_id)}")
 
     def list(self, namespace: str, limit: int = 100, cursor: str | None = None) -> MemoryPage:
         """One page of a namespace's memories by id; pass ``page.next_cursor`` for the next."""
-        params: dict[str, Any] = {"namespace": namespace, "limit": limit}
-        if cursor is not None:
-            params["cursor"] = cursor
+        params = _list_params(namespace, limit, cursor)
         return self._parse(MemoryPage, "GET", "/memories", params=params)
 
     def delete(self, memory_id: int) -> None:
@@ -244,16 +252,14 @@ class AsyncEarmClient:
     async def stats(
         self, namespace: str | None = None
     ) -> NamespaceStats | list[NamespaceStats]:
-        params = {"namespace": namespace} if namespace is not None else None
+        params = _stats_params(namespace)
         return _stats_result((await self._call("GET", "/stats", params=params)).json())
 
     async def get(self, memory_id: int) -> Memory:
         return await self._parse(Memory, "GET", f"/memories/{int(memory_id)}")
 
     async def list(self, namespace: str, limit: int = 100, cursor: str | None = None) -> MemoryPage:
-        params: dict[str, Any] = {"namespace": namespace, "limit": limit}
-        if cursor is not None:
-            params["cursor"] = cursor
+        params = _list_params(namespace, limit, cursor)
         return await self._parse(MemoryPage, "GET", "/memories", params=params)
 
     async def delete(self, memory_id: int) -> None:
