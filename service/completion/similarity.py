@@ -201,6 +201,8 @@ class SimilarityFactorModel:
     prior: ContentPrior
 
 
+# Over 60 lines on purpose: checks, initialisation and one ALS loop over shared arrays, read top
+# to bottom like the module (issue #13 keeps completion/ a leaf, unchanged but for this note).
 def fit_with_similarity(
     memory_idx: ArrayLike,
     query_idx: ArrayLike,

@@ -5,6 +5,7 @@ after each query or feedback and replaced wholesale by a full refit (binary COPY
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -121,19 +122,24 @@ async def _still_existing(
     return np.isin(memory_ids, deleted, invert=True)
 
 
+@dataclass(frozen=True)
+class RefittedModel:
+    """A namespace's model from a full refit, as :func:`replace_model` writes it: one entry per
+    observed memory (ids ascending) and one per observed query (ids ascending)."""
+
+    memory_ids: np.ndarray
+    memory_bias: np.ndarray
+    memory_factors: np.ndarray
+    observation_count: np.ndarray  # observations per memory
+    query_ids: np.ndarray
+    query_bias: np.ndarray
+    query_slope: np.ndarray
+    query_factors: np.ndarray
+    prior: ContentPrior
+
+
 async def replace_model(
-    session: AsyncSession,
-    namespace: str,
-    memory_ids: np.ndarray,
-    memory_bias: np.ndarray,
-    memory_factors: np.ndarray,
-    observation_count: np.ndarray,
-    query_ids: np.ndarray,
-    query_bias: np.ndarray,
-    query_slope: np.ndarray,
-    query_factors: np.ndarray,
-    prior: ContentPrior,
-    refitted_at: datetime,
+    session: AsyncSession, namespace: str, model: RefittedModel, refitted_at: datetime
 ) -> None:
     """Write a full refit: every memory row and query column of the namespace, and reset the
     counter. Rows travel by binary COPY (the memory side straight into ``memory_factors``,
@@ -141,10 +147,21 @@ async def replace_model(
     deleted since the observations were read get no row."""
     await namespace_state(session, namespace, for_update=True)
     conn = await driver_connection(session)
-    existing = await _still_existing(conn, memory_ids)
+    await _replace_memory_rows(conn, namespace, model)
+    if len(model.query_ids):
+        await _update_query_columns(conn, model)
+    await _reset_after_refit(session, namespace, model.prior, refitted_at)
+
+
+async def _replace_memory_rows(
+    conn: psycopg.AsyncConnection[Any], namespace: str, model: RefittedModel
+) -> None:
+    existing = await _still_existing(conn, model.memory_ids)
     memory_ids, memory_bias, memory_factors, observation_count = (
         np.asarray(values)[existing]
-        for values in (memory_ids, memory_bias, memory_factors, observation_count)
+        for values in (
+            model.memory_ids, model.memory_bias, model.memory_factors, model.observation_count
+        )
     )
     await conn.execute("DELETE FROM memory_factors WHERE namespace = %s", (namespace,))
     if len(memory_ids):
@@ -158,25 +175,34 @@ async def replace_model(
                 len(memory_ids),
             ),
         )
-    if len(query_ids):
-        await conn.execute(
-            "CREATE TEMPORARY TABLE earm_refit_queries "
-            "(id bigint, bias float8, slope float8, factors real[]) ON COMMIT DROP"
-        )
-        await copy_in(
-            conn,
-            "COPY earm_refit_queries (id, bias, slope, factors) FROM STDIN (FORMAT BINARY)",
-            binary_copy(
-                [("int8", query_ids), ("float8", query_bias), ("float8", query_slope),
-                 ("real[]", np.asarray(query_factors))],
-                len(query_ids),
-            ),
-        )
-        await conn.execute(
-            "UPDATE queries q SET bias = t.bias, slope = t.slope, factors = t.factors "
-            "FROM earm_refit_queries t WHERE q.id = t.id"
-        )
-        await conn.execute("DROP TABLE earm_refit_queries")
+
+
+async def _update_query_columns(conn: psycopg.AsyncConnection[Any], model: RefittedModel) -> None:
+    await conn.execute(
+        "CREATE TEMPORARY TABLE earm_refit_queries "
+        "(id bigint, bias float8, slope float8, factors real[]) ON COMMIT DROP"
+    )
+    await copy_in(
+        conn,
+        "COPY earm_refit_queries (id, bias, slope, factors) FROM STDIN (FORMAT BINARY)",
+        binary_copy(
+            [("int8", model.query_ids), ("float8", model.query_bias),
+             ("float8", model.query_slope), ("real[]", np.asarray(model.query_factors))],
+            len(model.query_ids),
+        ),
+    )
+    await conn.execute(
+        "UPDATE queries q SET bias = t.bias, slope = t.slope, factors = t.factors "
+        "FROM earm_refit_queries t WHERE q.id = t.id"
+    )
+    await conn.execute("DROP TABLE earm_refit_queries")
+
+
+async def _reset_after_refit(
+    session: AsyncSession, namespace: str, prior: ContentPrior, refitted_at: datetime
+) -> None:
+    """The namespace row after a refit: its content prior, the refit counter reset, and the
+    running mean recomputed."""
     await session.execute(
         text(
             """

@@ -16,8 +16,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Annotated, Any
 
+from pydantic import Field
 from sqlalchemy import Row, text
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -30,31 +31,57 @@ PREQUENTIAL_WINDOW = 100
 
 @dataclass(frozen=True)
 class NamespaceStats:
-    """What ``GET /stats`` reports for one namespace (see README "Operations")."""
+    """One namespace's counts, budget, savings and completion quality."""
+
+    # Also the body of GET /stats (see README "Operations"): the descriptions are the API's.
 
     namespace: str
     memories: int
-    # Memories not in the HNSW index yet (the background indexer's backlog; found by an exact
-    # scan until indexed).
-    memories_unindexed: int
-    queries: int
-    observations: int
-    # observations / (memories × queries): the observed share of the experience matrix as it
-    # stands (current memories × recorded queries); 0 while either side is empty.
-    density: float
-    stage: int
-    next_budget: int
+    memories_unindexed: Annotated[
+        int,
+        Field(
+            description="Memories not in the HNSW index yet (the background indexer's backlog); "
+            "searches find them by an exact scan meanwhile."
+        ),
+    ]
+    queries: Annotated[int, Field(description="Queries recorded (the next query's index).")]
+    observations: Annotated[int, Field(description="Observed cells: scorer scores and feedback.")]
+    # The observed share of the experience matrix as it stands (current memories × recorded
+    # queries).
+    density: Annotated[
+        float, Field(description="observations / (memories × queries); 0 while either is 0.")
+    ]
+    stage: Annotated[int, Field(description="Budget stage of the next query.")]
+    next_budget: Annotated[
+        int,
+        Field(
+            description="Anchors the next default request will score: the schedule's ratio times "
+            "min(default candidates, memories)."
+        ),
+    ]
     next_budget_ratio: float
-    scorer_calls: int
-    full_rerank_calls: int
-    # 1 − scorer_calls / full_rerank_calls; None before any query scored anything.
-    calls_saved: float | None
-    # Share of returned memories whose score came from the completion model.
-    estimated_share: float | None
-    # Mean |completion estimate − observed score| over the anchors with history of the last
-    # PREQUENTIAL_WINDOW queries, each predicted before it was folded in (leave-one-out).
-    prequential_error: float | None
-    prequential_anchors: int
+    scorer_calls: Annotated[int, Field(description="Scorer calls made by recorded queries.")]
+    full_rerank_calls: Annotated[
+        int, Field(description="Calls full reranking would have made for them.")
+    ]
+    # None before any query scored anything.
+    calls_saved: Annotated[
+        float | None, Field(description="1 − scorer_calls / full_rerank_calls.")
+    ]
+    estimated_share: Annotated[
+        float | None,
+        Field(description="Share of returned memories whose score came from the completion model."),
+    ]
+    # Each anchor predicted before it was folded in (leave-one-out).
+    prequential_error: Annotated[
+        float | None,
+        Field(
+            description="Mean absolute error of the completion on anchors with history over the "
+            f"last {PREQUENTIAL_WINDOW} queries, each predicted before it was learned from "
+            "(null: none yet)."
+        ),
+    ]
+    prequential_anchors: Annotated[int, Field(description="Anchors that error is measured on.")]
     last_refit_at: datetime | None
 
 

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 
 from fastapi import Depends, FastAPI
 
@@ -29,6 +29,32 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     which is what ``uvicorn --factory service.http.app:create_app`` relies on."""
     settings = settings or Settings()
     metrics = Metrics()
+    app = FastAPI(
+        title="earm",
+        version="1",
+        summary="Retrieval for long-term agent memory that learns from its own reranking.",
+        lifespan=_lifespan(settings, metrics),
+        # Every route needs a key once key enforcement is on, except deps.PUBLIC_PATHS
+        # (docs/security.md).
+        dependencies=[Depends(authenticate)],
+    )
+    app.add_middleware(
+        BodyLimits, max_bytes=settings.max_body_bytes, timeout_s=settings.body_timeout_s
+    )
+    app.state.metrics = metrics
+    app.add_middleware(RequestObservabilityMiddleware, metrics=metrics)
+    install_error_handlers(app)
+    app.include_router(health.router)
+    app.include_router(memories.router)
+    app.include_router(retrieve.router)
+    app.include_router(stats.router)
+    return app
+
+
+def _lifespan(
+    settings: Settings, metrics: Metrics
+) -> Callable[[FastAPI], AbstractAsyncContextManager[None]]:
+    """The app's resources: opened before it serves, closed once it has stopped."""
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -70,23 +96,4 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 if embedder is not None:
                     await embedder.aclose()
 
-    app = FastAPI(
-        title="earm",
-        version="1",
-        summary="Retrieval for long-term agent memory that learns from its own reranking.",
-        lifespan=lifespan,
-        # Every route needs a key once key enforcement is on, except deps.PUBLIC_PATHS
-        # (docs/security.md).
-        dependencies=[Depends(authenticate)],
-    )
-    app.add_middleware(
-        BodyLimits, max_bytes=settings.max_body_bytes, timeout_s=settings.body_timeout_s
-    )
-    app.state.metrics = metrics
-    app.add_middleware(RequestObservabilityMiddleware, metrics=metrics)
-    install_error_handlers(app)
-    app.include_router(health.router)
-    app.include_router(memories.router)
-    app.include_router(retrieve.router)
-    app.include_router(stats.router)
-    return app
+    return lifespan

@@ -1,7 +1,16 @@
-"""Request and response bodies of the HTTP API (v1)."""
+"""Request and response bodies of the HTTP API (v1).
+
+Most response bodies are the domain's own result dataclasses, served as they are (FastAPI takes
+dataclasses as response models): ``IngestResult``, ``StoredMemory``, ``MemoryPage``
+(``service.ingest.memories``), ``RetrieveResult`` (``service.retrieve.pipeline``),
+``FeedbackResult`` (``service.retrieve.learning``), ``NamespaceStats`` (``service.db.stats``),
+``ScorerHealthSnapshot`` (``service.providers.scorer_health``). Only the envelopes of
+``/stats`` are declared here.
+"""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
@@ -10,7 +19,8 @@ from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Fie
 
 from service.db.models import MAX_BIGINT
 from service.ingest.validation import storable_text_problem
-from service.providers.scorer_health import MAX_AGE_S, MIN_CALLS, WINDOW_CALLS
+from service.db.stats import NamespaceStats
+from service.providers.scorer_health import ScorerHealthSnapshot
 
 NAMESPACE_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$"
 
@@ -100,28 +110,6 @@ class IngestRequest(StrictModel):
     memories: Annotated[list[MemoryIn], Field(min_length=1)]
 
 
-class IngestResponse(BaseModel):
-    ids: list[int]
-    created: int
-    existing: int
-
-
-class MemoryOut(BaseModel):
-    id: int
-    namespace: str
-    external_id: str | None
-    text: str
-    occurred_at: datetime | None
-    created_at: datetime
-    metadata: dict[str, Any]
-    embedding_model: str
-
-
-class MemoryPageOut(BaseModel):
-    memories: list[MemoryOut]
-    next_cursor: str | None
-
-
 class ErrorBody(BaseModel):
     code: str
     message: str
@@ -158,39 +146,6 @@ class RetrieveIn(StrictModel):
     )
 
 
-class RetrievedMemoryOut(BaseModel):
-    id: int
-    external_id: str | None
-    text: str
-    occurred_at: datetime | None
-    metadata: dict[str, Any]
-    score: float
-    source: Literal["observed", "estimated", "semantic"]
-    similarity: float
-    rank: int
-
-
-class Timings(BaseModel):
-    embed_ms: float
-    search_ms: float
-    score_ms: float
-    complete_ms: float
-    record_ms: float
-    total_ms: float
-
-
-class RetrieveOut(BaseModel):
-    query_id: int
-    query_index: int
-    policy: str
-    stage: int
-    budget: int
-    scorer_calls: int
-    degraded: bool
-    memories: list[RetrievedMemoryOut]
-    timings: Timings
-
-
 class FeedbackScore(StrictModel):
     memory_id: DatabaseId
     score: Annotated[float, Field(ge=0.0, le=1.0, allow_inf_nan=False)]
@@ -202,62 +157,16 @@ class FeedbackIn(StrictModel):
     scores: Annotated[list[FeedbackScore], Field(min_length=1)]
 
 
-class FeedbackOut(BaseModel):
-    recorded: int
-    already_observed: int
+@dataclass(frozen=True)
+class NamespaceReportOut(NamespaceStats):
+    """One namespace's stats and the scorer's health."""
+
+    scorer: ScorerHealthSnapshot
 
 
-class NamespaceStatsOut(BaseModel):
-    namespace: str
-    memories: int
-    memories_unindexed: int = Field(
-        description="Memories not in the HNSW index yet (the background indexer's backlog); "
-        "searches find them by an exact scan meanwhile."
-    )
-    queries: int = Field(description="Queries recorded (the next query's index).")
-    observations: int = Field(description="Observed cells: scorer scores and feedback.")
-    density: float = Field(description="observations / (memories × queries); 0 while either is 0.")
-    stage: int = Field(description="Budget stage of the next query.")
-    next_budget: int = Field(
-        description="Anchors the next default request will score: the schedule's ratio times "
-        "min(default candidates, memories)."
-    )
-    next_budget_ratio: float
-    scorer_calls: int = Field(description="Scorer calls made by recorded queries.")
-    full_rerank_calls: int = Field(description="Calls full reranking would have made for them.")
-    calls_saved: float | None = Field(description="1 − scorer_calls / full_rerank_calls.")
-    estimated_share: float | None = Field(
-        description="Share of returned memories whose score came from the completion model."
-    )
-    prequential_error: float | None = Field(
-        description="Mean absolute error of the completion on anchors with history over the "
-        "last 100 queries, each predicted before it was learned from (null: none yet)."
-    )
-    prequential_anchors: int = Field(description="Anchors that error is measured on.")
-    last_refit_at: datetime | None
+@dataclass(frozen=True)
+class StatsListOut:
+    """The stats of every namespace the API key may use, and the scorer's health."""
 
-
-class ScorerHealthOut(BaseModel):
-    """Health of the relevance scorer of the process that answered (not per namespace)."""
-
-    name: str = Field(description="The scorer (`EARM_SCORER`): `local` or `openai`.")
-    recent_calls: int = Field(
-        description=f"Scorer calls in the health window: the last {WINDOW_CALLS}, none older "
-        f"than {MAX_AGE_S:g} s."
-    )
-    recent_success_rate: float | None = Field(
-        description="Share of those calls that returned a score (null: no recent calls)."
-    )
-    healthy: bool = Field(
-        description=f"false once at least {MIN_CALLS} recent calls were made and fewer than "
-        "half succeeded: retrieves answer degraded and learning stalls."
-    )
-
-
-class NamespaceReportOut(NamespaceStatsOut):
-    scorer: ScorerHealthOut
-
-
-class StatsListOut(BaseModel):
-    namespaces: list[NamespaceStatsOut]
-    scorer: ScorerHealthOut
+    namespaces: list[NamespaceStats]
+    scorer: ScorerHealthSnapshot

@@ -29,6 +29,9 @@ class NewMemory:
     metadata: dict[str, Any] = field(default_factory=dict)
 
 
+# The results below are also the API's response bodies (service.http serves them as they are).
+
+
 @dataclass(frozen=True)
 class IngestResult:
     ids: list[int]
@@ -37,8 +40,35 @@ class IngestResult:
 
 
 @dataclass(frozen=True)
+class StoredMemory:
+    """A stored memory, as lookup and listing return it (the embedding is not returned)."""
+
+    id: int
+    namespace: str
+    external_id: str | None
+    text: str
+    occurred_at: datetime | None
+    created_at: datetime
+    metadata: dict[str, Any]
+    embedding_model: str
+
+    @classmethod
+    def of(cls, row: Memory) -> StoredMemory:
+        return cls(
+            id=row.id,
+            namespace=row.namespace,
+            external_id=row.external_id,
+            text=row.text,
+            occurred_at=row.occurred_at,
+            created_at=row.created_at,
+            metadata=row.metadata_,
+            embedding_model=row.embedding_model,
+        )
+
+
+@dataclass(frozen=True)
 class MemoryPage:
-    memories: list[Memory]
+    memories: list[StoredMemory]
     next_cursor: str | None
 
 
@@ -54,6 +84,36 @@ async def ingest(
     Existing external ids are looked up first so a retried batch costs no embedder calls. An
     external id repeated within the batch is one memory, so its items must be the same.
     """
+    _check_repeated_external_ids(items)
+    external_ids = [item.external_id for item in items if item.external_id is not None]
+    known: dict[str, int] = {}
+    if external_ids:
+        known = await memory_table.ids_by_external_id(session, namespace, external_ids)
+    pending, new_external_ids = _pending(items, known)
+
+    vectors = await _vectors_for(embedder, embedding_dim, [items[p] for p in pending], pending)
+    await ensure_namespace(session, namespace)
+
+    created = 0
+    anonymous_ids: dict[int, int] = {}  # request position -> id
+    if pending:
+        inserted = await _insert(session, embedder, namespace, items, pending, vectors)
+        created = len(inserted)
+        known.update({ext: mid for mid, ext in inserted if ext is not None})
+        anonymous_ids = _anonymous_ids(items, pending, inserted)
+        # A concurrent request may have inserted one of our external ids between our lookup
+        # and our insert (ON CONFLICT DO NOTHING skipped it): fetch those ids now.
+        missing = [ext for ext in new_external_ids if ext not in known]
+        if missing:
+            known.update(await memory_table.ids_by_external_id(session, namespace, missing))
+    ids = [
+        known[item.external_id] if item.external_id is not None else anonymous_ids[position]
+        for position, item in enumerate(items)
+    ]
+    return IngestResult(ids=[int(i) for i in ids], created=created, existing=len(items) - created)
+
+
+def _check_repeated_external_ids(items: Sequence[NewMemory]) -> None:
     for first, position in repeats(item.external_id for item in items):
         if differing := _differing_fields(items[first], items[position]):
             raise InvalidInput(
@@ -61,12 +121,11 @@ async def ingest(
                 f"{items[first].external_id!r} but differ in {', '.join(differing)}: "
                 "one of them would be lost"
             )
-    external_ids = [item.external_id for item in items if item.external_id is not None]
-    known: dict[str, int] = {}
-    if external_ids:
-        known = await memory_table.ids_by_external_id(session, namespace, external_ids)
 
-    # Items to insert: new external ids (first occurrence only) and all anonymous items.
+
+def _pending(items: Sequence[NewMemory], known: dict[str, int]) -> tuple[list[int], set[str]]:
+    """Positions of the items to insert: new external ids (first occurrence only) and all
+    anonymous items; and those new external ids."""
     pending: list[int] = []
     seen: set[str] = set()
     for position, item in enumerate(items):
@@ -75,45 +134,38 @@ async def ingest(
         elif item.external_id not in known and item.external_id not in seen:
             seen.add(item.external_id)
             pending.append(position)
+    return pending, seen
 
-    vectors = await _vectors_for(embedder, embedding_dim, [items[p] for p in pending], pending)
-    await ensure_namespace(session, namespace)
 
-    ids: list[int | None] = [None] * len(items)
-    created = 0
-    if pending:
-        model_ids = _model_ids(embedder, items, pending)
-        batch = [items[p] for p in pending]
-        inserted = await memory_table.insert_memories(
-            session,
-            namespace,
-            [item.external_id for item in batch],
-            [item.text for item in batch],
-            vectors,
-            model_ids,
-            [item.occurred_at for item in batch],
-            [item.metadata for item in batch],
-        )
-        created = len(inserted)
-        inserted_by_external = {ext: mid for mid, ext in inserted if ext is not None}
-        # The INSERT draws identity values in request order (ORDER BY ordinality), so the
-        # sorted ids of the anonymous rows line up with their request positions.
-        anonymous_ids = iter(sorted(mid for mid, ext in inserted if ext is None))
-        known.update(inserted_by_external)
-        for p in pending:
-            if items[p].external_id is None:
-                ids[p] = next(anonymous_ids)
-        # A concurrent request may have inserted one of our external ids between our lookup
-        # and our insert (ON CONFLICT DO NOTHING skipped it): fetch those ids now.
-        missing = [ext for ext in seen if ext not in known]
-        if missing:
-            known.update(await memory_table.ids_by_external_id(session, namespace, missing))
-    for position, item in enumerate(items):
-        if item.external_id is not None:
-            ids[position] = known[item.external_id]
-    filled = [int(i) for i in ids if i is not None]
-    assert len(filled) == len(items), "every item has an id: inserted, known or fetched"
-    return IngestResult(ids=filled, created=created, existing=len(items) - created)
+async def _insert(
+    session: AsyncSession,
+    embedder: Embedder | None,
+    namespace: str,
+    items: Sequence[NewMemory],
+    pending: Sequence[int],
+    vectors: Sequence[np.ndarray],
+) -> list[tuple[int, str | None]]:
+    batch = [items[p] for p in pending]
+    return await memory_table.insert_memories(
+        session,
+        namespace,
+        [item.external_id for item in batch],
+        [item.text for item in batch],
+        vectors,
+        _model_ids(embedder, items, pending),
+        [item.occurred_at for item in batch],
+        [item.metadata for item in batch],
+    )
+
+
+def _anonymous_ids(
+    items: Sequence[NewMemory], pending: Sequence[int], inserted: Sequence[tuple[int, str | None]]
+) -> dict[int, int]:
+    """The ids of the inserted items without an external id, by request position."""
+    # The INSERT draws identity values in request order (ORDER BY ordinality), so the
+    # sorted ids of the anonymous rows line up with their request positions.
+    anonymous_ids = iter(sorted(mid for mid, ext in inserted if ext is None))
+    return {p: next(anonymous_ids) for p in pending if items[p].external_id is None}
 
 
 def _differing_fields(one: NewMemory, other: NewMemory) -> list[str]:
@@ -152,11 +204,11 @@ async def _vectors_for(
     return filled
 
 
-async def get_memory(session: AsyncSession, memory_id: int) -> Memory:
+async def get_memory(session: AsyncSession, memory_id: int) -> StoredMemory:
     memory = await memory_table.get_memory(session, memory_id)
     if memory is None:
         raise NotFound(f"memory {memory_id} does not exist")
-    return memory
+    return StoredMemory.of(memory)
 
 
 _CURSOR = re.compile(r"m[1-9][0-9]{0,18}")
@@ -186,7 +238,7 @@ async def list_memories(
     found = await memory_table.memories_after(session, namespace, after_id, limit + 1)
     page = found[:limit]
     next_cursor = encode_cursor(page[-1].id) if len(found) > limit else None
-    return MemoryPage(page, next_cursor)
+    return MemoryPage([StoredMemory.of(row) for row in page], next_cursor)
 
 
 async def delete_memory(session: AsyncSession, memory_id: int, namespace: str) -> None:

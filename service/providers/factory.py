@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pydantic import SecretStr
+
 from service.errors import ConfigurationError
 from service.providers.chat_scorer import OpenAIChatScorer
 from service.providers.embedders import LOCAL_DIM, Embedder, LocalEmbedder
@@ -23,14 +25,12 @@ def build_embedder(settings: Settings) -> Embedder | None:
             )
         return LocalEmbedder(batch_size=settings.embedder_batch_size)
     if kind == "openai":
-        if not settings.embedder_base_url:
-            raise ConfigurationError(
-                "EARM_EMBEDDER=openai requires EARM_EMBEDDER_BASE_URL "
-                "(e.g. https://api.openai.com/v1 or http://localhost:11434/v1)"
-            )
-        api_key = settings.embedder_api_key.get_secret_value() if settings.embedder_api_key else None
+        base_url, api_key = _openai_endpoint(
+            "EMBEDDER", settings.embedder_base_url, settings.embedder_api_key,
+            "http://localhost:11434/v1",
+        )
         return OpenAIEmbedder(
-            base_url=settings.embedder_base_url,
+            base_url=base_url,
             model=settings.embedder_model,
             dim=settings.embedding_dim,
             api_key=api_key,
@@ -46,14 +46,11 @@ def build_scorer(settings: Settings, observer: ScorerObserver | None = None) -> 
     if settings.scorer == "local":
         return LocalScorer(observer=observer)
     if settings.scorer == "openai":
-        if not settings.scorer_base_url:
-            raise ConfigurationError(
-                "EARM_SCORER=openai requires EARM_SCORER_BASE_URL "
-                "(e.g. https://api.openai.com/v1 or http://localhost:8001/v1)"
-            )
-        api_key = settings.scorer_api_key.get_secret_value() if settings.scorer_api_key else None
+        base_url, api_key = _openai_endpoint(
+            "SCORER", settings.scorer_base_url, settings.scorer_api_key, "http://localhost:8001/v1"
+        )
         return OpenAIChatScorer(
-            base_url=settings.scorer_base_url,
+            base_url=base_url,
             model=settings.scorer_model,
             api_key=api_key,
             concurrency=settings.scorer_concurrency,
@@ -62,3 +59,15 @@ def build_scorer(settings: Settings, observer: ScorerObserver | None = None) -> 
             observer=observer,
         )
     raise ConfigurationError(f"unknown scorer {settings.scorer!r}; expected 'local' or 'openai'")
+
+
+def _openai_endpoint(
+    provider: str, base_url: str | None, api_key: SecretStr | None, local_example: str
+) -> tuple[str, str | None]:
+    """The base URL (required) and the API key of an OpenAI-compatible ``EARM_<provider>``."""
+    if not base_url:
+        raise ConfigurationError(
+            f"EARM_{provider}=openai requires EARM_{provider}_BASE_URL "
+            f"(e.g. https://api.openai.com/v1 or {local_example})"
+        )
+    return base_url, api_key.get_secret_value() if api_key else None

@@ -18,6 +18,9 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Annotated
+
+from pydantic import Field
 
 from service.providers.scorers import Outcome
 
@@ -37,14 +40,29 @@ WARN_INTERVAL_S = 60.0
 
 @dataclass(frozen=True)
 class ScorerHealthSnapshot:
-    """What ``/stats`` (``scorer``) and ``/metrics`` (``earm_scorer_*`` gauges) report."""
+    """Health of the relevance scorer of the process that answered (not per namespace)."""
 
-    name: str
-    recent_calls: int
-    # Share of the recent calls that returned a score; None without recent calls.
-    recent_success_rate: float | None
-    # False once at least MIN_CALLS recent calls were made and fewer than half succeeded.
-    healthy: bool
+    # What /stats (`scorer`) returns as is and /metrics (`earm_scorer_*` gauges) reports; the
+    # descriptions are the API's.
+    name: Annotated[str, Field(description="The scorer (`EARM_SCORER`): `local` or `openai`.")]
+    recent_calls: Annotated[
+        int,
+        Field(
+            description=f"Scorer calls in the health window: the last {WINDOW_CALLS}, none older "
+            f"than {MAX_AGE_S:g} s."
+        ),
+    ]
+    recent_success_rate: Annotated[
+        float | None,
+        Field(description="Share of those calls that returned a score (null: no recent calls)."),
+    ]
+    healthy: Annotated[
+        bool,
+        Field(
+            description=f"false once at least {MIN_CALLS} recent calls were made and fewer than "
+            "half succeeded: retrieves answer degraded and learning stalls."
+        ),
+    ]
 
 
 class ScorerHealth:

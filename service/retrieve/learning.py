@@ -7,19 +7,19 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 
 import numpy as np
-from numpy.typing import NDArray
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from service.completion.similarity import (
-    ContentPrior,
     fit_with_similarity,
     fold_in_with_similarity,
 )
 from service.db import experience, model_state
 from service.db.experience import NamespaceObservations, RecordedQuery, RowObservations
+from service.db.model_state import RefittedModel
 from service.db.namespaces import (
     namespace_state,
     try_lock_namespace_refit,
@@ -39,6 +39,15 @@ def refit_due(queries_since_refit: int, queries_recorded: int, refit_every: int)
     time its query count has grown by half), so factors are learned early. Still O(log n)
     refits before the steady period."""
     return queries_since_refit >= min(refit_every, max(1, queries_recorded // 2))
+
+
+@dataclass(frozen=True)
+class FeedbackResult:
+    """Scores recorded, and scores for memories already observed for the query (the first
+    score of a pair is kept)."""
+
+    recorded: int
+    already_observed: int
 
 
 class Learner:
@@ -180,8 +189,8 @@ class Learner:
 
     async def feedback(
         self, namespace: str, query_id: int, memory_ids: Sequence[int], scores: Sequence[float]
-    ) -> tuple[int, int]:
-        """Record client observations for a past query; returns (recorded, already_observed).
+    ) -> FeedbackResult:
+        """Record client observations for a past query.
 
         The query's own parameters and the touched memory rows are re-solved at once, so the
         next query already benefits. A memory may be scored once per request: of two scores
@@ -218,7 +227,9 @@ class Learner:
                 )
                 await self._resolve_memory_rows(session, namespace, inserted_ids, state.mean_score)
             await session.commit()
-        return len(inserted_ids), len(ids) - len(inserted_ids)
+        return FeedbackResult(
+            recorded=len(inserted_ids), already_observed=len(ids) - len(inserted_ids)
+        )
 
     # ------------------------------------------------------------------------------- refit
 
@@ -250,7 +261,7 @@ class Learner:
                     self._fit, observations, memory_ids, memory_idx, embeddings
                 )
                 await model_state.replace_model(
-                    session, namespace, *fitted, refitted_at=datetime.now(UTC)
+                    session, namespace, fitted, refitted_at=datetime.now(UTC)
                 )
                 await session.commit()
             finally:
@@ -265,17 +276,7 @@ class Learner:
         memory_ids: np.ndarray,
         memory_idx: np.ndarray,
         memory_embeddings: np.ndarray,
-    ) -> tuple[  # model_state.replace_model's arguments, in its order:
-        np.ndarray,  # memory_ids
-        NDArray[np.float64],  # memory_bias
-        NDArray[np.float64],  # memory_factors
-        NDArray[np.intp],  # observation_count
-        np.ndarray,  # query_ids
-        NDArray[np.float64],  # query_bias
-        NDArray[np.float64],  # query_slope
-        NDArray[np.float64],  # query_factors
-        ContentPrior,
-    ]:
+    ) -> RefittedModel:
         """The refit. ``memory_ids`` are the observed memories in id order, ``memory_idx`` each
         observation's row among them, ``memory_embeddings`` theirs (zero rows for memories
         deleted since)."""
@@ -299,14 +300,14 @@ class Learner:
             content_reg=self.settings.content_reg,
             memory_reg=self.settings.memory_reg,
         )
-        return (
-            memory_ids,
-            model.memory_bias,
-            model.memory_factors,
-            np.bincount(memory_idx, minlength=len(memory_ids)),
-            query_ids,
-            model.query_bias,
-            model.query_slope,
-            model.query_factors,
-            model.prior,
+        return RefittedModel(
+            memory_ids=memory_ids,
+            memory_bias=model.memory_bias,
+            memory_factors=model.memory_factors,
+            observation_count=np.bincount(memory_idx, minlength=len(memory_ids)),
+            query_ids=query_ids,
+            query_bias=model.query_bias,
+            query_slope=model.query_slope,
+            query_factors=model.query_factors,
+            prior=model.prior,
         )

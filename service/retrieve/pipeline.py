@@ -8,7 +8,7 @@ import asyncio
 import json
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Literal
 
@@ -17,17 +17,19 @@ from numpy.typing import NDArray
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from service.completion.similarity import content_offsets
+from service.db.namespaces import NamespaceState
 from service.db.search import Candidates, memory_embeddings, search
 from service.errors import InvalidInput, LimitExceeded
 from service.providers.embedders import Embedder, check_embedding, embed_texts
 from service.providers.scorers import RelevanceScorer
 from service.retrieve.budget import anchor_seed, sample_anchors
-from service.retrieve.learning import Learner
+from service.retrieve.learning import FeedbackResult, Learner
 from service.retrieve.rerank import (
     ESTIMATED,
     CandidateState,
     Policy,
     Ranking,
+    Source,
     rank_candidates,
 )
 from service.settings import BudgetSchedule, Settings
@@ -49,6 +51,9 @@ class RetrieveRequest:
     filters: dict[str, Any] | None = None
 
 
+# The results below are also the API's response body (service.http serves them as they are).
+
+
 @dataclass(frozen=True)
 class RetrievedMemory:
     id: int
@@ -57,22 +62,34 @@ class RetrievedMemory:
     occurred_at: datetime | None
     metadata: dict[str, Any]
     score: float
-    source: str
+    source: Source
     similarity: float
     rank: int
+
+
+@dataclass(frozen=True)
+class Timings:
+    """Milliseconds per phase of one retrieve."""
+
+    embed_ms: float
+    search_ms: float
+    score_ms: float
+    complete_ms: float
+    record_ms: float
+    total_ms: float
 
 
 @dataclass(frozen=True)
 class RetrieveResult:
     query_id: int
     query_index: int
-    policy: Policy
+    policy: str  # the request's Policy, documented as a plain string in the API
     stage: int
     budget: int
     scorer_calls: int
     degraded: bool
     memories: list[RetrievedMemory]
-    timings: dict[str, float] = field(default_factory=dict)
+    timings: Timings
 
 
 class _Stopwatch:
@@ -85,9 +102,33 @@ class _Stopwatch:
         self.timings[name] = round((now - since) * 1000, 3)
         return now
 
-    def total(self) -> dict[str, float]:
+    def total(self) -> Timings:
         self.timings["total_ms"] = round((time.perf_counter() - self.start) * 1000, 3)
-        return self.timings
+        return Timings(**self.timings)
+
+
+@dataclass(frozen=True)
+class _Search:
+    """What the search step of one retrieve found."""
+
+    state: NamespaceState
+    candidates: Candidates
+    budget: int
+    anchors: np.ndarray  # candidate positions to score
+    anchor_embeddings: np.ndarray  # theirs, for a scorer that reads embeddings (else 0 columns)
+
+
+def _candidate_state(found: _Search) -> CandidateState:
+    candidates = found.candidates
+    return CandidateState(
+        candidates.similarities,
+        candidates.memory_bias,
+        candidates.memory_factors,
+        candidates.observation_count,
+        content_offsets(
+            found.state.content_slope, candidates.similarities, candidates.content_scores
+        ),
+    )
 
 
 class RetrievalPipeline:
@@ -148,6 +189,60 @@ class RetrievalPipeline:
         query_vector = await self._query_vector(request)
         since = watch.lap("embed_ms", watch.start)
 
+        found = await self._search(request, query_vector)
+        since = watch.lap("search_ms", since)
+
+        anchor_scores = await self._score(
+            request.query, query_vector, found.candidates, found.anchors, found.anchor_embeddings
+        )
+        since = watch.lap("score_ms", since)
+
+        succeeded = ~np.isnan(anchor_scores)
+        observed_positions = found.anchors[succeeded]
+        observed_scores = anchor_scores[succeeded]
+        ranking = await asyncio.to_thread(
+            rank_candidates,
+            request.policy,
+            _candidate_state(found),
+            observed_positions,
+            observed_scores,
+            found.state.mean_score,
+            self.settings.reg,
+        )
+        memories = self._top_k(request, found.candidates, ranking)
+        since = watch.lap("complete_ms", since)
+
+        recorded = await self.learner.record_and_learn(
+            request.namespace,
+            request.query,
+            query_vector,
+            request.policy,
+            len(found.candidates),
+            found.budget,
+            len(found.anchors),
+            ranking,
+            len(memories),
+            sum(m.source == ESTIMATED for m in memories),
+            found.candidates.ids[observed_positions],
+            found.candidates.similarities[observed_positions],
+            observed_scores,
+            found.state.mean_score,
+        )
+        watch.lap("record_ms", since)
+        return RetrieveResult(
+            query_id=recorded.query_id,
+            query_index=recorded.query_index,
+            policy=request.policy,
+            stage=self.schedule.stage_for(found.state.next_query_index),
+            budget=found.budget,
+            scorer_calls=len(found.anchors),
+            degraded=bool(np.any(~succeeded)),
+            memories=memories,
+            timings=watch.total(),
+        )
+
+    async def _search(self, request: RetrieveRequest, query_vector: np.ndarray) -> _Search:
+        """The candidates, the namespace's state and the anchors to score among them."""
         async with self.sessions() as session:
             state, candidates = await search(
                 session,
@@ -159,7 +254,6 @@ class RetrievalPipeline:
             )
             # Stage, budget and anchors follow the index this query expects; under concurrent
             # requests the recorded index can be a few higher, never lower.
-            stage = self.schedule.stage_for(state.next_query_index)
             budget = self._budget(request, state.next_query_index, len(candidates))
             anchors = sample_anchors(
                 len(candidates),
@@ -174,64 +268,7 @@ class RetrievalPipeline:
                 else np.zeros((len(anchors), 0), dtype=np.float32)
             )
             await session.commit()
-        since = watch.lap("search_ms", since)
-
-        anchor_scores = await self._score(
-            request.query, query_vector, candidates, anchors, anchor_embeddings
-        )
-        since = watch.lap("score_ms", since)
-
-        succeeded = ~np.isnan(anchor_scores)
-        observed_positions = anchors[succeeded]
-        observed_scores = anchor_scores[succeeded]
-        ranking = await asyncio.to_thread(
-            rank_candidates,
-            request.policy,
-            CandidateState(
-                candidates.similarities,
-                candidates.memory_bias,
-                candidates.memory_factors,
-                candidates.observation_count,
-                content_offsets(
-                    state.content_slope, candidates.similarities, candidates.content_scores
-                ),
-            ),
-            observed_positions,
-            observed_scores,
-            state.mean_score,
-            self.settings.reg,
-        )
-        memories = self._top_k(request, candidates, ranking)
-        since = watch.lap("complete_ms", since)
-
-        recorded = await self.learner.record_and_learn(
-            request.namespace,
-            request.query,
-            query_vector,
-            request.policy,
-            len(candidates),
-            budget,
-            len(anchors),
-            ranking,
-            len(memories),
-            sum(m.source == ESTIMATED for m in memories),
-            candidates.ids[observed_positions],
-            candidates.similarities[observed_positions],
-            observed_scores,
-            state.mean_score,
-        )
-        watch.lap("record_ms", since)
-        return RetrieveResult(
-            query_id=recorded.query_id,
-            query_index=recorded.query_index,
-            policy=request.policy,
-            stage=stage,
-            budget=budget,
-            scorer_calls=len(anchors),
-            degraded=bool(np.any(~succeeded)),
-            memories=memories,
-            timings=watch.total(),
-        )
+        return _Search(state, candidates, budget, anchors, anchor_embeddings)
 
     async def _score(
         self,
@@ -278,8 +315,8 @@ class RetrievalPipeline:
 
     async def feedback(
         self, namespace: str, query_id: int, memory_ids: Sequence[int], scores: Sequence[float]
-    ) -> tuple[int, int]:
-        """Record client observations for a past query; returns (recorded, already_observed)."""
+    ) -> FeedbackResult:
+        """Record client observations for a past query."""
         return await self.learner.feedback(namespace, query_id, memory_ids, scores)
 
     async def refit(self, namespace: str) -> bool:

@@ -21,6 +21,8 @@ from service.completion.similarity import (
 Policy = Literal["earm", "semantic", "full", "observed"]
 POLICIES: tuple[Policy, ...] = ("earm", "semantic", "full", "observed")
 
+#: Where a returned score came from.
+Source = Literal["observed", "estimated", "semantic"]
 OBSERVED, ESTIMATED, SEMANTIC = "observed", "estimated", "semantic"
 
 
@@ -79,19 +81,9 @@ def rank_candidates(
         # learns from all traffic, not only from earm requests.
         # The content prior is a known offset per cell, like the memory bias it sits beside.
         memory_offsets = candidates.memory_bias + candidates.prior_offsets
-        anchors = (
-            mean_score,
-            memory_offsets[observed_positions],
-            candidates.memory_factors[observed_positions],
-            candidates.similarities[observed_positions],
-            observed_scores,
-            reg,
+        query, prequential_errors = _fold_in_query(
+            candidates, memory_offsets, observed_positions, observed_scores, mean_score, reg
         )
-        query = fold_in_with_similarity(*anchors)
-        had_history = candidates.observation_count[observed_positions] > 0
-        if np.any(had_history):
-            left_out = leave_one_out_with_similarity(*anchors)
-            prequential_errors = np.abs(left_out - observed_scores)[had_history]
         if policy == "earm":
             scores = predict_with_similarity(
                 mean_score,
@@ -116,6 +108,33 @@ def rank_candidates(
     # similar first and the sort is stable.
     order = np.argsort(-scores, kind="stable")
     return Ranking(order, scores, sources, query, prequential_errors)
+
+
+def _fold_in_query(
+    candidates: CandidateState,
+    memory_offsets: np.ndarray,
+    observed_positions: np.ndarray,
+    observed_scores: np.ndarray,
+    mean_score: float,
+    reg: float,
+) -> tuple[QueryParameters, np.ndarray]:
+    """This query's parameters solved from its observed anchors, and the prequential errors of
+    the anchors that had history."""
+    anchors = (
+        mean_score,
+        memory_offsets[observed_positions],
+        candidates.memory_factors[observed_positions],
+        candidates.similarities[observed_positions],
+        observed_scores,
+        reg,
+    )
+    query = fold_in_with_similarity(*anchors)
+    prequential_errors = np.zeros(0)
+    had_history = candidates.observation_count[observed_positions] > 0
+    if np.any(had_history):
+        left_out = leave_one_out_with_similarity(*anchors)
+        prequential_errors = np.abs(left_out - observed_scores)[had_history]
+    return query, prequential_errors
 
 
 @dataclass(frozen=True)

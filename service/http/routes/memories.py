@@ -7,7 +7,6 @@ from typing import Annotated
 from fastapi import APIRouter, Query, Request, Response, status
 
 from service.auth import require_namespace
-from service.db.models import Memory
 from service.errors import LimitExceeded
 from service.http.deps import (
     AUTH_RESPONSES,
@@ -18,16 +17,9 @@ from service.http.deps import (
     SettingsDep,
 )
 from service.http.middleware import FastJSONRoute, annotate
-from service.http.schemas import (
-    ErrorResponse,
-    IngestRequest,
-    IngestResponse,
-    MemoryId,
-    MemoryOut,
-    MemoryPageOut,
-    NamespaceName,
-)
+from service.http.schemas import ErrorResponse, IngestRequest, MemoryId, NamespaceName
 from service.ingest import memories
+from service.ingest.memories import IngestResult, MemoryPage, StoredMemory
 from service.ingest.validation import check_metadata
 
 router = APIRouter(
@@ -44,25 +36,12 @@ router = APIRouter(
 )
 
 
-def memory_out(memory: Memory) -> MemoryOut:
-    return MemoryOut(
-        id=memory.id,
-        namespace=memory.namespace,
-        external_id=memory.external_id,
-        text=memory.text,
-        occurred_at=memory.occurred_at,
-        created_at=memory.created_at,
-        metadata=memory.metadata_,
-        embedding_model=memory.embedding_model,
-    )
-
-
 def check_text_length(text: str, max_chars: int, what: str) -> None:
     if len(text) > max_chars:
         raise LimitExceeded(f"{what} has {len(text)} characters; the limit is {max_chars}")
 
 
-@router.post("/memories", status_code=status.HTTP_201_CREATED, response_model=IngestResponse)
+@router.post("/memories", status_code=status.HTTP_201_CREATED, response_model=IngestResult)
 async def ingest_memories(
     request: Request,
     body: IngestRequest,
@@ -70,7 +49,7 @@ async def ingest_memories(
     session: SessionDep,
     settings: SettingsDep,
     principal: PrincipalDep,
-) -> IngestResponse:
+) -> IngestResult:
     annotate(request, namespace=body.namespace)
     require_namespace(principal, body.namespace)
     if len(body.memories) > settings.max_batch:
@@ -104,22 +83,22 @@ async def ingest_memories(
     await session.commit()
     if result.created:
         components.indexer.notify()
-    return IngestResponse(ids=result.ids, created=result.created, existing=result.existing)
+    return result
 
 
 @router.get(
-    "/memories/{memory_id}", response_model=MemoryOut, responses={404: {"model": ErrorResponse}}
+    "/memories/{memory_id}", response_model=StoredMemory, responses={404: {"model": ErrorResponse}}
 )
 async def read_memory(
     request: Request, memory_id: MemoryId, session: SessionDep, principal: PrincipalDep
-) -> MemoryOut:
+) -> StoredMemory:
     memory = await memories.get_memory(session, memory_id)
     annotate(request, namespace=memory.namespace)
     require_namespace(principal, memory.namespace)
-    return memory_out(memory)
+    return memory
 
 
-@router.get("/memories", response_model=MemoryPageOut)
+@router.get("/memories", response_model=MemoryPage)
 async def list_memories(
     namespace: Annotated[NamespaceName, Query()],
     session: SessionDep,
@@ -128,13 +107,12 @@ async def list_memories(
     request: Request,
     limit: Annotated[int, Query(ge=1)] = 100,
     cursor: Annotated[str | None, Query(max_length=64)] = None,
-) -> MemoryPageOut:
+) -> MemoryPage:
     annotate(request, namespace=namespace)
     require_namespace(principal, namespace)
     if limit > settings.max_page_size:
         raise LimitExceeded(f"limit {limit} exceeds the page size limit {settings.max_page_size}")
-    page = await memories.list_memories(session, namespace, limit, cursor)
-    return MemoryPageOut(memories=[memory_out(m) for m in page.memories], next_cursor=page.next_cursor)
+    return await memories.list_memories(session, namespace, limit, cursor)
 
 
 @router.delete(

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict
-
 from fastapi import APIRouter, Request
 
 from service.auth import require_namespace
@@ -17,9 +15,10 @@ from service.http.deps import (
     SettingsDep,
 )
 from service.http.middleware import FastJSONRoute, annotate
-from service.http.schemas import ErrorResponse, FeedbackIn, FeedbackOut, RetrieveIn, RetrieveOut
+from service.http.schemas import ErrorResponse, FeedbackIn, RetrieveIn
 from service.ingest.validation import check_metadata
-from service.retrieve.pipeline import RetrieveRequest
+from service.retrieve.learning import FeedbackResult
+from service.retrieve.pipeline import RetrieveRequest, RetrieveResult
 
 router = APIRouter(
     tags=["retrieval"],
@@ -36,7 +35,7 @@ router = APIRouter(
 )
 
 
-@router.post("/retrieve", response_model=RetrieveOut)
+@router.post("/retrieve", response_model=RetrieveResult)
 async def retrieve(
     request: Request,
     body: RetrieveIn,
@@ -44,7 +43,7 @@ async def retrieve(
     settings: SettingsDep,
     principal: PrincipalDep,
     metrics: MetricsDep,
-) -> RetrieveOut:
+) -> RetrieveResult:
     """Semantic candidates, a budget of them scored, the rest completed, top-k returned."""
     annotate(request, namespace=body.namespace, policy=body.policy)
     require_namespace(principal, body.namespace)
@@ -54,26 +53,25 @@ async def retrieve(
     result = await pipeline.retrieve(RetrieveRequest(**body.model_dump()))
     annotate(request, scorer_calls=result.scorer_calls, degraded=result.degraded)
     metrics.observe_retrieve(result)
-    return RetrieveOut.model_validate(asdict(result))
+    return result
 
 
-@router.post("/feedback", response_model=FeedbackOut)
+@router.post("/feedback", response_model=FeedbackResult)
 async def feedback(
     request: Request,
     body: FeedbackIn,
     pipeline: PipelineDep,
     settings: SettingsDep,
     principal: PrincipalDep,
-) -> FeedbackOut:
+) -> FeedbackResult:
     """Client observations for a past query; later queries learn from them."""
     annotate(request, namespace=body.namespace)
     require_namespace(principal, body.namespace)
     if len(body.scores) > settings.max_batch:
         raise LimitExceeded(f"{len(body.scores)} scores; the limit is {settings.max_batch}")
-    recorded, already = await pipeline.feedback(
+    return await pipeline.feedback(
         body.namespace,
         body.query_id,
         [item.memory_id for item in body.scores],
         [item.score for item in body.scores],
     )
-    return FeedbackOut(recorded=recorded, already_observed=already)

@@ -19,14 +19,7 @@ from service.http.deps import (
     SessionDep,
 )
 from service.http.middleware import annotate
-from service.http.schemas import (
-    ErrorResponse,
-    NamespaceName,
-    NamespaceReportOut,
-    NamespaceStatsOut,
-    ScorerHealthOut,
-    StatsListOut,
-)
+from service.http.schemas import ErrorResponse, NamespaceName, NamespaceReportOut, StatsListOut
 from service.metrics import CONTENT_TYPE_LATEST
 
 log = logging.getLogger(__name__)
@@ -55,12 +48,11 @@ async def read_stats(
     """One namespace's counts, budget, savings and completion quality; without `namespace`,
     those of every namespace the API key may use. Both carry the scorer's health."""
     settings, schedule = components.settings, components.pipeline.schedule
-    scorer = ScorerHealthOut(**asdict(components.scorer_health.snapshot()))
+    scorer = components.scorer_health.snapshot()
     if namespace is None:
         rows = await stats_sql.all_namespace_stats(session, schedule, settings.default_candidates)
         return StatsListOut(
-            namespaces=[NamespaceStatsOut(**asdict(r)) for r in rows if principal.allows(r.namespace)],
-            scorer=scorer,
+            namespaces=[r for r in rows if principal.allows(r.namespace)], scorer=scorer
         )
     annotate(request, namespace=namespace)
     require_namespace(principal, namespace)
