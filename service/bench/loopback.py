@@ -37,12 +37,15 @@ __all__ = [
     "LoopbackServer",
     "chat_completions_app",
     "embeddings_app",
+    "rerank_app",
 ]
 
 T = TypeVar("T")
 
 ReplyFn = Callable[[str], "str | Awaitable[str]"]
 EmbedFn = Callable[[list[str]], "Any | Awaitable[Any]"]
+#: (query, documents) -> one raw score per document, ``None`` to leave that document out.
+RerankFn = Callable[[str, list[str]], "list[float | None] | Awaitable[list[float | None]]"]
 
 
 class LoopbackServer:
@@ -206,7 +209,7 @@ def _openai_app(title: str, model: str) -> FastAPI:
 
 
 async def _serve(
-    app: FastAPI, request: Request, answer: Callable[[Any], Awaitable[dict[str, Any]]]
+    app: FastAPI, request: Request, answer: Callable[[Any], Awaitable[Any]]
 ) -> Any:
     """One POST: counted, its JSON body recorded as ``last_request`` and answered by
     ``answer``, or a 400 (not JSON, or :class:`_BadRequest`) or the callback's
@@ -319,5 +322,59 @@ def embeddings_app(
     @app.post("/v1/embeddings")
     async def embeddings(request: Request) -> Any:
         return await _serve(app, request, answer)
+
+    return app
+
+
+def rerank_app(rerank: RerankFn, protocol: str = "rerank", model: str = "loopback-reranker") -> FastAPI:
+    """A ``POST /rerank`` (also at ``/v1/rerank`` and ``/v2/rerank``) whose scores come from
+    ``rerank``.
+
+    ``protocol="rerank"`` speaks the shape Cohere v2, Jina, vLLM, llama.cpp and Infinity share
+    (``{"model", "query", "documents", "top_n"}`` answered by ``{"results": [{"index",
+    "relevance_score", "document"}]}``); ``protocol="tei"`` speaks text-embeddings-inference's
+    (``{"query", "texts", "raw_scores"}`` answered by ``[{"index", "score"}]``). Like the real
+    servers, results come sorted by descending score, so clients must map them by ``index``;
+    ``top_n`` cuts the list. ``rerank`` may be a coroutine function, may raise
+    :class:`HTTPFault`, and returns ``None`` for a document the server should leave out.
+    Counters on ``app.state`` as in :func:`chat_completions_app`.
+    """
+    if protocol not in ("rerank", "tei"):
+        raise ValueError(f"unknown rerank protocol {protocol!r}")
+    app = _openai_app(f"loopback {protocol}", model)
+    documents_key = "texts" if protocol == "tei" else "documents"
+
+    async def answer(body: Any) -> Any:
+        query = body.get("query") if isinstance(body, dict) else None
+        documents = body.get(documents_key) if isinstance(body, dict) else None
+        if not isinstance(query, str):
+            raise _BadRequest("'query' must be a string")
+        if not isinstance(documents, list) or not all(isinstance(d, str) for d in documents):
+            raise _BadRequest(f"'{documents_key}' must be a list of strings")
+        scores = await _maybe_await(rerank(query, list(documents)))
+        ranked = sorted(
+            ((i, float(s)) for i, s in enumerate(scores) if s is not None), key=lambda r: -r[1]
+        )
+        if protocol == "tei":
+            return [{"index": i, "score": s} for i, s in ranked]
+        top_n = body.get("top_n")
+        if isinstance(top_n, int):
+            ranked = ranked[:top_n]
+        return {
+            "id": "rerank-loopback",
+            "model": body.get("model") or model,
+            "results": [
+                {"index": i, "relevance_score": s, "document": {"text": documents[i]}}
+                for i, s in ranked
+            ],
+            "usage": {"total_tokens": sum(len(d.split()) for d in documents)},
+        }
+
+    for path in ("/rerank", "/v1/rerank", "/v2/rerank"):
+
+        async def endpoint(request: Request) -> Any:
+            return await _serve(app, request, answer)
+
+        app.post(path)(endpoint)
 
     return app

@@ -6,6 +6,7 @@ from service.errors import ConfigurationError
 from service.providers.chat_scorer import OpenAIChatScorer
 from service.providers.embedders import LOCAL_DIM, Embedder, LocalEmbedder
 from service.providers.openai_embedder import OpenAIEmbedder
+from service.providers.rerank_scorer import RerankScorer
 from service.providers.scorers import LocalScorer, RelevanceScorer, ScorerObserver
 from service.settings import Settings
 
@@ -43,15 +44,20 @@ def build_embedder(settings: Settings) -> Embedder | None:
 
 def build_scorer(settings: Settings, observer: ScorerObserver | None = None) -> RelevanceScorer:
     """The deployment's relevance scorer; ``observer`` hears about every scored pair."""
-    if settings.scorer == "local":
+    kind = settings.scorer
+    if kind == "local":
         return LocalScorer(observer=observer)
-    if settings.scorer == "openai":
-        if not settings.scorer_base_url:
-            raise ConfigurationError(
-                "EARM_SCORER=openai requires EARM_SCORER_BASE_URL "
-                "(e.g. https://api.openai.com/v1 or http://localhost:8001/v1)"
-            )
-        api_key = settings.scorer_api_key.get_secret_value() if settings.scorer_api_key else None
+    if kind not in ("openai", "rerank", "tei"):
+        raise ConfigurationError(
+            f"unknown scorer {kind!r}; expected 'local', 'openai', 'rerank' or 'tei'"
+        )
+    if not settings.scorer_base_url:
+        raise ConfigurationError(
+            f"EARM_SCORER={kind} requires EARM_SCORER_BASE_URL "
+            f"(e.g. {_EXAMPLE_BASE_URLS[kind]})"
+        )
+    api_key = settings.scorer_api_key.get_secret_value() if settings.scorer_api_key else None
+    if kind == "openai":
         return OpenAIChatScorer(
             base_url=settings.scorer_base_url,
             model=settings.scorer_model,
@@ -61,4 +67,22 @@ def build_scorer(settings: Settings, observer: ScorerObserver | None = None) -> 
             max_retries=settings.scorer_max_retries,
             observer=observer,
         )
-    raise ConfigurationError(f"unknown scorer {settings.scorer!r}; expected 'local' or 'openai'")
+    return RerankScorer(
+        base_url=settings.scorer_base_url,
+        model=settings.scorer_model,
+        protocol=kind,
+        api_key=api_key,
+        concurrency=settings.scorer_concurrency,
+        timeout_s=settings.scorer_timeout_s,
+        max_retries=settings.scorer_max_retries,
+        batch_size=settings.scorer_batch_size,
+        transform=settings.scorer_score_transform,
+        observer=observer,
+    )
+
+
+_EXAMPLE_BASE_URLS = {
+    "openai": "https://api.openai.com/v1 or http://localhost:8001/v1",
+    "rerank": "https://api.cohere.com/v2 or http://localhost:8000/v1",
+    "tei": "http://localhost:8080",
+}

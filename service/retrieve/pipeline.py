@@ -69,6 +69,7 @@ class RetrieveResult:
     stage: int
     budget: int
     scorer_calls: int
+    scorer_requests: int
     degraded: bool
     memories: list[RetrievedMemory]
     timings: dict[str, float] = field(default_factory=dict)
@@ -173,7 +174,7 @@ class RetrievalPipeline:
             await session.commit()
         since = watch.lap("search_ms", since)
 
-        anchor_scores = await self._score(
+        anchor_scores, scorer_requests = await self._score(
             request.query, query_vector, candidates, anchors, anchor_embeddings
         )
         since = watch.lap("score_ms", since)
@@ -225,6 +226,7 @@ class RetrievalPipeline:
             stage=stage,
             budget=budget,
             scorer_calls=len(anchors),
+            scorer_requests=scorer_requests,
             degraded=bool(np.any(~succeeded)),
             memories=memories,
             timings=watch.total(),
@@ -237,17 +239,19 @@ class RetrievalPipeline:
         candidates: Candidates,
         anchors: np.ndarray,
         anchor_embeddings: np.ndarray,
-    ) -> np.ndarray:
-        """Scores of the anchors, NaN where the scorer failed for that pair."""
+    ) -> tuple[np.ndarray, int]:
+        """Scores of the anchors, NaN where the scorer failed for that pair, and the HTTP
+        requests the scorer made for them."""
         if len(anchors) == 0:
-            return np.zeros(0)
-        scores = await self.scorer.score(
+            return np.zeros(0), 0
+        scored = await self.scorer.score(
             query_text,
             query_vector,
             [candidates.rows[p]["text"] for p in anchors],
             anchor_embeddings,
         )
-        return np.array([np.nan if s is None else s for s in scores], dtype=np.float64)
+        values = np.array([np.nan if s is None else s for s in scored.values], dtype=np.float64)
+        return values, scored.requests
 
     def _top_k(
         self, request: RetrieveRequest, candidates: Candidates, ranking: Ranking

@@ -33,10 +33,16 @@ def unit_vectors_with_cosines(cosines: list[float]) -> tuple[np.ndarray, np.ndar
     return query, memories
 
 
+def local_scores(
+    query_text: str, query: np.ndarray, texts: list[str], memories: np.ndarray
+) -> list[float | None]:
+    return asyncio.run(LocalScorer().score(query_text, query, texts, memories)).values
+
+
 def test_local_scorer_maps_cosine_through_the_documented_sigmoid() -> None:
     cosines = [-1.0, -0.2, 0.0, 0.2, 0.35, 0.5, 0.69, 0.9, 1.0]
     query, memories = unit_vectors_with_cosines(cosines)
-    scores = asyncio.run(LocalScorer().score("q", query, ["m"] * len(cosines), memories))
+    scores = local_scores("q", query, ["m"] * len(cosines), memories)
     reference = [1 / (1 + math.exp(-(c - 0.35) / 0.08)) for c in cosines]
     assert scores == pytest.approx(reference, abs=1e-6)
     assert (LOCAL_CENTER, LOCAL_TEMPERATURE) == (0.35, 0.08)
@@ -54,18 +60,18 @@ def test_local_scorer_is_monotone_and_bounded() -> None:
 def test_local_scorer_does_not_need_normalised_or_nonzero_vectors() -> None:
     query = np.array([2.0, 0.0, 0.0])
     memories = np.array([[5.0, 0.0, 0.0], [0.0, 0.0, 0.0]])
-    scores = asyncio.run(LocalScorer().score("q", query, ["a", "b"], memories))
+    scores = local_scores("q", query, ["a", "b"], memories)
     assert scores[0] == pytest.approx(float(cosine_to_score(1.0)))
     assert scores[1] == pytest.approx(float(cosine_to_score(0.0)))
 
 
 def test_local_scorer_with_no_memories_returns_nothing() -> None:
-    assert asyncio.run(LocalScorer().score("q", QUERY_EMBEDDING, [], np.zeros((0, DIM)))) == []
+    assert local_scores("q", QUERY_EMBEDDING, [], np.zeros((0, DIM))) == []
 
 
 def test_local_scorer_rejects_mismatched_shapes() -> None:
     with pytest.raises(ValueError):
-        asyncio.run(LocalScorer().score("q", QUERY_EMBEDDING, ["a", "b"], np.ones((3, DIM))))
+        local_scores("q", QUERY_EMBEDDING, ["a", "b"], np.ones((3, DIM)))
 
 
 # --- reply parsing ------------------------------------------------------------------------------
@@ -130,7 +136,8 @@ def make_scorer(url: str, **kwargs: object) -> OpenAIChatScorer:
 
 async def score_with(scorer: OpenAIChatScorer, query: str, memories: list[str]) -> list[float | None]:
     try:
-        return await scorer.score(query, QUERY_EMBEDDING, memories, np.zeros((len(memories), DIM)))
+        scores = await scorer.score(query, QUERY_EMBEDDING, memories, np.zeros((len(memories), DIM)))
+        return scores.values
     finally:
         await scorer.aclose()
 
@@ -344,7 +351,7 @@ def test_openai_scorer_slots_survive_a_cancellation_at_any_point_of_a_call(
                     await asyncio.sleep(0)
                 call.cancel()
                 await asyncio.gather(call, return_exceptions=True)
-            return await scorer.score("q", QUERY_EMBEDDING, memories, embeddings)
+            return (await scorer.score("q", QUERY_EMBEDDING, memories, embeddings)).values
         finally:
             await scorer.aclose()
 
