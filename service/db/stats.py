@@ -45,6 +45,7 @@ class NamespaceStats:
     next_budget: int
     next_budget_ratio: float
     scorer_calls: int
+    scorer_requests: int
     full_rerank_calls: int
     # 1 − scorer_calls / full_rerank_calls; None before any query scored anything.
     calls_saved: float | None
@@ -58,7 +59,7 @@ class NamespaceStats:
 
 
 _STATS_SQL = f"""
-SELECT n.name, n.next_query_index, n.scorer_calls, n.full_rerank_calls, n.last_refit_at,
+SELECT n.name, n.next_query_index, n.scorer_calls, n.scorer_requests, n.full_rerank_calls, n.last_refit_at,
        (SELECT count(*) FROM memories m WHERE m.namespace = n.name) AS memories,
        (SELECT count(*) FROM memories m WHERE m.namespace = n.name AND NOT m.indexed)
            AS memories_unindexed,
@@ -104,6 +105,7 @@ def _namespace_stats(row, schedule: BudgetSchedule, default_candidates: int) -> 
         next_budget=schedule.budget_for_query(queries, min(default_candidates, memories)),
         next_budget_ratio=schedule.stages[stage][1],
         scorer_calls=int(row.scorer_calls),
+        scorer_requests=int(row.scorer_requests),
         full_rerank_calls=int(row.full_rerank_calls),
         calls_saved=None if saved is None else 1.0 - saved,
         estimated_share=_ratio(row.estimated, row.returned),

@@ -186,6 +186,10 @@ class RetrieveOut(BaseModel):
     stage: int
     budget: int
     scorer_calls: int
+    scorer_requests: int = Field(
+        description="HTTP requests the scorer made for those calls, retries included "
+        "(0 for the local scorer; one per batch for a reranker)."
+    )
     degraded: bool
     memories: list[RetrievedMemoryOut]
     timings: Timings
@@ -224,6 +228,9 @@ class NamespaceStatsOut(BaseModel):
     )
     next_budget_ratio: float
     scorer_calls: int = Field(description="Scorer calls made by recorded queries.")
+    scorer_requests: int = Field(
+        description="HTTP requests the scorer made for them, retries included."
+    )
     full_rerank_calls: int = Field(description="Calls full reranking would have made for them.")
     calls_saved: float | None = Field(description="1 − scorer_calls / full_rerank_calls.")
     estimated_share: float | None = Field(

@@ -210,6 +210,7 @@ class RetrievalPipeline:
             len(candidates),
             budget,
             len(anchors),
+            scorer_requests,
             ranking,
             len(memories),
             sum(m.source == ESTIMATED for m in memories),
