@@ -89,6 +89,11 @@ class Settings(BaseSettings):
     # How a reranker's score becomes a relevance in [0, 1]: clip for probabilities, sigmoid
     # for logits (llama.cpp server).
     scorer_score_transform: Literal["clip", "sigmoid"] = "clip"
+    # Chat scorer: the per-pair prompt template ({query}, {memory}; the built-in one if unset),
+    # how the answer is read (a number, or P(yes) from logprobs), memories per prompt.
+    scorer_prompt_file: Path | None = None
+    scorer_chat_mode: Literal["number", "logprobs"] = "number"
+    scorer_chat_batch: int = Field(default=1, ge=1, le=64)
 
     # --- completion model and budget ------------------------------------------------------
     rank: int = Field(default=8, ge=1, le=64, description="Rank r of the completion model.")

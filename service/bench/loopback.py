@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import inspect
 import itertools
+import math
 import logging
 import threading
 import time
@@ -228,7 +229,9 @@ async def _serve(
             return _fault_response(fault)
 
 
-def chat_completions_app(reply: ReplyFn, model: str = "loopback-judge") -> FastAPI:
+def chat_completions_app(
+    reply: ReplyFn, model: str = "loopback-judge", logprobs: bool = False
+) -> FastAPI:
     """An OpenAI-compatible ``POST /v1/chat/completions`` whose answers come from ``reply``.
 
     ``reply`` receives the contents of all request messages (system, then user, …) joined by
@@ -240,6 +243,11 @@ def chat_completions_app(reply: ReplyFn, model: str = "loopback-judge") -> FastA
     ``app.state`` exposes ``calls`` (every POST, including faulted ones), ``in_flight``,
     ``max_in_flight`` and ``last_request`` (headers and JSON body of the latest POST).
     ``GET /v1/models`` lists ``model``.
+
+    ``logprobs=True`` makes it a model that reports log-probabilities: a request asking for
+    ``logprobs`` gets the one-token answer "yes" or "no" with ``top_logprobs`` giving "yes"
+    the probability ``float(reply(prompt))`` (a reply that is not a probability is answered as
+    is). Without it, ``logprobs`` in a request is ignored, as some servers do.
     """
     app = _openai_app("loopback chat completions", model)
     ids = itertools.count(1)
@@ -251,8 +259,11 @@ def chat_completions_app(reply: ReplyFn, model: str = "loopback-judge") -> FastA
         prompt = "\n\n".join(
             _message_text(m.get("content")) for m in messages if isinstance(m, dict)
         )
-        text = await _maybe_await(reply(prompt))
-        return _chat_completion(next(ids), body.get("model") or model, prompt, str(text))
+        text = str(await _maybe_await(reply(prompt)))
+        completion = _chat_completion(next(ids), body.get("model") or model, prompt, text)
+        if logprobs and body.get("logprobs") is True:
+            _answer_yes_no(completion, text)
+        return completion
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Any:
@@ -282,6 +293,28 @@ def _chat_completion(number: int, model: str, prompt: str, text: str) -> dict[st
             "completion_tokens": completion_tokens,
             "total_tokens": prompt_tokens + completion_tokens,
         },
+    }
+
+
+def _answer_yes_no(completion: dict[str, Any], text: str) -> None:
+    """Turn ``completion`` into a yes/no answer with log-probabilities, if ``text`` is a
+    probability; ``log(0)`` is reported as -100 (JSON has no infinity)."""
+    try:
+        p_yes = float(text)
+    except ValueError:
+        return
+    if not 0.0 <= p_yes <= 1.0:
+        return
+    choice = completion["choices"][0]
+    answer = "yes" if p_yes >= 0.5 else "no"
+    choice["message"]["content"] = answer
+    logprob = {token: math.log(p) if p > 0 else -100.0 for token, p in (("yes", p_yes), ("no", 1.0 - p_yes))}
+    top = [
+        {"token": token, "logprob": logprob[token], "bytes": None}
+        for token in sorted(logprob, key=lambda token: -logprob[token])
+    ]
+    choice["logprobs"] = {
+        "content": [{"token": answer, "logprob": logprob[answer], "bytes": None, "top_logprobs": top}]
     }
 
 

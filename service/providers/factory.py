@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from service.errors import ConfigurationError
-from service.providers.chat_scorer import OpenAIChatScorer
+from service.providers.chat_scorer import USER_PROMPT, OpenAIChatScorer, check_template
 from service.providers.embedders import LOCAL_DIM, Embedder, LocalEmbedder
 from service.providers.openai_embedder import OpenAIEmbedder
 from service.providers.rerank_scorer import RerankScorer
@@ -59,6 +59,9 @@ def build_scorer(settings: Settings, observer: ScorerObserver | None = None) -> 
     api_key = settings.scorer_api_key.get_secret_value() if settings.scorer_api_key else None
     if kind == "openai":
         return OpenAIChatScorer(
+            mode=settings.scorer_chat_mode,
+            prompt_template=_prompt_template(settings),
+            batch=settings.scorer_chat_batch,
             base_url=settings.scorer_base_url,
             model=settings.scorer_model,
             api_key=api_key,
@@ -86,3 +89,16 @@ _EXAMPLE_BASE_URLS = {
     "rerank": "https://api.cohere.com/v2 or http://localhost:8000/v1",
     "tei": "http://localhost:8080",
 }
+
+
+def _prompt_template(settings: Settings) -> str:
+    """The chat scorer's per-pair prompt: EARM_SCORER_PROMPT_FILE's text, or the built-in one."""
+    path = settings.scorer_prompt_file
+    if path is None:
+        return USER_PROMPT
+    try:
+        return check_template(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ConfigurationError(f"EARM_SCORER_PROMPT_FILE={path}: cannot read it ({exc})") from exc
+    except ValueError as exc:
+        raise ConfigurationError(f"EARM_SCORER_PROMPT_FILE={path}: {exc}") from exc

@@ -15,7 +15,7 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
@@ -32,10 +32,13 @@ __all__ = ["HTTPScorer", "RequestFailed", "ScoringRequest"]
 @dataclass(frozen=True)
 class ScoringRequest:
     """One HTTP request of a :meth:`HTTPScorer.score` call: its JSON body and the positions (in
-    the call's memory list) of the pairs it scores, in the order the body lists them."""
+    the call's memory list) of the pairs it scores, in the order the body lists them.
+    ``fallback``: the requests that score the same pairs another way, sent instead if this
+    one's answer is unparseable (a chat batch falls back to one request per pair)."""
 
     positions: list[int]
     body: dict[str, Any]
+    fallback: list[ScoringRequest] = field(default_factory=list)
 
 
 class RequestFailed(Exception):
@@ -135,8 +138,8 @@ class HTTPScorer:
         done = await asyncio.gather(
             *(self._run(request, deadline, attempts) for request in self.plan(query_text, memory_texts))
         )
-        for request, (request_values, request_outcomes) in done:
-            for position, value, outcome in zip(request.positions, request_values, request_outcomes):
+        for request_scores in done:
+            for position, (value, outcome) in request_scores.items():
                 values[position], outcomes[position] = value, outcome
         failed = [outcome for outcome in outcomes if outcome != "ok"]
         if failed:
@@ -149,8 +152,9 @@ class HTTPScorer:
 
     async def _run(
         self, request: ScoringRequest, deadline: float, attempts: _Attempts
-    ) -> tuple[ScoringRequest, tuple[list[float | None], list[Outcome]]]:
-        """One request under the call's deadline; its pairs' values and outcomes, never raises."""
+    ) -> dict[int, tuple[float | None, Outcome]]:
+        """One request under the call's deadline: value and outcome by position of each of its
+        pairs; never raises."""
         size = len(request.positions)
         values: list[float | None] = [None] * size
         failure: Outcome | None = None
@@ -169,6 +173,11 @@ class HTTPScorer:
             logger.exception("relevance scorer: unexpected error scoring a request")
             failure = "error"
         duration_s = time.perf_counter() - started
+        if failure == "unparseable" and request.fallback:
+            fallen_back = await asyncio.gather(
+                *(self._run(single, deadline, attempts) for single in request.fallback)
+            )
+            return {position: scored for part in fallen_back for position, scored in part.items()}
         outcomes: list[Outcome] = [
             failure if failure is not None else ("ok" if value is not None else "unparseable")
             for value in values
@@ -176,7 +185,7 @@ class HTTPScorer:
         for outcome in outcomes:
             self.outcomes[outcome] += 1
             notify(self.observer, self.name, outcome, duration_s)
-        return request, (values, outcomes)
+        return dict(zip(request.positions, zip(values, outcomes, strict=True), strict=True))
 
     @contextlib.asynccontextmanager
     async def _slot(self) -> AsyncIterator[httpx.AsyncClient]:
