@@ -134,6 +134,12 @@ class Metrics:
             ["policy"],
             registry=registry,
         )
+        self.retrieve_scorer_requests = Counter(
+            "earm_retrieve_scorer_requests",
+            "HTTP requests the scorer made for /retrieve, retries included, by scorer backend.",
+            ["scorer"],
+            registry=registry,
+        )
         self.returned = Counter(
             "earm_returned_memories",
             "Memories returned by /retrieve, by where their score came from.",
@@ -161,7 +167,7 @@ class Metrics:
         self.http_requests.labels(**labels).inc()
         self.http_duration.labels(**labels).observe(duration_s)
 
-    def observe_retrieve(self, result: RetrieveResult) -> None:
+    def observe_retrieve(self, result: RetrieveResult, scorer: str) -> None:
         policy = str(result.policy)
         self.retrieves.labels(policy=policy, degraded=str(bool(result.degraded)).lower()).inc()
         for name, milliseconds in asdict(result.timings).items():
@@ -170,6 +176,8 @@ class Metrics:
         self.completion.labels(policy=policy).observe(result.timings.complete_ms / 1000.0)
         if result.scorer_calls:
             self.retrieve_scorer_calls.labels(policy=policy).inc(result.scorer_calls)
+        if result.scorer_requests:
+            self.retrieve_scorer_requests.labels(scorer=scorer).inc(result.scorer_requests)
         for source, count in Tally(m.source for m in result.memories).items():
             self.returned.labels(source=source).inc(count)
 

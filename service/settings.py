@@ -77,13 +77,23 @@ class Settings(BaseSettings):
     embedder_max_retries: int = Field(default=3, ge=0, le=10)
 
     # --- relevance scorer -----------------------------------------------------------------
-    scorer: Literal["local", "openai"] = "local"
+    scorer: Literal["local", "openai", "rerank", "tei"] = "local"
     scorer_base_url: str | None = None
     scorer_model: str = "gpt-4o-mini"
     scorer_api_key: SecretStr | None = None
     scorer_concurrency: int = Field(default=16, ge=1, le=1024)
     scorer_timeout_s: float = Field(default=10.0, gt=0)
     scorer_max_retries: int = Field(default=2, ge=0, le=10)
+    # Documents per /rerank request (rerank, tei); a retrieve's batches run concurrently.
+    scorer_batch_size: int = Field(default=64, ge=1, le=4096)
+    # How a reranker's score becomes a relevance in [0, 1]: clip for probabilities, sigmoid
+    # for logits (llama.cpp server).
+    scorer_score_transform: Literal["clip", "sigmoid"] = "clip"
+    # Chat scorer: the per-pair prompt template ({query}, {memory}; the built-in one if unset),
+    # how the answer is read (a number, or P(yes) from logprobs), memories per prompt.
+    scorer_prompt_file: Path | None = None
+    scorer_chat_mode: Literal["number", "logprobs"] = "number"
+    scorer_chat_batch: int = Field(default=1, ge=1, le=64)
 
     # --- completion model and budget ------------------------------------------------------
     rank: int = Field(default=8, ge=1, le=64, description="Rank r of the completion model.")

@@ -88,7 +88,7 @@ def test_lines_logged_while_serving_a_request_carry_its_request_id(
     stream = io.StringIO()
     handler = logging.StreamHandler(stream)
     handler.setFormatter(JsonFormatter())
-    scorer_log = logging.getLogger("service.providers.chat_scorer")
+    scorer_log = logging.getLogger("service.providers.http_scorer")
     scorer_log.addHandler(handler)
     try:
         with LoopbackServer(chat_completions_app(lambda prompt: "no idea")) as judge:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import inspect
 import itertools
+import math
 import logging
 import threading
 import time
@@ -37,12 +38,15 @@ __all__ = [
     "LoopbackServer",
     "chat_completions_app",
     "embeddings_app",
+    "rerank_app",
 ]
 
 T = TypeVar("T")
 
 ReplyFn = Callable[[str], "str | Awaitable[str]"]
 EmbedFn = Callable[[list[str]], "Any | Awaitable[Any]"]
+#: (query, documents) -> one raw score per document, ``None`` to leave that document out.
+RerankFn = Callable[[str, list[str]], "list[float | None] | Awaitable[list[float | None]]"]
 
 
 class LoopbackServer:
@@ -206,7 +210,7 @@ def _openai_app(title: str, model: str) -> FastAPI:
 
 
 async def _serve(
-    app: FastAPI, request: Request, answer: Callable[[Any], Awaitable[dict[str, Any]]]
+    app: FastAPI, request: Request, answer: Callable[[Any], Awaitable[Any]]
 ) -> Any:
     """One POST: counted, its JSON body recorded as ``last_request`` and answered by
     ``answer``, or a 400 (not JSON, or :class:`_BadRequest`) or the callback's
@@ -225,7 +229,9 @@ async def _serve(
             return _fault_response(fault)
 
 
-def chat_completions_app(reply: ReplyFn, model: str = "loopback-judge") -> FastAPI:
+def chat_completions_app(
+    reply: ReplyFn, model: str = "loopback-judge", logprobs: bool = False
+) -> FastAPI:
     """An OpenAI-compatible ``POST /v1/chat/completions`` whose answers come from ``reply``.
 
     ``reply`` receives the contents of all request messages (system, then user, …) joined by
@@ -237,6 +243,11 @@ def chat_completions_app(reply: ReplyFn, model: str = "loopback-judge") -> FastA
     ``app.state`` exposes ``calls`` (every POST, including faulted ones), ``in_flight``,
     ``max_in_flight`` and ``last_request`` (headers and JSON body of the latest POST).
     ``GET /v1/models`` lists ``model``.
+
+    ``logprobs=True`` makes it a model that reports log-probabilities: a request asking for
+    ``logprobs`` gets the one-token answer "yes" or "no" with ``top_logprobs`` giving "yes"
+    the probability ``float(reply(prompt))`` (a reply that is not a probability is answered as
+    is). Without it, ``logprobs`` in a request is ignored, as some servers do.
     """
     app = _openai_app("loopback chat completions", model)
     ids = itertools.count(1)
@@ -248,8 +259,11 @@ def chat_completions_app(reply: ReplyFn, model: str = "loopback-judge") -> FastA
         prompt = "\n\n".join(
             _message_text(m.get("content")) for m in messages if isinstance(m, dict)
         )
-        text = await _maybe_await(reply(prompt))
-        return _chat_completion(next(ids), body.get("model") or model, prompt, str(text))
+        text = str(await _maybe_await(reply(prompt)))
+        completion = _chat_completion(next(ids), body.get("model") or model, prompt, text)
+        if logprobs and body.get("logprobs") is True:
+            _answer_yes_no(completion, text)
+        return completion
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Any:
@@ -279,6 +293,28 @@ def _chat_completion(number: int, model: str, prompt: str, text: str) -> dict[st
             "completion_tokens": completion_tokens,
             "total_tokens": prompt_tokens + completion_tokens,
         },
+    }
+
+
+def _answer_yes_no(completion: dict[str, Any], text: str) -> None:
+    """Turn ``completion`` into a yes/no answer with log-probabilities, if ``text`` is a
+    probability; ``log(0)`` is reported as -100 (JSON has no infinity)."""
+    try:
+        p_yes = float(text)
+    except ValueError:
+        return
+    if not 0.0 <= p_yes <= 1.0:
+        return
+    choice = completion["choices"][0]
+    answer = "yes" if p_yes >= 0.5 else "no"
+    choice["message"]["content"] = answer
+    logprob = {token: math.log(p) if p > 0 else -100.0 for token, p in (("yes", p_yes), ("no", 1.0 - p_yes))}
+    top = [
+        {"token": token, "logprob": logprob[token], "bytes": None}
+        for token in sorted(logprob, key=lambda token: -logprob[token])
+    ]
+    choice["logprobs"] = {
+        "content": [{"token": answer, "logprob": logprob[answer], "bytes": None, "top_logprobs": top}]
     }
 
 
@@ -319,5 +355,59 @@ def embeddings_app(
     @app.post("/v1/embeddings")
     async def embeddings(request: Request) -> Any:
         return await _serve(app, request, answer)
+
+    return app
+
+
+def rerank_app(rerank: RerankFn, protocol: str = "rerank", model: str = "loopback-reranker") -> FastAPI:
+    """A ``POST /rerank`` (also at ``/v1/rerank`` and ``/v2/rerank``) whose scores come from
+    ``rerank``.
+
+    ``protocol="rerank"`` speaks the shape Cohere v2, Jina, vLLM, llama.cpp and Infinity share
+    (``{"model", "query", "documents", "top_n"}`` answered by ``{"results": [{"index",
+    "relevance_score", "document"}]}``); ``protocol="tei"`` speaks text-embeddings-inference's
+    (``{"query", "texts", "raw_scores"}`` answered by ``[{"index", "score"}]``). Like the real
+    servers, results come sorted by descending score, so clients must map them by ``index``;
+    ``top_n`` cuts the list. ``rerank`` may be a coroutine function, may raise
+    :class:`HTTPFault`, and returns ``None`` for a document the server should leave out.
+    Counters on ``app.state`` as in :func:`chat_completions_app`.
+    """
+    if protocol not in ("rerank", "tei"):
+        raise ValueError(f"unknown rerank protocol {protocol!r}")
+    app = _openai_app(f"loopback {protocol}", model)
+    documents_key = "texts" if protocol == "tei" else "documents"
+
+    async def answer(body: Any) -> Any:
+        query = body.get("query") if isinstance(body, dict) else None
+        documents = body.get(documents_key) if isinstance(body, dict) else None
+        if not isinstance(query, str):
+            raise _BadRequest("'query' must be a string")
+        if not isinstance(documents, list) or not all(isinstance(d, str) for d in documents):
+            raise _BadRequest(f"'{documents_key}' must be a list of strings")
+        scores = await _maybe_await(rerank(query, list(documents)))
+        ranked = sorted(
+            ((i, float(s)) for i, s in enumerate(scores) if s is not None), key=lambda r: -r[1]
+        )
+        if protocol == "tei":
+            return [{"index": i, "score": s} for i, s in ranked]
+        top_n = body.get("top_n")
+        if isinstance(top_n, int):
+            ranked = ranked[:top_n]
+        return {
+            "id": "rerank-loopback",
+            "model": body.get("model") or model,
+            "results": [
+                {"index": i, "relevance_score": s, "document": {"text": documents[i]}}
+                for i, s in ranked
+            ],
+            "usage": {"total_tokens": sum(len(d.split()) for d in documents)},
+        }
+
+    for path in ("/rerank", "/v1/rerank", "/v2/rerank"):
+
+        async def endpoint(request: Request) -> Any:
+            return await _serve(app, request, answer)
+
+        app.post(path)(endpoint)
 
     return app

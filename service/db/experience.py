@@ -46,6 +46,7 @@ _RECORD_SQL = """
         UPDATE namespaces SET
             next_query_index = next_query_index + 1,
             scorer_calls = scorer_calls + %(calls)s,
+            scorer_requests = scorer_requests + %(requests)s,
             full_rerank_calls = full_rerank_calls + %(n_candidates)s,
             score_sum = score_sum + (SELECT coalesce(sum(s), 0) FROM live),
             score_count = score_count + (SELECT count(*) FROM live),
@@ -88,6 +89,7 @@ async def record_query(
     n_candidates: int,
     budget: int,
     scorer_calls: int,
+    scorer_requests: int,
     query: QueryParameters | None,
     prequential_errors: np.ndarray,
     returned_count: int,
@@ -115,6 +117,7 @@ async def record_query(
             {
                 "namespace": namespace,
                 "calls": scorer_calls,
+                "requests": scorer_requests,
                 "n_candidates": n_candidates,
                 "text": query_text,
                 "embedding": np.asarray(query_embedding, dtype=np.float32),

@@ -54,6 +54,8 @@ class Namespace(Base):
     score_sum: Mapped[float] = mapped_column(Double, server_default="0")
     score_count: Mapped[int] = mapped_column(BigInteger, server_default="0")
     scorer_calls: Mapped[int] = mapped_column(BigInteger, server_default="0")
+    # HTTP requests the scorer made for them (a reranker scores a batch per request).
+    scorer_requests: Mapped[int] = mapped_column(BigInteger, server_default="0")
     full_rerank_calls: Mapped[int] = mapped_column(BigInteger, server_default="0")
     queries_since_refit: Mapped[int] = mapped_column(Integer, server_default="0")
     last_refit_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))

@@ -61,6 +61,9 @@ class NamespaceStats:
     ]
     next_budget_ratio: float
     scorer_calls: Annotated[int, Field(description="Scorer calls made by recorded queries.")]
+    scorer_requests: Annotated[
+        int, Field(description="HTTP requests the scorer made for them, retries included.")
+    ]
     full_rerank_calls: Annotated[
         int, Field(description="Calls full reranking would have made for them.")
     ]
@@ -86,7 +89,7 @@ class NamespaceStats:
 
 
 _STATS_SQL = f"""
-SELECT n.name, n.next_query_index, n.scorer_calls, n.full_rerank_calls, n.last_refit_at,
+SELECT n.name, n.next_query_index, n.scorer_calls, n.scorer_requests, n.full_rerank_calls, n.last_refit_at,
        (SELECT count(*) FROM memories m WHERE m.namespace = n.name) AS memories,
        (SELECT count(*) FROM memories m WHERE m.namespace = n.name AND NOT m.indexed)
            AS memories_unindexed,
@@ -134,6 +137,7 @@ def _namespace_stats(
         next_budget=schedule.budget_for_query(queries, min(default_candidates, memories)),
         next_budget_ratio=schedule.stages[stage][1],
         scorer_calls=int(row.scorer_calls),
+        scorer_requests=int(row.scorer_requests),
         full_rerank_calls=int(row.full_rerank_calls),
         calls_saved=None if saved is None else 1.0 - saved,
         estimated_share=_ratio(row.estimated, row.returned),

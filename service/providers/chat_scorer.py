@@ -1,26 +1,49 @@
-"""The LLM judge: one chat completion per (query, memory) pair, over any OpenAI-compatible
-``/chat/completions`` endpoint, as a :class:`~service.providers.scorers.RelevanceScorer`."""
+"""The LLM judge over any OpenAI-compatible ``/chat/completions`` endpoint, as a
+:class:`~service.providers.scorers.RelevanceScorer`.
+
+Three ways to ask (settings in parentheses):
+
+* ``number`` (default): one completion per pair, the reply's number is the score;
+* ``logprobs`` (``EARM_SCORER_CHAT_MODE=logprobs``): one completion per pair asking for a
+  one-token yes/no with ``logprobs``; the score is P(yes) / (P(yes) + P(no)) over the top
+  tokens, or the reply itself parsed (yes 1, no 0, or a number) when the endpoint gives no
+  log-probabilities;
+* batched (``EARM_SCORER_CHAT_BATCH=k``): k memories in one prompt, one ``[i] score`` line
+  each; a malformed answer falls back to single-pair calls for that batch (counted in
+  :attr:`OpenAIChatScorer.batch_fallbacks`).
+
+The per-pair prompt is a template with ``{query}`` and ``{memory}`` placeholders
+(``EARM_SCORER_PROMPT_FILE``; :data:`USER_PROMPT` by default), filled in verbatim.
+"""
 
 from __future__ import annotations
 
-import asyncio
-import collections
-import contextlib
 import logging
+import math
 import re
-import time
-from collections.abc import AsyncIterator, Sequence
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, Literal
 
 import httpx
-import numpy as np
 
-from service.providers.retry import backoff_delay, retry_after_seconds, retryable_status
-from service.providers.scorers import Outcome, ScorerObserver, notify
+from service.providers.http_scorer import HTTPScorer, RequestFailed, ScoringRequest
+from service.providers.scorers import ScorerObserver
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["SYSTEM_PROMPT", "USER_PROMPT", "OpenAIChatScorer", "parse_score"]
+__all__ = [
+    "BATCH_SYSTEM_PROMPT",
+    "LOGPROBS_SYSTEM_PROMPT",
+    "SYSTEM_PROMPT",
+    "USER_PROMPT",
+    "ChatMode",
+    "OpenAIChatScorer",
+    "check_template",
+    "parse_batch",
+    "parse_score",
+]
+
+ChatMode = Literal["number", "logprobs"]
 
 SYSTEM_PROMPT = (
     "You are a relevance judge for a long-term memory store of an AI agent. "
@@ -31,6 +54,36 @@ SYSTEM_PROMPT = (
 )
 #: Query and memory are inserted verbatim; the labelled blocks keep them apart.
 USER_PROMPT = "Query:\n{query}\n\nMemory:\n{memory}\n\nRelevance (0 to 1):"
+LOGPROBS_SYSTEM_PROMPT = (
+    "You are a relevance judge for a long-term memory store of an AI agent. "
+    "Given a query and one stored memory, decide whether the memory is relevant for answering "
+    "or responding to the query. Answer with exactly one word, yes or no."
+)
+BATCH_SYSTEM_PROMPT = (
+    "You are a relevance judge for a long-term memory store of an AI agent. "
+    "Given a query and several numbered stored memories, rate how relevant each memory is for "
+    "answering or responding to the query: 0 means unrelated or useless, 1 means it directly "
+    "provides the needed information. Answer with one line per memory, in order, of the form "
+    "[number] score (for example [1] 0.7), and nothing else."
+)
+_PLACEHOLDER = re.compile(r"\{(query|memory)\}")
+# One line of a batched answer: "[3] 0.7", "3: 0.7", "3. 0.7" or "3) 0.7".
+_BATCH_LINE = re.compile(r"^\s*\[?(\d+)\]?\s*[:.)]?\s+(\S+)\s*$")
+
+
+def check_template(template: str) -> str:
+    """``template`` if it has both ``{query}`` and ``{memory}``, else ``ValueError``."""
+    missing = [p for p in ("{query}", "{memory}") if p not in template]
+    if missing:
+        raise ValueError(f"the scorer prompt template lacks {' and '.join(missing)}")
+    return template
+
+
+def fill(template: str, query_text: str, memory_text: str) -> str:
+    """The template with its placeholders replaced in one pass, so a query that itself contains
+    "{memory}" stays verbatim, and other braces in the template need no escaping."""
+    values = {"query": query_text, "memory": memory_text}
+    return _PLACEHOLDER.sub(lambda match: values[match.group(1)], template)
 
 # The first number of a reply: an optional minus sign (so "-0.2" is out of range rather than
 # 0.2), digits with an optional "." fraction, or a bare fraction like ".9". A comma is accepted as
@@ -60,32 +113,64 @@ def parse_score(reply: str) -> float | None:
     return value
 
 
-class _PairFailed(Exception):
-    """One pair's call failed for good; carries the outcome to count."""
+def parse_batch(reply: str, size: int) -> list[float] | None:
+    """One score per memory of a batched answer, or ``None`` unless every memory 1..size has
+    exactly one line with a valid score (see :func:`parse_score`) and nothing else is said."""
+    scores: dict[int, float] = {}
+    for line in reply.strip().splitlines():
+        if not line.strip():
+            continue
+        match = _BATCH_LINE.match(line)
+        if match is None:
+            return None
+        number, value = int(match.group(1)), parse_score(match.group(2))
+        if value is None or number in scores or not 1 <= number <= size:
+            return None
+        scores[number] = value
+    if len(scores) != size:
+        return None
+    return [scores[number] for number in range(1, size + 1)]
 
-    def __init__(self, outcome: Outcome) -> None:
-        super().__init__(outcome)
-        self.outcome = outcome
+
+def _yes_probability(choice: Any) -> float | None:
+    """P(yes) / (P(yes) + P(no)) over the first token's top log-probabilities, ``None`` when the
+    choice carries none (or neither answer is among them)."""
+    try:
+        top = choice["logprobs"]["content"][0]["top_logprobs"]
+    except (KeyError, IndexError, TypeError):
+        return None
+    if not isinstance(top, list):
+        return None
+    mass = {"yes": 0.0, "no": 0.0}
+    for entry in top:
+        token = entry.get("token") if isinstance(entry, dict) else None
+        logprob = entry.get("logprob") if isinstance(entry, dict) else None
+        word = token.strip().lower() if isinstance(token, str) else ""
+        if word in mass and isinstance(logprob, int | float) and math.isfinite(logprob):
+            mass[word] += math.exp(min(0.0, float(logprob)))
+    total = mass["yes"] + mass["no"]
+    return mass["yes"] / total if total > 0 else None
 
 
-class OpenAIChatScorer:
-    """Pointwise LLM judge over an OpenAI-compatible ``POST {base_url}/chat/completions``.
+def _parse_yes_no(content: str) -> float | None:
+    """A reply without log-probabilities: yes 1, no 0, or the number it gives."""
+    word = content.strip().strip(".!").lower()
+    if word in ("yes", "no"):
+        return 1.0 if word == "yes" else 0.0
+    return parse_score(content)
 
-    All pairs of one :meth:`score` call are issued concurrently, bounded by ``concurrency``
-    connections per scorer instance, so concurrent /retrieve requests share the provider's limit
-    instead of multiplying it. One :meth:`score` call has
-    ``timeout_s`` in total (waiting for a slot, attempts and backoff of all its pairs): a hung
-    or slow endpoint costs a request at most about ``timeout_s``, then the pipeline proceeds
-    ``degraded`` with the pairs that finished. Size it for the budget: with latency L per call,
-    ``timeout_s`` should exceed L · ceil(budget / concurrency). 429, 5xx and transport errors are retried (``max_retries``), with jittered
-    exponential backoff or the server's ``Retry-After`` when it fits in the remaining time.
 
-    Temperature 0 and a small ``max_tokens`` keep judgments repeatable and cheap. Outcomes of
-    every pair are tallied in :attr:`outcomes` (for Prometheus).
+class OpenAIChatScorer(HTTPScorer):
+    """Pointwise LLM judge over an OpenAI-compatible ``POST {base_url}/chat/completions``: one
+    request per pair, under :class:`~service.providers.http_scorer.HTTPScorer`'s slots, deadline
+    and retries. Size ``timeout_s`` for the budget: with latency L per call, it should exceed
+    L · ceil(budget / concurrency).
+
+    Temperature 0 and a small ``max_tokens`` keep judgments repeatable and cheap. ``mode``,
+    ``prompt_template`` and ``batch`` as in the module docstring.
     """
 
     name = "openai"
-    reads_embeddings = False  # the judge reads texts only
 
     def __init__(
         self,
@@ -97,201 +182,102 @@ class OpenAIChatScorer:
         max_retries: int = 2,
         *,
         max_tokens: int = 16,
+        mode: ChatMode = "number",
+        prompt_template: str = USER_PROMPT,
+        batch: int = 1,
         backoff_base_s: float = 0.25,
         observer: ScorerObserver | None = None,
     ) -> None:
-        if concurrency < 1:
-            raise ValueError("concurrency must be >= 1")
-        self.url = base_url.rstrip("/") + "/chat/completions"
-        self.model = model
-        self.concurrency = concurrency
-        self.timeout_s = timeout_s
-        self.max_retries = max_retries
-        self.max_tokens = max_tokens
-        self.backoff_base_s = backoff_base_s
-        self.outcomes: collections.Counter[str] = collections.Counter()
-        self.observer = observer
-        self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        # One single-connection client per concurrency slot, handed out through a queue (which
-        # is also the concurrency bound), rather than one client pooling `concurrency`
-        # connections: httpcore's pool walks all its connections, querying each one's socket,
-        # whenever a request starts or ends. Measured: 16 concurrent calls cost the client 29 ms
-        # of CPU through one pool of 16, 17 ms through 16 single-connection clients.
-        # They share one TLS context: loading the CA bundle costs ~25 ms per context.
-        self._tls = httpx.create_ssl_context()
-        self._clients: asyncio.LifoQueue[httpx.AsyncClient] = asyncio.LifoQueue()
-        for _ in range(concurrency):
-            self._clients.put_nowait(self._new_client())
-        # Closing of clients taken out of service (see _slot); awaited by aclose().
-        self._closing: set[asyncio.Task[None]] = set()
-
-    def _new_client(self) -> httpx.AsyncClient:
-        return httpx.AsyncClient(
-            verify=self._tls,
-            timeout=self.timeout_s,
-            limits=httpx.Limits(max_connections=1, max_keepalive_connections=1),
+        if batch < 1:
+            raise ValueError("batch must be >= 1")
+        super().__init__(
+            base_url.rstrip("/") + "/chat/completions",
+            api_key,
+            concurrency,
+            timeout_s,
+            max_retries,
+            backoff_base_s=backoff_base_s,
+            observer=observer,
         )
-
-    @property
-    def calls_ok(self) -> int:
-        return self.outcomes["ok"]
-
-    @property
-    def calls_failed(self) -> int:
-        return sum(n for outcome, n in self.outcomes.items() if outcome != "ok")
+        self.model = model
+        self.max_tokens = max_tokens
+        self.mode: ChatMode = mode
+        self.prompt_template = check_template(prompt_template)
+        self.batch = batch
+        #: Batches whose answer was malformed and were scored pair by pair instead.
+        self.batch_fallbacks = 0
 
     def build_messages(self, query_text: str, memory_text: str) -> list[dict[str, str]]:
         """The judge prompt for one pair; query and memory go in verbatim."""
+        system = LOGPROBS_SYSTEM_PROMPT if self.mode == "logprobs" else SYSTEM_PROMPT
         return [
-            {"role": "system", "content": SYSTEM_PROMPT},
-            {"role": "user", "content": USER_PROMPT.format(query=query_text, memory=memory_text)},
+            {"role": "system", "content": system},
+            {"role": "user", "content": fill(self.prompt_template, query_text, memory_text)},
         ]
 
-    async def score(
-        self,
-        query_text: str,
-        query_embedding: np.ndarray,
-        memory_texts: Sequence[str],
-        memory_embeddings: np.ndarray,
-    ) -> list[float | None]:
-        if not memory_texts:
-            return []
-        started = time.perf_counter()
-        deadline = asyncio.get_running_loop().time() + self.timeout_s
-        results = await asyncio.gather(
-            *(self._score_pair(query_text, m, deadline) for m in memory_texts)
-        )
-        failed = [outcome for _, outcome in results if outcome != "ok"]
-        if failed:
-            logger.warning(
-                "relevance scorer: %d of %d calls failed in %.2f s (%s)",
-                len(failed), len(results), time.perf_counter() - started,
-                ", ".join(f"{k}={v}" for k, v in sorted(collections.Counter(failed).items())),
-            )
-        return [value for value, _ in results]
+    def build_batch_messages(self, query_text: str, memory_texts: Sequence[str]) -> list[dict[str, str]]:
+        """The judge prompt for several memories, numbered from 1; texts go in verbatim."""
+        memories = "\n\n".join(f"[{i}]\n{text}" for i, text in enumerate(memory_texts, start=1))
+        user = f"Query:\n{query_text}\n\nMemories:\n{memories}\n\nRelevance of each (0 to 1):"
+        return [{"role": "system", "content": BATCH_SYSTEM_PROMPT}, {"role": "user", "content": user}]
 
-    async def _score_pair(
-        self, query_text: str, memory_text: str, deadline: float
-    ) -> tuple[float | None, Outcome]:
-        body = {
+    def plan(self, query_text: str, memory_texts: Sequence[str]) -> list[ScoringRequest]:
+        if self.batch == 1:
+            return [self._pair_request(query_text, p, m) for p, m in enumerate(memory_texts)]
+        requests: list[ScoringRequest] = []
+        for start in range(0, len(memory_texts), self.batch):
+            texts = list(memory_texts[start : start + self.batch])
+            body = {
+                "model": self.model,
+                "messages": self.build_batch_messages(query_text, texts),
+                "temperature": 0,
+                # One short line per memory.
+                "max_tokens": self.max_tokens * len(texts),
+            }
+            positions = list(range(start, start + len(texts)))
+            fallback = [self._pair_request(query_text, p, memory_texts[p]) for p in positions]
+            requests.append(ScoringRequest(positions, body, fallback))
+        return requests
+
+    def _pair_request(self, query_text: str, position: int, memory_text: str) -> ScoringRequest:
+        body: dict[str, Any] = {
             "model": self.model,
             "messages": self.build_messages(query_text, memory_text),
             "temperature": 0,
             "max_tokens": self.max_tokens,
         }
-        outcome: Outcome
-        value: float | None = None
-        started = time.perf_counter()
-        try:
-            # The deadline covers the wait for a slot too: one request's scoring never
-            # outlives timeout_s, however many pairs queue behind a hung endpoint.
-            async with asyncio.timeout_at(deadline), self._slot() as client:
-                started = time.perf_counter()
-                value = await self._call_with_retries(client, body, deadline)
-            outcome = "ok"
-        except TimeoutError:
-            outcome = "timeout"
-        except _PairFailed as failure:
-            outcome = failure.outcome
-        except Exception:  # the contract is None, never an exception, for any pair
-            logger.exception("relevance scorer: unexpected error scoring a pair")
-            outcome = "error"
-        duration_s = time.perf_counter() - started
-        self.outcomes[outcome] += 1
-        notify(self.observer, self.name, outcome, duration_s)
-        return value, outcome
+        if self.mode == "logprobs":
+            body |= {"max_tokens": 1, "logprobs": True, "top_logprobs": 5}
+        return ScoringRequest([position], body)
 
-    @contextlib.asynccontextmanager
-    async def _slot(self) -> AsyncIterator[httpx.AsyncClient]:
-        """A concurrency slot's client for one pair's call; the slot always goes back.
-
-        Its client goes back with it only if the call ended on its own: a score, or
-        :class:`_PairFailed` after a whole response or an error httpcore cleaned up after.
-        A call interrupted by asyncio cancellation (the request's deadline, or the request
-        cancelled) or by an unexpected error hands the slot a fresh client and closes the old
-        one. httpcore 1.0 shields its cleanup from anyio cancellation only, so a cancellation
-        landing between connecting and sending leaves the single connection NEW, and one
-        landing while the response is closed leaves it ACTIVE; the pool never reuses nor reaps
-        either (encode/httpcore#1093), and every later call on the slot would wait for the
-        pool until its deadline without reaching the endpoint.
-        """
-        client = await self._clients.get()
-        interrupted = True
-        try:
-            yield client
-            interrupted = False
-        except _PairFailed:
-            interrupted = False
-            raise
-        finally:
-            self._clients.put_nowait(self._new_client() if interrupted else client)
-            if interrupted:
-                self._retire(client)
-
-    def _retire(self, client: httpx.AsyncClient) -> None:
-        """Close ``client`` in the background: the pair's answer does not wait for it, and a
-        second cancellation of the pair cannot interrupt it."""
-        closing = asyncio.get_running_loop().create_task(client.aclose())
-        self._closing.add(closing)
-        closing.add_done_callback(self._closed)
-
-    def _closed(self, closing: asyncio.Task[None]) -> None:
-        self._closing.discard(closing)
-        if not closing.cancelled() and closing.exception() is not None:
-            logger.debug("relevance scorer: closing a retired client failed: %r", closing.exception())
-
-    async def _call_with_retries(
-        self, client: httpx.AsyncClient, body: dict[str, Any], deadline: float
-    ) -> float:
-        """The parsed score, or :class:`_PairFailed`; runs inside the request's time budget."""
-        loop = asyncio.get_running_loop()
-        attempt = 0
-        while True:
-            wait: float | None = None
-            outcome: Outcome
-            try:
-                response = await client.post(
-                    self.url, json=body, headers=self._headers, timeout=self.timeout_s
-                )
-            except httpx.TimeoutException:
-                outcome = "timeout"
-            except httpx.HTTPError:  # connect/read/protocol errors, undecodable bodies
-                outcome = "transport_error"
-            else:
-                if response.status_code == 200:
-                    return self._parse(response)
-                outcome = "http_error"
-                if not retryable_status(response.status_code):
-                    logger.debug("scorer endpoint answered HTTP %d", response.status_code)
-                    raise _PairFailed(outcome)
-                wait = retry_after_seconds(response.headers)
-            if attempt >= self.max_retries:
-                raise _PairFailed(outcome)
-            delay = wait if wait is not None else backoff_delay(attempt, self.backoff_base_s)
-            if delay >= deadline - loop.time():
-                raise _PairFailed(outcome)  # would outlive the budget: give the slot back now
-            await asyncio.sleep(delay)
-            attempt += 1
-
-    @staticmethod
-    def _parse(response: httpx.Response) -> float:
+    def parse(self, response: httpx.Response, request: ScoringRequest) -> list[float | None]:
         try:
             payload: Any = response.json()
-            content = payload["choices"][0]["message"]["content"]
+            choice = payload["choices"][0]
+            content = choice["message"]["content"]
         except (ValueError, KeyError, IndexError, TypeError):
-            raise _PairFailed("unparseable") from None
+            raise RequestFailed("unparseable") from None
         if not isinstance(content, str):
-            raise _PairFailed("unparseable")
-        value = parse_score(content)
+            raise RequestFailed("unparseable")
+        if len(request.positions) > 1:
+            scores = parse_batch(content, len(request.positions))
+            if scores is None:
+                self.batch_fallbacks += 1
+                raise RequestFailed("unparseable")
+            return list[float | None](scores)
+        value = self._pair_score(choice, content)
         if value is None:
-            raise _PairFailed("unparseable")
-        return value
+            raise RequestFailed("unparseable")
+        return [value]
 
-    async def aclose(self) -> None:
-        """Close the HTTP clients (the scorer is not used afterwards)."""
-        while not self._clients.empty():
-            await self._clients.get_nowait().aclose()
-        await asyncio.gather(*self._closing, return_exceptions=True)
+    def _pair_score(self, choice: Any, content: str) -> float | None:
+        if self.mode != "logprobs":
+            return parse_score(content)
+        probability = _yes_probability(choice)
+        return probability if probability is not None else _parse_yes_no(content)
 
     def __repr__(self) -> str:  # no api key, ever
-        return f"OpenAIChatScorer(url={self.url!r}, model={self.model!r}, concurrency={self.concurrency})"
+        return (
+            f"OpenAIChatScorer(url={self.url!r}, model={self.model!r}, mode={self.mode!r}, "
+            f"batch={self.batch}, concurrency={self.concurrency})"
+        )

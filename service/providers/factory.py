@@ -5,9 +5,10 @@ from __future__ import annotations
 from pydantic import SecretStr
 
 from service.errors import ConfigurationError
-from service.providers.chat_scorer import OpenAIChatScorer
+from service.providers.chat_scorer import USER_PROMPT, OpenAIChatScorer, check_template
 from service.providers.embedders import LOCAL_DIM, Embedder, LocalEmbedder
 from service.providers.openai_embedder import OpenAIEmbedder
+from service.providers.rerank_scorer import RerankScorer
 from service.providers.scorers import LocalScorer, RelevanceScorer, ScorerObserver
 from service.settings import Settings
 
@@ -25,9 +26,9 @@ def build_embedder(settings: Settings) -> Embedder | None:
             )
         return LocalEmbedder(batch_size=settings.embedder_batch_size)
     if kind == "openai":
-        base_url, api_key = _openai_endpoint(
-            "EMBEDDER", settings.embedder_base_url, settings.embedder_api_key,
-            "http://localhost:11434/v1",
+        base_url, api_key = _endpoint(
+            "EMBEDDER", kind, settings.embedder_base_url, settings.embedder_api_key,
+            "https://api.openai.com/v1 or http://localhost:11434/v1",
         )
         return OpenAIEmbedder(
             base_url=base_url,
@@ -43,13 +44,21 @@ def build_embedder(settings: Settings) -> Embedder | None:
 
 def build_scorer(settings: Settings, observer: ScorerObserver | None = None) -> RelevanceScorer:
     """The deployment's relevance scorer; ``observer`` hears about every scored pair."""
-    if settings.scorer == "local":
+    kind = settings.scorer
+    if kind == "local":
         return LocalScorer(observer=observer)
-    if settings.scorer == "openai":
-        base_url, api_key = _openai_endpoint(
-            "SCORER", settings.scorer_base_url, settings.scorer_api_key, "http://localhost:8001/v1"
+    if kind not in ("openai", "rerank", "tei"):
+        raise ConfigurationError(
+            f"unknown scorer {kind!r}; expected 'local', 'openai', 'rerank' or 'tei'"
         )
+    base_url, api_key = _endpoint(
+        "SCORER", kind, settings.scorer_base_url, settings.scorer_api_key, _EXAMPLE_BASE_URLS[kind]
+    )
+    if kind == "openai":
         return OpenAIChatScorer(
+            mode=settings.scorer_chat_mode,
+            prompt_template=_prompt_template(settings),
+            batch=settings.scorer_chat_batch,
             base_url=base_url,
             model=settings.scorer_model,
             api_key=api_key,
@@ -58,16 +67,46 @@ def build_scorer(settings: Settings, observer: ScorerObserver | None = None) -> 
             max_retries=settings.scorer_max_retries,
             observer=observer,
         )
-    raise ConfigurationError(f"unknown scorer {settings.scorer!r}; expected 'local' or 'openai'")
+    return RerankScorer(
+        base_url=base_url,
+        model=settings.scorer_model,
+        protocol=kind,
+        api_key=api_key,
+        concurrency=settings.scorer_concurrency,
+        timeout_s=settings.scorer_timeout_s,
+        max_retries=settings.scorer_max_retries,
+        batch_size=settings.scorer_batch_size,
+        transform=settings.scorer_score_transform,
+        observer=observer,
+    )
 
 
-def _openai_endpoint(
-    provider: str, base_url: str | None, api_key: SecretStr | None, local_example: str
+def _endpoint(
+    provider: str, kind: str, base_url: str | None, api_key: SecretStr | None, example: str
 ) -> tuple[str, str | None]:
-    """The base URL (required) and the API key of an OpenAI-compatible ``EARM_<provider>``."""
+    """The base URL (required) and the API key of the HTTP provider ``EARM_<provider>=<kind>``."""
     if not base_url:
         raise ConfigurationError(
-            f"EARM_{provider}=openai requires EARM_{provider}_BASE_URL "
-            f"(e.g. https://api.openai.com/v1 or {local_example})"
+            f"EARM_{provider}={kind} requires EARM_{provider}_BASE_URL (e.g. {example})"
         )
     return base_url, api_key.get_secret_value() if api_key else None
+
+
+_EXAMPLE_BASE_URLS = {
+    "openai": "https://api.openai.com/v1 or http://localhost:8001/v1",
+    "rerank": "https://api.cohere.com/v2 or http://localhost:8000/v1",
+    "tei": "http://localhost:8080",
+}
+
+
+def _prompt_template(settings: Settings) -> str:
+    """The chat scorer's per-pair prompt: EARM_SCORER_PROMPT_FILE's text, or the built-in one."""
+    path = settings.scorer_prompt_file
+    if path is None:
+        return USER_PROMPT
+    try:
+        return check_template(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ConfigurationError(f"EARM_SCORER_PROMPT_FILE={path}: cannot read it ({exc})") from exc
+    except ValueError as exc:
+        raise ConfigurationError(f"EARM_SCORER_PROMPT_FILE={path}: {exc}") from exc

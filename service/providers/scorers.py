@@ -1,11 +1,12 @@
 """Relevance scorers: one score in [0, 1] per (query, memory) pair.
 
 The scorer is the expensive oracle earm learns to call less often (DESIGN §2.5, §4). The
-counting rule of the paper holds here: one scorer call per directly scored pair, so the
-production scorer is pointwise (one chat completion per pair), never a listwise prompt.
+counting rule of the paper holds here: one scorer call per directly scored pair, whatever
+number of HTTP requests a backend needs for them (reported separately, :class:`Scores`).
 
 ``OpenAIChatScorer`` talks to any OpenAI-compatible ``/chat/completions`` endpoint (OpenAI, vLLM,
-Ollama, llama.cpp server, …). ``LocalScorer`` is the offline default: a calibrated mapping of
+Ollama, llama.cpp server, …); ``RerankScorer`` to a ``/rerank`` endpoint (Cohere, Jina, vLLM,
+llama.cpp, Infinity, TEI), a batch of memories per request. ``LocalScorer`` is the offline default: a calibrated mapping of
 the embedding cosine, which carries little information beyond semantic search itself; real
 gains need an LLM scorer.
 """
@@ -15,6 +16,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Literal, Protocol, runtime_checkable
 
 import numpy as np
@@ -28,6 +30,7 @@ __all__ = [
     "Outcome",
     "RelevanceScorer",
     "ScorerObserver",
+    "Scores",
     "cosine_to_score",
     "notify",
     "observe_all",
@@ -80,6 +83,17 @@ def observe_all(*observers: ScorerObserver) -> ScorerObserver:
     return observe
 
 
+@dataclass(frozen=True)
+class Scores:
+    """What one :meth:`RelevanceScorer.score` call produced: one score in [0, 1] per memory
+    (``None`` where that pair failed) and the HTTP requests it took, retries included. The
+    paper's cost unit stays the pair (``len(values)``); ``requests`` is what a provider bills
+    or rate-limits, which differs once a backend scores many pairs per request."""
+
+    values: list[float | None]
+    requests: int
+
+
 @runtime_checkable
 class RelevanceScorer(Protocol):
     """What the retrieve pipeline needs from a scorer."""
@@ -95,7 +109,7 @@ class RelevanceScorer(Protocol):
         query_embedding: np.ndarray,
         memory_texts: Sequence[str],
         memory_embeddings: np.ndarray,
-    ) -> list[float | None]:
+    ) -> Scores:
         """One score in [0, 1] per memory, ``None`` where that pair's call failed; never raises
         for provider trouble. Counting rule: one call per (query, memory) pair."""
         ...
@@ -120,10 +134,10 @@ class LocalScorer:
         query_embedding: np.ndarray,
         memory_texts: Sequence[str],
         memory_embeddings: np.ndarray,
-    ) -> list[float | None]:
+    ) -> Scores:
         memories = np.asarray(memory_embeddings, dtype=np.float64)
         if len(memory_texts) == 0 and memories.size == 0:
-            return []
+            return Scores([], requests=0)
         query = np.asarray(query_embedding, dtype=np.float64).reshape(-1)
         if memories.ndim != 2 or memories.shape[0] != len(memory_texts):
             raise ValueError(
@@ -142,7 +156,7 @@ class LocalScorer:
             per_pair = (time.perf_counter() - started) / len(scores)
             for _ in scores:
                 notify(self.observer, self.name, "ok", per_pair)
-        return scores
+        return Scores(scores, requests=0)
 
     async def aclose(self) -> None:
         """Nothing to release."""

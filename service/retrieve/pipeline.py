@@ -87,6 +87,9 @@ class RetrieveResult:
     stage: int
     budget: int
     scorer_calls: int
+    # HTTP requests the scorer made for those calls, retries included (0 for the local
+    # scorer; one per batch of documents for a reranker).
+    scorer_requests: int
     degraded: bool
     memories: list[RetrievedMemory]
     timings: Timings
@@ -192,7 +195,7 @@ class RetrievalPipeline:
         found = await self._search(request, query_vector)
         since = watch.lap("search_ms", since)
 
-        anchor_scores = await self._score(
+        anchor_scores, scorer_requests = await self._score(
             request.query, query_vector, found.candidates, found.anchors, found.anchor_embeddings
         )
         since = watch.lap("score_ms", since)
@@ -220,6 +223,7 @@ class RetrievalPipeline:
             len(found.candidates),
             found.budget,
             len(found.anchors),
+            scorer_requests,
             ranking,
             len(memories),
             sum(m.source == ESTIMATED for m in memories),
@@ -236,6 +240,7 @@ class RetrievalPipeline:
             stage=self.schedule.stage_for(found.state.next_query_index),
             budget=found.budget,
             scorer_calls=len(found.anchors),
+            scorer_requests=scorer_requests,
             degraded=bool(np.any(~succeeded)),
             memories=memories,
             timings=watch.total(),
@@ -277,17 +282,19 @@ class RetrievalPipeline:
         candidates: Candidates,
         anchors: np.ndarray,
         anchor_embeddings: np.ndarray,
-    ) -> np.ndarray:
-        """Scores of the anchors, NaN where the scorer failed for that pair."""
+    ) -> tuple[np.ndarray, int]:
+        """Scores of the anchors, NaN where the scorer failed for that pair, and the HTTP
+        requests the scorer made for them."""
         if len(anchors) == 0:
-            return np.zeros(0)
-        scores = await self.scorer.score(
+            return np.zeros(0), 0
+        scored = await self.scorer.score(
             query_text,
             query_vector,
             [candidates.rows[p]["text"] for p in anchors],
             anchor_embeddings,
         )
-        return np.array([np.nan if s is None else s for s in scores], dtype=np.float64)
+        values = np.array([np.nan if s is None else s for s in scored.values], dtype=np.float64)
+        return values, scored.requests
 
     def _top_k(
         self, request: RetrieveRequest, candidates: Candidates, ranking: Ranking

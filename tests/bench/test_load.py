@@ -52,7 +52,7 @@ def test_report_has_every_section(report: dict) -> None:
     assert cells == {(p, c) for p in ("semantic", "observed", "earm", "full") for c in (1, 4)}
     assert [f["concurrency"] for f in report["floor"]] == [1, 4]
     assert len(report["observations"]) == 2
-    assert len(report["targets"]) == 4
+    assert len(report["targets"]) == 5
     markdown = render_markdown(report)
     for heading in ("## Ingest", "## Retrieve", "## Floor", "## Slow judge",
                     "## Completion, refit and memory", "## Targets"):
@@ -76,6 +76,12 @@ def test_report_values_are_sane(report: dict) -> None:
     for cell in report["slow_judge"]:
         # Every scored call waited at least the judge's latency.
         assert cell["score_ms"]["p50"] >= cell["judge_latency_ms"]
+        assert cell["errors"] == 0 and cell["degraded"] == 0
+    rerank = [cell for cell in report["slow_judge"] if cell["scorer"] == "rerank"]
+    assert len(rerank) == 1
+    assert (rerank[0]["scorer_calls_mean"], rerank[0]["scorer_requests_mean"]) == (35, 1)
+    chat = [cell for cell in report["slow_judge"] if cell["scorer"] == "openai"]
+    assert all(cell["scorer_requests_mean"] == cell["scorer_calls_mean"] for cell in chat)
     first, second = report["observations"]
     assert 1_000 <= first["observations"] < second["observations"]
     assert second["observations"] >= 2_000

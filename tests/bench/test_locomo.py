@@ -10,6 +10,7 @@ import argparse
 import os
 import statistics
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -340,3 +341,38 @@ def test_locomo_replay_smoke(tmp_path: Path) -> None:
     assert (tmp_path / "plot.png").read_bytes()[:4] == b"\x89PNG"
     table = format_markdown(results)
     assert "| earm |" in table and "observed − semantic" in table
+
+
+@pytest.mark.skipif(not LOCOMO_DIR.is_dir(), reason=f"LoCoMo data not found at {LOCOMO_DIR}")
+def test_locomo_judge_gives_the_same_recall_through_chat_and_rerank(tmp_path: Path) -> None:
+    def run(protocol: str) -> dict[str, Any]:
+        config = LocomoConfig(
+            data_dir=LOCOMO_DIR,
+            conversations=("conv-26",),
+            max_sessions=2,
+            max_questions=6,
+            candidates=30,
+            ks=(5, 10),
+            policies=("observed", "earm"),
+            schedule="0:1.0,2:0.5",
+            judge_protocol=protocol,
+            seed=7,
+            per_query=True,
+            progress=False,
+        )
+        return run_locomo(config)
+
+    chat, rerank = run("chat"), run("rerank")
+    assert rerank["settings"]["judge_model"]["protocol"] == "rerank"
+    for policy in ("observed", "earm"):
+        chat_entry, rerank_entry = chat["policies"][policy], rerank["policies"][policy]
+        for k in (5, 10):
+            assert rerank_entry[f"recall@{k}"] == chat_entry[f"recall@{k}"]
+        assert [r["recall@10"] for r in rerank["per_query"][policy]] == [
+            r["recall@10"] for r in chat["per_query"][policy]
+        ]
+        assert rerank_entry["scorer_calls"] == chat_entry["scorer_calls"] > 0
+        # The chat judge answers one request per pair, the reranker one per query here.
+        assert chat_entry["scorer_requests"] == chat_entry["scorer_calls"]
+        assert rerank_entry["scorer_requests"] == rerank_entry["queries"]
+    assert rerank["settings"]["judge_model"]["stats"]["unknown"] == 0

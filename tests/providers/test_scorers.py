@@ -9,14 +9,15 @@ import re
 import socket
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from service.bench.loopback import HTTPFault, LoopbackServer, chat_completions_app
-from service.providers.chat_scorer import OpenAIChatScorer, parse_score
+from service.providers.chat_scorer import OpenAIChatScorer, parse_batch, parse_score
 from service.providers.factory import build_scorer
-from service.providers.scorers import LOCAL_CENTER, LOCAL_TEMPERATURE, LocalScorer, cosine_to_score
+from service.providers.scorers import LOCAL_CENTER, LOCAL_TEMPERATURE, LocalScorer, Scores, cosine_to_score
 from service.settings import Settings
 
 DIM = 4
@@ -33,10 +34,16 @@ def unit_vectors_with_cosines(cosines: list[float]) -> tuple[np.ndarray, np.ndar
     return query, memories
 
 
+def local_scores(
+    query_text: str, query: np.ndarray, texts: list[str], memories: np.ndarray
+) -> list[float | None]:
+    return asyncio.run(LocalScorer().score(query_text, query, texts, memories)).values
+
+
 def test_local_scorer_maps_cosine_through_the_documented_sigmoid() -> None:
     cosines = [-1.0, -0.2, 0.0, 0.2, 0.35, 0.5, 0.69, 0.9, 1.0]
     query, memories = unit_vectors_with_cosines(cosines)
-    scores = asyncio.run(LocalScorer().score("q", query, ["m"] * len(cosines), memories))
+    scores = local_scores("q", query, ["m"] * len(cosines), memories)
     reference = [1 / (1 + math.exp(-(c - 0.35) / 0.08)) for c in cosines]
     assert scores == pytest.approx(reference, abs=1e-6)
     assert (LOCAL_CENTER, LOCAL_TEMPERATURE) == (0.35, 0.08)
@@ -54,18 +61,18 @@ def test_local_scorer_is_monotone_and_bounded() -> None:
 def test_local_scorer_does_not_need_normalised_or_nonzero_vectors() -> None:
     query = np.array([2.0, 0.0, 0.0])
     memories = np.array([[5.0, 0.0, 0.0], [0.0, 0.0, 0.0]])
-    scores = asyncio.run(LocalScorer().score("q", query, ["a", "b"], memories))
+    scores = local_scores("q", query, ["a", "b"], memories)
     assert scores[0] == pytest.approx(float(cosine_to_score(1.0)))
     assert scores[1] == pytest.approx(float(cosine_to_score(0.0)))
 
 
 def test_local_scorer_with_no_memories_returns_nothing() -> None:
-    assert asyncio.run(LocalScorer().score("q", QUERY_EMBEDDING, [], np.zeros((0, DIM)))) == []
+    assert local_scores("q", QUERY_EMBEDDING, [], np.zeros((0, DIM))) == []
 
 
 def test_local_scorer_rejects_mismatched_shapes() -> None:
     with pytest.raises(ValueError):
-        asyncio.run(LocalScorer().score("q", QUERY_EMBEDDING, ["a", "b"], np.ones((3, DIM))))
+        local_scores("q", QUERY_EMBEDDING, ["a", "b"], np.ones((3, DIM)))
 
 
 # --- reply parsing ------------------------------------------------------------------------------
@@ -130,7 +137,8 @@ def make_scorer(url: str, **kwargs: object) -> OpenAIChatScorer:
 
 async def score_with(scorer: OpenAIChatScorer, query: str, memories: list[str]) -> list[float | None]:
     try:
-        return await scorer.score(query, QUERY_EMBEDDING, memories, np.zeros((len(memories), DIM)))
+        scores = await scorer.score(query, QUERY_EMBEDDING, memories, np.zeros((len(memories), DIM)))
+        return scores.values
     finally:
         await scorer.aclose()
 
@@ -344,7 +352,7 @@ def test_openai_scorer_slots_survive_a_cancellation_at_any_point_of_a_call(
                     await asyncio.sleep(0)
                 call.cancel()
                 await asyncio.gather(call, return_exceptions=True)
-            return await scorer.score("q", QUERY_EMBEDDING, memories, embeddings)
+            return (await scorer.score("q", QUERY_EMBEDDING, memories, embeddings)).values
         finally:
             await scorer.aclose()
 
@@ -395,3 +403,128 @@ def test_build_scorer_openai_uses_settings() -> None:
     assert scorer.url == "http://127.0.0.1:9/v1/chat/completions"
     assert (scorer.model, scorer.concurrency, scorer.timeout_s, scorer.name) == ("judge-1", 5, 1.5, "openai")
     asyncio.run(scorer.aclose())
+
+
+# --- chat scorer: prompt template, logprobs mode, batches ---------------------------------------
+
+
+def test_openai_scorer_fills_a_custom_prompt_template_verbatim(serve: list[LoopbackServer]) -> None:
+    prompts: list[str] = []
+
+    def reply(prompt: str) -> str:
+        prompts.append(prompt)
+        return "0.6"
+
+    server = start(serve, chat_completions_app(reply))
+    template = 'Q={query} | M={memory} | JSON example: {"score": 0.5}'
+    scorer = make_scorer(server.url, prompt_template=template)
+    assert asyncio.run(score_with(scorer, "asks about {memory}", ["m {query}"])) == [0.6]
+    assert prompts[0].endswith('Q=asks about {memory} | M=m {query} | JSON example: {"score": 0.5}')
+
+
+def test_openai_scorer_refuses_a_template_without_its_placeholders() -> None:
+    with pytest.raises(ValueError, match=r"lacks \{memory\}"):
+        OpenAIChatScorer(base_url="http://127.0.0.1:9/v1", model="judge", prompt_template="{query}")
+
+
+def test_build_scorer_reads_the_prompt_file(tmp_path: Path) -> None:
+    prompt_file = tmp_path / "prompt.txt"
+    prompt_file.write_text("Does {memory} answer {query}?", encoding="utf-8")
+    scorer = build_scorer(
+        Settings(scorer="openai", scorer_base_url="http://127.0.0.1:9/v1", scorer_prompt_file=prompt_file)
+    )
+    assert isinstance(scorer, OpenAIChatScorer)
+    assert scorer.build_messages("q", "m")[1]["content"] == "Does m answer q?"
+    asyncio.run(scorer.aclose())
+    prompt_file.write_text("no placeholders", encoding="utf-8")
+    with pytest.raises(ValueError, match="EARM_SCORER_PROMPT_FILE"):
+        build_scorer(Settings(scorer="openai", scorer_base_url="http://127.0.0.1:9/v1", scorer_prompt_file=prompt_file))
+
+
+def test_openai_scorer_in_logprobs_mode_stores_the_probability_of_yes(
+    serve: list[LoopbackServer],
+) -> None:
+    probabilities = {"m-a": "0.83", "m-b": "0.1", "m-c": "0"}
+    app = chat_completions_app(lambda prompt: probabilities[memory_of(prompt)], logprobs=True)
+    server = start(serve, app)
+    scorer = make_scorer(server.url, mode="logprobs")
+    assert asyncio.run(score_with(scorer, "q", list(probabilities))) == pytest.approx([0.83, 0.1, 0.0])
+    body = app.state.last_request["json"]
+    assert (body["logprobs"], body["top_logprobs"], body["max_tokens"]) == (True, 5, 1)
+    assert "yes or no" in body["messages"][0]["content"]
+
+
+def test_openai_scorer_in_logprobs_mode_falls_back_to_the_answer_without_logprobs(
+    serve: list[LoopbackServer],
+) -> None:
+    replies = {"m-a": "yes", "m-b": "No.", "m-c": "0.4", "m-d": "maybe"}
+    server = start(serve, chat_completions_app(lambda prompt: replies[memory_of(prompt)]))
+    scorer = make_scorer(server.url, mode="logprobs")
+    assert asyncio.run(score_with(scorer, "q", list(replies))) == [1.0, 0.0, pytest.approx(0.4), None]
+
+
+BATCH_MEMORY = re.compile(r"\[(\d+)\]\n(m\d+)")
+
+
+def test_openai_scorer_batches_memories_into_one_prompt(serve: list[LoopbackServer]) -> None:
+    def reply(prompt: str) -> str:
+        memories = BATCH_MEMORY.findall(prompt)
+        return "\n".join(f"[{n}] {int(m[1:]) / 100}" for n, m in reversed(memories))
+
+    app = chat_completions_app(reply)
+    server = start(serve, app)
+
+    async def run() -> Scores:
+        scorer = make_scorer(server.url, batch=4)
+        try:
+            return await scorer.score("q", QUERY_EMBEDDING, [f"m{i}" for i in range(10)], np.zeros((10, DIM)))
+        finally:
+            await scorer.aclose()
+
+    scores = asyncio.run(run())
+    assert scores.values == pytest.approx([i / 100 for i in range(10)])
+    assert scores.requests == 3 and app.state.calls == 3
+    assert "[number] score" in app.state.last_request["json"]["messages"][0]["content"]
+
+
+def test_openai_scorer_scores_a_malformed_batch_pair_by_pair(serve: list[LoopbackServer]) -> None:
+    def reply(prompt: str) -> str:
+        memories = BATCH_MEMORY.findall(prompt)
+        if not memories:  # a single-pair prompt
+            return str(int(memory_of(prompt)[1:]) / 100)
+        if ("1", "m0") in memories:  # the first batch answers only its first memory
+            return "[1] 0.5"
+        return "\n".join(f"{n}: {int(m[1:]) / 100}" for n, m in memories)
+
+    app = chat_completions_app(reply)
+    server = start(serve, app)
+    scorer = make_scorer(server.url, batch=3)
+
+    async def run() -> Scores:
+        try:
+            return await scorer.score("q", QUERY_EMBEDDING, [f"m{i}" for i in range(6)], np.zeros((6, DIM)))
+        finally:
+            await scorer.aclose()
+
+    scores = asyncio.run(run())
+    assert scores.values == pytest.approx([0.0, 0.01, 0.02, 0.03, 0.04, 0.05])
+    assert scorer.batch_fallbacks == 1
+    assert scores.requests == 2 + 3 and app.state.calls == 5
+    assert scorer.outcomes == {"ok": 6}
+
+
+@pytest.mark.parametrize(
+    ("reply", "scores"),
+    [
+        ("[1] 0.5\n[2] 0.25", [0.5, 0.25]),
+        ("2: 1\n1: 0", [0.0, 1.0]),
+        ("1. 0.3\n\n2) .9\n", [0.3, 0.9]),
+        ("[1] 0.5", None),
+        ("[1] 0.5\n[2] 7", None),
+        ("[1] 0.5\n[1] 0.6", None),
+        ("[1] 0.5\n[3] 0.6", None),
+        ("[1] 0.5\n[2] 0.6\nbecause", None),
+    ],
+)
+def test_parse_batch_needs_one_valid_score_for_every_memory(reply: str, scores: list[float] | None) -> None:
+    assert parse_batch(reply, 2) == (None if scores is None else pytest.approx(scores))

@@ -61,19 +61,21 @@ def in_process_service(settings: Any | None = None, **options: Any) -> Iterator[
 # ------------------------------------------------------------------------- child processes
 
 
-def _serve_judge(reply: Callable[[str], Awaitable[str]], connection: Any) -> None:  # the child
-    from service.bench.loopback import LoopbackServer, chat_completions_app
+def _serve_judge(reply: Callable[..., Awaitable[Any]], connection: Any, protocol: str) -> None:  # the child
+    from service.bench.loopback import LoopbackServer, chat_completions_app, rerank_app
 
+    app = rerank_app(reply, protocol="rerank") if protocol == "rerank" else chat_completions_app(reply)
     # uvloop: this process only serves the judge, and the judge should cost the machine as
     # little as a remote provider would (uvicorn's own default, not the tests' plain asyncio).
-    with LoopbackServer(chat_completions_app(reply), loop="uvloop") as server:
+    with LoopbackServer(app, loop="uvloop") as server:
         connection.send(server.url)
         connection.recv()  # until the parent says stop (or goes away)
 
 
 @contextmanager
-def judge_process(reply: Callable[[str], Awaitable[str]]) -> Iterator[str]:
-    """URL of a chat-completions judge answering with ``reply``, served by a forked child
+def judge_process(reply: Callable[..., Awaitable[Any]], protocol: str = "chat") -> Iterator[str]:
+    """URL of a chat-completions (or, ``protocol="rerank"``, a ``/rerank``; see
+    :mod:`service.bench.loopback`) judge answering with ``reply``, served by a forked child
     process, so serving it does not compete with the bench's clients for the GIL. Fork it
     before this process has threads or connections; ``reply``'s state is the child's copy
     (share what must change during the run, e.g. through ``multiprocessing.Value``)."""
@@ -81,7 +83,7 @@ def judge_process(reply: Callable[[str], Awaitable[str]]) -> Iterator[str]:
 
     context = multiprocessing.get_context("fork")
     parent, child = context.Pipe()
-    process = context.Process(target=_serve_judge, args=(reply, child), daemon=True)
+    process = context.Process(target=_serve_judge, args=(reply, child, protocol), daemon=True)
     process.start()
     try:
         if not parent.poll(60):

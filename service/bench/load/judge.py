@@ -34,10 +34,20 @@ class Judge:
     def latency_ms(self, value: float) -> None:
         self._latency.value = value
 
+    async def rerank(self, query: str, documents: list[str]) -> list[float | None]:
+        """A ``/rerank`` answer: every document's relevance after one ``latency_ms``."""
+        if self.latency_ms > 0:
+            await asyncio.sleep(self.latency_ms / 1000)
+        return [float(self._relevance(query, document)) for document in documents]
+
     async def reply(self, prompt: str) -> str:
         if self.latency_ms > 0:
             await asyncio.sleep(self.latency_ms / 1000)
-        query, memory = _QUERY_RE.search(prompt), _MEMORY_RE.search(prompt)
+        return self._relevance(prompt, prompt)
+
+    def _relevance(self, query_text: str, memory_text: str) -> str:
+        """The relevance of the numbered query and memory, 3 decimals; "0" if not found."""
+        query, memory = _QUERY_RE.search(query_text), _MEMORY_RE.search(memory_text)
         if query is None or memory is None:
             return "0"
         _, _, latent = self.world.query(int(query.group(1)))

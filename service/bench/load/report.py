@@ -93,11 +93,12 @@ def _floor(report: Report) -> list[str]:
 
 def _slow_judge(report: Report) -> list[str]:
     config = report["config"]
-    head = ("policy", "budget", "conc.", "req", "scorer calls", "total", "score", "overhead",
-            "client")
+    head = ("policy", "scorer", "budget", "conc.", "req", "scorer calls", "scorer requests",
+            "total", "score", "overhead", "client")
     rows = [
-        (c["policy"], c["budget"], c["concurrency"], c["requests"], c["scorer_calls_mean"],
-         _p(c["total_ms"]), _p(c["score_ms"]), _p(c["overhead_ms"]), _p(c["client_ms"]))
+        (c["policy"], c.get("scorer", "openai"), c["budget"], c["concurrency"], c["requests"],
+         c["scorer_calls_mean"], c.get("scorer_requests_mean", "-"), _p(c["total_ms"]),
+         _p(c["score_ms"]), _p(c["overhead_ms"]), _p(c["client_ms"]))
         for c in report["slow_judge"]
     ]
     return [
@@ -105,7 +106,7 @@ def _slow_judge(report: Report) -> list[str]:
         f"## Slow judge ({config['slow_latency_ms']:g} ms per call, scorer concurrency "
         f"{config['scorer_concurrency']})",
         "",
-        *table(head, rows, "lrrrrllll"),
+        *table(head, rows, "llrrrrrllll"),
     ]
 
 

@@ -34,14 +34,20 @@ from service.bench.load.session import LoadRun, drive
 from service.bench.load.targets import targets
 from service.bench.load.world import World
 
+#: Anchors of the rerank-backend row: the issue's "a retrieve scoring 35 anchors".
+RERANK_ANCHORS = 35
 
-def service_settings(config: LoadConfig, database_url: str, judge_url: str) -> dict[str, str]:
-    """The service's whole EARM_* environment: its scorer is the judge."""
+
+def service_settings(
+    config: LoadConfig, database_url: str, judge_url: str, scorer: str = "openai"
+) -> dict[str, str]:
+    """The service's whole EARM_* environment: its scorer is the judge (chat completions, or
+    ``scorer="rerank"``: the judge's ``/rerank``)."""
     return {
         "EARM_DATABASE_URL": database_url,
         "EARM_EMBEDDING_DIM": str(config.dim),
         "EARM_EMBEDDER": "local",
-        "EARM_SCORER": "openai",
+        "EARM_SCORER": scorer,
         "EARM_SCORER_BASE_URL": judge_url + "/v1",
         "EARM_SCORER_MODEL": "loopback-judge",
         "EARM_SCORER_CONCURRENCY": str(config.scorer_concurrency),
@@ -88,13 +94,39 @@ async def slow_judge(run: LoadRun) -> list[dict[str, Any]]:
         numbers = run.query_numbers(max(config.slow_requests, concurrency))
         samples = await drive(run, numbers, concurrency, "earm",
                               f"earm {config.slow_latency_ms:g} ms judge", budget=budget)
-        rows.append({"policy": "earm", "budget": budget or "schedule", "concurrency": concurrency,
-                     "judge_latency_ms": config.slow_latency_ms, **samples.summary()})
+        rows.append({"policy": "earm", "scorer": "openai", "budget": budget or "schedule",
+                     "concurrency": concurrency, "judge_latency_ms": config.slow_latency_ms,
+                     **samples.summary()})
     run.judge.latency_ms = config.latency_ms
     return rows
 
 
-async def observation_tier(run: LoadRun, target: int, report: dict[str, Any]) -> dict[str, Any]:
+async def rerank_backend(run: LoadRun, judge_url: str, workdir: Path) -> dict[str, Any]:
+    """``earm`` through a ``/rerank`` backend of the slow judge's latency, scoring
+    :data:`RERANK_ANCHORS` anchors per retrieve (one batch, so one request), concurrency 1:
+    a second service on the same database and namespace whose scorer is the rerank judge."""
+    config = run.config
+    workdir.mkdir(exist_ok=True)
+    settings = service_settings(config, run.database_url, judge_url, scorer="rerank")
+    run.judge.latency_ms = config.slow_latency_ms
+    with service_process(settings, workdir) as service:
+        async with httpx.AsyncClient(base_url=service.url, timeout=900) as client:
+            chat_client, run.client = run.client, client
+            try:
+                numbers = run.query_numbers(config.slow_requests)
+                samples = await drive(run, numbers, 1, "earm",
+                                      f"earm {config.slow_latency_ms:g} ms rerank",
+                                      budget=RERANK_ANCHORS)
+            finally:
+                run.client = chat_client
+                run.judge.latency_ms = config.latency_ms
+    return {"policy": "earm", "scorer": "rerank", "budget": RERANK_ANCHORS, "concurrency": 1,
+            "judge_latency_ms": config.slow_latency_ms, **samples.summary()}
+
+
+async def observation_tier(
+    run: LoadRun, target: int, report: dict[str, Any], rerank_judge: tuple[str, Path]
+) -> dict[str, Any]:
     """Grow the namespace to ``target`` observations, refit, and measure ``earm`` there; the
     first tier also measures the latency matrix, the floor and the slow judge."""
     current = (await observation_counts(run))["observations"]
@@ -105,7 +137,7 @@ async def observation_tier(run: LoadRun, target: int, report: dict[str, Any]) ->
                             "refit_s": round(refit_s, 2)}
     if "retrieve" not in report:  # the first tier
         report["retrieve"], report["floor"] = await latency_matrix(run)
-        report["slow_judge"] = await slow_judge(run)
+        report["slow_judge"] = [*await slow_judge(run), await rerank_backend(run, *rerank_judge)]
     samples = await drive(run, run.query_numbers(run.config.completion_requests), 1, "earm",
                           f"earm @ {current} observations")
     tier["earm"] = samples.summary()
@@ -116,7 +148,7 @@ async def observation_tier(run: LoadRun, target: int, report: dict[str, Any]) ->
 
 
 async def _run(config: LoadConfig, world: World, judge: Judge, service: ServiceProcess,
-               database_url: str) -> dict[str, Any]:
+               database_url: str, rerank_judge: tuple[str, Path]) -> dict[str, Any]:
     limits = httpx.Limits(max_connections=max(config.concurrency) + 4)
     async with httpx.AsyncClient(base_url=service.url, timeout=900, limits=limits) as client:
         run = LoadRun(config, world, judge, service, database_url, client)
@@ -125,7 +157,8 @@ async def _run(config: LoadConfig, world: World, judge: Judge, service: ServiceP
         report["rss_after_ingest"] = service.rss_mb()
         await settle(run)
         report["observations"] = [
-            await observation_tier(run, target, report) for target in config.observations
+            await observation_tier(run, target, report, rerank_judge)
+            for target in config.observations
         ]
     return report
 
@@ -138,13 +171,16 @@ def run_load(config: LoadConfig) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="earm-load-") as tmp_name:
         tmp = Path(tmp_name)
         # The judge is forked first, before this process has threads or connections.
-        with judge_process(judge.reply) as judge_url, migrated_database(
+        with judge_process(judge.reply) as judge_url, judge_process(
+            judge.rerank, protocol="rerank"
+        ) as rerank_url, migrated_database(
             config.database_url, config.dim, tmp
         ) as database_url, service_process(
             service_settings(config, database_url, judge_url), tmp
         ) as service:
             machine = environment(database_url)
-            report = asyncio.run(_run(config, world, judge, service, database_url))
+            rerank_judge = (rerank_url, tmp / "rerank-service")
+            report = asyncio.run(_run(config, world, judge, service, database_url, rerank_judge))
             machine["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
             report["rss_end"] = service.rss_mb()
             report["service_settings"] = service.settings

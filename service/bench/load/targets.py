@@ -54,6 +54,8 @@ def _ingest(report: dict[str, Any]) -> Iterator[Target]:
 
 def _slow_judge(report: dict[str, Any], floors: dict[int, float]) -> Iterator[Target]:
     for cell in report.get("slow_judge", []):
+        if cell.get("scorer") == "rerank":
+            continue
         if cell["concurrency"] == 1 and cell["budget"] != "schedule" and floors.get(1):
             latency = cell["judge_latency_ms"]
             allowed = 1.3 * latency + floors[1]
@@ -67,8 +69,28 @@ def _slow_judge(report: dict[str, Any], floors: dict[int, float]) -> Iterator[Ta
             }
 
 
+def _rerank(report: dict[str, Any]) -> Iterator[Target]:
+    """The rerank backend: one request for all anchors, and a total of one backend latency plus
+    the service's own overhead (that of the `earm` cell at concurrency 1, 0 ms judge)."""
+    overhead = next((c["overhead_ms"]["p50"] for c in report.get("retrieve", [])
+                     if c["policy"] == "earm" and c["concurrency"] == 1), None)
+    for cell in report.get("slow_judge", []):
+        if cell.get("scorer") == "rerank" and overhead is not None:
+            latency = cell["judge_latency_ms"]
+            allowed = latency + overhead
+            p50 = cell["total_ms"]["p50"]
+            yield {
+                "target": f"{latency:g} ms rerank backend, {cell['budget']} anchors: 1 request, "
+                          f"total p50 ≤ {latency:g} ms + overhead p50",
+                "measured": f"{cell['scorer_requests_mean']} requests, {p50:.2f} ms "
+                            f"(allowed {allowed:.2f} ms)",
+                "met": cell["scorer_requests_mean"] == 1 and p50 <= allowed,
+                "margin": f"{p50 / allowed:.2f} × the allowed",
+            }
+
+
 def targets(report: dict[str, Any]) -> list[Target]:
     """The issue's targets, each with the measured value and whether it holds."""
     floors = {f["concurrency"]: f["latency_ms"]["p50"] for f in report.get("floor", [])}
     return [*_overhead(report, floors), *_completion(report), *_ingest(report),
-            *_slow_judge(report, floors)]
+            *_slow_judge(report, floors), *_rerank(report)]

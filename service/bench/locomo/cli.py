@@ -51,6 +51,9 @@ def add_locomo_parser(
     parser.add_argument("--judge", choices=("oracle", "local"), default="oracle",
                         help="oracle: labels + noise over loopback chat-completions; "
                              "local: the service's offline scorer")
+    parser.add_argument("--judge-protocol", choices=("chat", "rerank"), default="chat",
+                        help="oracle: served as chat completions (EARM_SCORER=openai) or as a "
+                             "/rerank endpoint (EARM_SCORER=rerank); same scores either way")
     parser.add_argument("--judge-miss", type=_probability, default=0.2,
                         help="oracle: probability an evidence turn is missed (default 0.2)")
     parser.add_argument("--judge-false", type=_probability, default=0.05,

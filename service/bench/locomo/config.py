@@ -24,6 +24,7 @@ class LocomoConfig:
     candidates: int = 200
     schedule: str | None = None  # None: the service's default schedule
     judge: str = "oracle"
+    judge_protocol: str = "chat"
     judge_miss: float = 0.2
     judge_false: float = 0.05
     judge_noise: float = 0.1
@@ -55,6 +56,8 @@ class LocomoConfig:
             raise ValueError("--candidates must be at least max(--k)")
         if self.judge not in ("oracle", "local"):
             raise ValueError("--judge must be 'oracle' or 'local'")
+        if self.judge_protocol not in ("chat", "rerank"):
+            raise ValueError("--judge-protocol must be 'chat' or 'rerank'")
 
     @property
     def categories(self) -> tuple[int, ...]:

@@ -1,4 +1,5 @@
-"""Relevance judges for the LoCoMo replay: a label-based oracle served as a chat-completions LLM.
+"""Relevance judges for the LoCoMo replay: a label-based oracle served as a chat-completions LLM
+or, with ``protocol="rerank"``, as a ``/rerank`` endpoint (Cohere/vLLM shape).
 
 The service scores (query, memory) pairs through its OpenAI-compatible scorer. In the benchmark
 that "LLM" is a real HTTP server on loopback (:mod:`service.bench.loopback`) whose answers come
@@ -16,6 +17,9 @@ from LoCoMo's evidence labels, through a documented noise model:
 All randomness for a pair comes from ``blake2b(f"{seed}|{sample_id}|{question}|{dia_id}")``,
 so a pair always gets the same score for a given seed, whichever policy, namespace, process or
 call order asks for it (never Python's salted ``hash()``). An unknown pair is answered ``"0"``.
+Through the rerank protocol each (query, document) pair is resolved from the chat scorer's own
+user prompt for it and answered the same 3-decimal score, so a run gives the same scores, hence
+the same recall, through either protocol.
 
 The ``local`` judge is the service's own offline scorer: no judge server is started and the
 service is configured with ``scorer="local"``.
@@ -32,11 +36,13 @@ from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
 from service.bench.locomo.data import Conversation
-from service.bench.loopback import LoopbackServer, chat_completions_app
+from service.bench.loopback import LoopbackServer, chat_completions_app, rerank_app
+from service.providers.chat_scorer import USER_PROMPT, fill
 
 logger = logging.getLogger(__name__)
 
 JudgeKind = Literal["oracle", "local"]
+JudgeProtocol = Literal["chat", "rerank"]
 
 #: Texts at least this long are found through a prefix index; shorter ones by substring search.
 _PREFIX_LEN = 16
@@ -280,6 +286,11 @@ class OracleJudge:
             self.relevant_answers += 1
         return f"{pair.score:.3f}"
 
+    def rerank(self, query: str, documents: list[str]) -> list[float | None]:
+        """Scores of a ``/rerank`` request: each document judged as the chat prompt of the
+        (query, document) pair would be."""
+        return [float(self.reply(fill(USER_PROMPT, query, document))) for document in documents]
+
 
 @dataclass
 class RunningJudge:
@@ -287,8 +298,9 @@ class RunningJudge:
 
     kind: JudgeKind
     oracle: OracleJudge | None
-    url: str | None  # base URL of the chat-completions server ("http://127.0.0.1:PORT")
+    url: str | None  # base URL of the judge server ("http://127.0.0.1:PORT")
     app: Any = None
+    protocol: JudgeProtocol = "chat"
 
     @property
     def base_url(self) -> str | None:
@@ -300,7 +312,7 @@ class RunningJudge:
         if self.kind == "local":
             return {"scorer": "local"}
         return {
-            "scorer": "openai",
+            "scorer": "rerank" if self.protocol == "rerank" else "openai",
             "scorer_base_url": self.base_url,
             "scorer_model": "locomo-oracle",
         }
@@ -308,11 +320,11 @@ class RunningJudge:
     def describe(self) -> dict[str, Any]:
         """A JSON-able description for RESULTS.json."""
         if self.oracle is not None:
-            return {**self.oracle.describe(), "url": self.base_url}
+            return {**self.oracle.describe(), "url": self.base_url, "protocol": self.protocol}
         return {"kind": "local", "description": "the service's offline local scorer"}
 
     def http_calls(self) -> int | None:
-        """Chat-completions requests the judge server received (None for the local judge)."""
+        """Requests the judge server received (None for the local judge)."""
         return None if self.app is None else int(self.app.state.calls)
 
 
@@ -322,15 +334,22 @@ def start_judge(
     conversations: Sequence[Conversation],
     model: NoiseModel | None = None,
     port: int = 0,
+    protocol: JudgeProtocol = "chat",
 ) -> Iterator[RunningJudge]:
-    """Start the judge: an oracle chat-completions server on loopback, or nothing for ``local``."""
+    """Start the judge: an oracle chat-completions (or ``/rerank``) server on loopback, or
+    nothing for ``local``."""
     if kind == "local":
         yield RunningJudge(kind="local", oracle=None, url=None)
         return
     if kind != "oracle":
         raise ValueError(f"unknown judge {kind!r} (expected 'oracle' or 'local')")
     oracle = OracleJudge(conversations, model)
-    app = chat_completions_app(oracle.reply, model="locomo-oracle")
+    if protocol == "rerank":
+        app = rerank_app(oracle.rerank, protocol="rerank", model="locomo-oracle")
+    elif protocol == "chat":
+        app = chat_completions_app(oracle.reply, model="locomo-oracle")
+    else:
+        raise ValueError(f"unknown judge protocol {protocol!r} (expected 'chat' or 'rerank')")
     with LoopbackServer(app, port=port) as server:
-        logger.info("oracle judge listening on %s/v1", server.url)
-        yield RunningJudge(kind="oracle", oracle=oracle, url=server.url, app=app)
+        logger.info("oracle judge (%s) listening on %s/v1", protocol, server.url)
+        yield RunningJudge(kind="oracle", oracle=oracle, url=server.url, app=app, protocol=protocol)

@@ -31,6 +31,7 @@ class QueryRecord:
     stage: int = 0
     budget: int = 0
     scorer_calls: int = 0
+    scorer_requests: int = 0
     degraded: bool = False
     total_ms: float = 0.0
     score_ms: float = 0.0
@@ -155,6 +156,7 @@ def summarize_policy(
     out: dict[str, Any] = quality(main, ks)
     out["queries"] = len(records)
     out["scorer_calls"] = int(sum(r.scorer_calls for r in records))
+    out["scorer_requests"] = int(sum(r.scorer_requests for r in records))
     out["budget_total"] = int(sum(r.budget for r in records))
     for k in ks:
         out[f"estimated_share@{k}"] = estimated_share_at_k(main, k)

@@ -105,6 +105,7 @@ def to_record(question: Question, reply: dict[str, Any], client_ms: float) -> Qu
         stage=int(reply.get("stage") or 0),
         budget=int(reply.get("budget") or 0),
         scorer_calls=int(reply.get("scorer_calls") or 0),
+        scorer_requests=int(reply.get("scorer_requests") or 0),
         degraded=bool(reply.get("degraded")),
         total_ms=float(timings.get("total_ms") or 0.0),
         score_ms=float(timings.get("score_ms") or 0.0),

@@ -76,6 +76,7 @@ def build_results(
                     "stage": r.stage,
                     "budget": r.budget,
                     "scorer_calls": r.scorer_calls,
+                    "scorer_requests": r.scorer_requests,
                     **{
                         f"recall@{k}": metrics.recall_at_k(r.ranked, r.evidence, k)
                         for k in config.ks

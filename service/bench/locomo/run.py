@@ -11,7 +11,7 @@ from typing import Any, cast
 from service.bench.common.cli import progress, write_json
 from service.bench.locomo.config import LocomoConfig
 from service.bench.locomo.data import load_conversations
-from service.bench.locomo.judge import JudgeKind, NoiseModel, start_judge
+from service.bench.locomo.judge import JudgeKind, JudgeProtocol, NoiseModel, start_judge
 from service.bench.locomo.metrics import QueryRecord
 from service.bench.locomo.plot import plot_results
 from service.bench.locomo.replay import question_stream, replay, service_for
@@ -38,7 +38,10 @@ def run_locomo(config: LocomoConfig) -> dict[str, Any]:
     # One service (and empty database) per policy in-process, so policies never share
     # experience yet replay identical namespaces; one shared service otherwise.
     policy_groups = [config.policies] if shared_service else [(p,) for p in config.policies]
-    with start_judge(judge_kind, conversations, noise, port=config.judge_port) as judge, progress(
+    protocol = cast(JudgeProtocol, config.judge_protocol)
+    with start_judge(
+        judge_kind, conversations, noise, port=config.judge_port, protocol=protocol
+    ) as judge, progress(
         total, "locomo", config.progress, unit="q"
     ) as bar:
         for policies in policy_groups:

@@ -51,8 +51,13 @@ async def retrieve(
         body.filters, settings.max_metadata_bytes, settings.max_metadata_depth, "filters"
     )
     result = await pipeline.retrieve(RetrieveRequest(**body.model_dump()))
-    annotate(request, scorer_calls=result.scorer_calls, degraded=result.degraded)
-    metrics.observe_retrieve(result)
+    annotate(
+        request,
+        scorer_calls=result.scorer_calls,
+        scorer_requests=result.scorer_requests,
+        degraded=result.degraded,
+    )
+    metrics.observe_retrieve(result, pipeline.scorer.name)
     return result
 
 
