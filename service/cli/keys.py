@@ -55,11 +55,10 @@ def add_keys_parser(commands: argparse._SubParsersAction) -> None:
 
 def _run_with_session(settings: Settings, work: Any) -> Any:
     async def run() -> Any:
-        async with open_database(settings) as database:
-            async with database.sessions() as session:
-                result = await work(session)
-                await session.commit()
-                return result
+        async with open_database(settings) as database, database.sessions() as session:
+            result = await work(session)
+            await session.commit()
+            return result
 
     return asyncio.run(run())
 

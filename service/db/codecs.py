@@ -136,6 +136,5 @@ def binary_copy(columns: Sequence[tuple[str, Any]], n_rows: int) -> bytes:
 
 
 async def copy_in(conn: psycopg.AsyncConnection[Any], statement: str, data: bytes) -> None:
-    async with conn.cursor() as cursor:
-        async with cursor.copy(statement) as copy:
-            await copy.write(data)
+    async with conn.cursor() as cursor, cursor.copy(statement) as copy:
+        await copy.write(data)

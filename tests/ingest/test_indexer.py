@@ -9,7 +9,6 @@ import time
 from collections.abc import Awaitable, Callable
 
 import numpy as np
-import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
