@@ -150,9 +150,8 @@ def test_without_keys_a_non_loopback_peer_is_refused(auth_settings: Settings) ->
 
 def test_app_refuses_a_non_loopback_bind_address_without_keys(auth_settings: Settings) -> None:
     exposed = auth_settings.model_copy(update={"host": "0.0.0.0"})
-    with pytest.raises(ConfigurationError, match="EARM_ALLOW_ANONYMOUS"):
-        with TestClient(create_app(exposed)):
-            pass
+    with pytest.raises(ConfigurationError, match="EARM_ALLOW_ANONYMOUS"), TestClient(create_app(exposed)):
+        pass
     with TestClient(create_app(exposed.model_copy(update={"allow_anonymous": True}))) as client:
         assert client.get("/healthz").status_code == 200
 

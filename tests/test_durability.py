@@ -180,7 +180,7 @@ class Load:
                 if response is not None and response.status_code == 201:
                     with self.ledger.lock:
                         self.ledger.memories.extend(
-                            (namespace, e, i) for e, i in zip(external, response.json()["ids"])
+                            (namespace, e, i) for e, i in zip(external, response.json()["ids"], strict=True)
                         )
 
     def _retrieve(self, worker: int) -> None:

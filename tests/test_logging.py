@@ -8,6 +8,7 @@ import logging
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -91,14 +92,19 @@ def test_lines_logged_while_serving_a_request_carry_its_request_id(
     scorer_log = logging.getLogger("service.providers.chat_scorer")
     scorer_log.addHandler(handler)
     try:
-        with LoopbackServer(chat_completions_app(lambda prompt: "no idea")) as judge:
-            with TestClient(create_app(judge_settings(judge.url))) as client:
-                client.post("/memories", json={"namespace": "agent-1", "memories": [{"text": "a"}, {"text": "b"}]})
-                response = client.post(
-                    "/retrieve",
-                    json={"namespace": "agent-1", "query": "q", "policy": "full"},
-                    headers={"X-Request-ID": "trace-me"},
-                )
+        with (
+            LoopbackServer(chat_completions_app(lambda prompt: "no idea")) as judge,
+            TestClient(create_app(judge_settings(judge.url))) as client,
+        ):
+            client.post(
+                "/memories",
+                json={"namespace": "agent-1", "memories": [{"text": "a"}, {"text": "b"}]},
+            )
+            response = client.post(
+                "/retrieve",
+                json={"namespace": "agent-1", "query": "q", "policy": "full"},
+                headers={"X-Request-ID": "trace-me"},
+            )
     finally:
         scorer_log.removeHandler(handler)
     assert response.json()["degraded"] is True

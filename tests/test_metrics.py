@@ -39,7 +39,9 @@ def value(parsed: dict, name: str, **labels: str) -> float:
 def total(parsed: dict, name: str, **labels: str) -> float:
     """Sum over every sample of `name` whose labels include `labels`."""
     wanted = set(labels.items())
-    return sum(v for (n, l), v in parsed.items() if n == name and wanted <= set(l))
+    return sum(
+        v for (n, sample_labels), v in parsed.items() if n == name and wanted <= set(sample_labels)
+    )
 
 
 def judge_reply(prompt: str) -> str:
@@ -50,9 +52,11 @@ def judge_reply(prompt: str) -> str:
 
 @pytest.fixture
 def judged_client(judge_settings: Callable[..., Settings]) -> Iterator[TestClient]:
-    with LoopbackServer(chat_completions_app(judge_reply)) as judge:
-        with TestClient(create_app(judge_settings(judge.url))) as client:
-            yield client
+    with (
+        LoopbackServer(chat_completions_app(judge_reply)) as judge,
+        TestClient(create_app(judge_settings(judge.url))) as client,
+    ):
+        yield client
 
 
 def unit(vector: np.ndarray) -> np.ndarray:
@@ -144,7 +148,9 @@ def test_requests_are_labelled_by_route_template_not_raw_path(client: TestClient
     assert value(parsed, "earm_http_requests_total", method="GET", route=route, status="200") == 1
     assert value(parsed, "earm_http_requests_total", method="GET", route=route, status="404") == 1
     assert value(parsed, "earm_http_requests_total", method="GET", route="<unmatched>", status="404") == 1
-    assert not any("/memories/1" in dict(l).get("route", "") for _, l in parsed)
+    assert not any(
+        "/memories/1" in dict(sample_labels).get("route", "") for _, sample_labels in parsed
+    )
 
 
 def test_each_app_has_its_own_metrics(settings: Settings) -> None:

@@ -151,7 +151,7 @@ def run_hnsw(config: HnswConfig) -> dict[str, Any]:
                     build_s = time.perf_counter() - began
                     recall = [
                         len(_top_ids(conn, q, limit, exact=False) & truth) / len(truth)
-                        for q, truth in zip(queries, exact)
+                        for q, truth in zip(queries, exact, strict=True)
                     ]
                     rate = _indexer_rate(url, conn, min(config.reindex, config.memories))
                     rows.append({

@@ -87,7 +87,7 @@ def parse_binary_copy(data: bytes, row: np.dtype) -> np.ndarray:
     sizes = [row.fields[name][0].itemsize for name in row.names[2::2]]
     lengths = [row.names[i] for i in range(1, len(row.names), 2)]
     if len(body) % row.itemsize or np.any(rows["fields"] != len(sizes)) or any(
-        np.any(rows[name] != size) for name, size in zip(lengths, sizes)
+        np.any(rows[name] != size) for name, size in zip(lengths, sizes, strict=True)
     ):
         raise ValueError("unexpected row layout in a binary COPY stream")
     return rows

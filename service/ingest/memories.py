@@ -138,12 +138,12 @@ async def _vectors_for(
         check_embedding(item.embedding, embedding_dim, f"memories[{position}].embedding")
         if item.embedding is not None
         else None
-        for item, position in zip(items, positions)
+        for item, position in zip(items, positions, strict=True)
     ]
     to_embed = [i for i, vector in enumerate(vectors) if vector is None]
     if to_embed:
         computed = await embed_texts(embedder, [items[i].text for i in to_embed])
-        for i, vector in zip(to_embed, computed):
+        for i, vector in zip(to_embed, computed, strict=True):
             vectors[i] = vector
     return vectors  # type: ignore[return-value]
 

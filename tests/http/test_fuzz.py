@@ -178,7 +178,7 @@ def test_hostile_text_and_metadata_are_stored_and_returned_byte_exact(api: httpx
     }
     created = api.post("/memories", json=body)
     assert created.status_code == 201, created.text
-    for memory_id, sent in zip(created.json()["ids"], HOSTILE_TEXTS):
+    for memory_id, sent in zip(created.json()["ids"], HOSTILE_TEXTS, strict=True):
         got = api.get(f"/memories/{memory_id}").json()
         assert got["text"].encode() == sent.encode()
         assert got["external_id"] == sent[:200]

@@ -102,7 +102,7 @@ class Topic:
                 "namespace": namespace,
                 "memories": [
                     {"text": t, "embedding": v.tolist(), "external_id": f"m{i}"}
-                    for i, (t, v) in enumerate(zip(self.memory_texts, self.memory_vectors))
+                    for i, (t, v) in enumerate(zip(self.memory_texts, self.memory_vectors, strict=True))
                 ],
             },
         )
@@ -304,7 +304,7 @@ def test_concurrent_retrieves_get_gap_free_indexes_and_store_every_observation(
                     "namespace": "agent-1",
                     "memories": [
                         {"text": t, "embedding": v.tolist()}
-                        for t, v in zip(topic.memory_texts, topic.memory_vectors)
+                        for t, v in zip(topic.memory_texts, topic.memory_vectors, strict=True)
                     ],
                 },
             )

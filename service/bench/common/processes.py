@@ -11,7 +11,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -88,10 +88,8 @@ def judge_process(reply: Callable[[str], Awaitable[str]]) -> Iterator[str]:
             raise RuntimeError("the judge process did not start")
         yield parent.recv()
     finally:
-        try:
+        with suppress(OSError):
             parent.send("stop")
-        except OSError:
-            pass
         process.join(10)
         if process.is_alive():
             process.terminate()
