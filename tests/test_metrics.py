@@ -70,10 +70,18 @@ def ingest(client: TestClient, namespace: str = "agent-1") -> None:
     """Memories from near the query centre to far from it, so scores spread over [0, 1]."""
     rng = np.random.default_rng(0)
     memories = [
-        {"text": f"memory {i}", "embedding": (CENTER * (1 - i / N_MEMORIES) + 0.5 * unit(rng.normal(size=DIM))).tolist()}
+        {
+            "text": f"memory {i}",
+            "embedding": (
+                CENTER * (1 - i / N_MEMORIES) + 0.5 * unit(rng.normal(size=DIM))
+            ).tolist(),
+        }
         for i in range(N_MEMORIES)
     ]
-    assert client.post("/memories", json={"namespace": namespace, "memories": memories}).status_code == 201
+    assert (
+        client.post("/memories", json={"namespace": namespace, "memories": memories}).status_code
+        == 201
+    )
 
 
 def retrieve(client: TestClient, **body) -> dict:
@@ -105,13 +113,18 @@ def test_metrics_after_retrieves_show_phase_histograms_and_scorer_outcomes(
     calls = sum(r["scorer_calls"] for r in results)
     assert calls == 3 * N_MEMORIES
     assert value(parsed, "earm_scorer_calls_total", scorer="openai", outcome="ok") == calls / 2
-    assert value(parsed, "earm_scorer_calls_total", scorer="openai", outcome="unparseable") == calls / 2
+    assert (
+        value(parsed, "earm_scorer_calls_total", scorer="openai", outcome="unparseable")
+        == calls / 2
+    )
     assert value(parsed, "earm_scorer_call_duration_seconds_count", scorer="openai") == calls
     assert value(parsed, "earm_retrieve_scorer_calls_total", policy="full") == calls
 
     returned = [m["source"] for r in results for m in r["memories"]]
     for source in set(returned):
-        assert value(parsed, "earm_returned_memories_total", source=source) == returned.count(source)
+        assert (
+            value(parsed, "earm_returned_memories_total", source=source) == returned.count(source)
+        )
 
     labels = {"method": "POST", "route": "/retrieve", "status": "200"}
     assert value(parsed, "earm_http_requests_total", **labels) == 3
@@ -147,7 +160,10 @@ def test_requests_are_labelled_by_route_template_not_raw_path(client: TestClient
     route = "/memories/{memory_id}"
     assert value(parsed, "earm_http_requests_total", method="GET", route=route, status="200") == 1
     assert value(parsed, "earm_http_requests_total", method="GET", route=route, status="404") == 1
-    assert value(parsed, "earm_http_requests_total", method="GET", route="<unmatched>", status="404") == 1
+    assert (
+        value(parsed, "earm_http_requests_total", method="GET", route="<unmatched>", status="404")
+        == 1
+    )
     assert not any(
         "/memories/1" in dict(sample_labels).get("route", "") for _, sample_labels in parsed
     )
@@ -178,7 +194,8 @@ SCRAPE = """
 from service.metrics import Metrics
 from service.settings import BudgetSchedule
 from service.providers.scorer_health import ScorerHealth
-print(Metrics().render(None, BudgetSchedule.parse("0:1.0"), ScorerHealth("openai").snapshot()).decode())
+health = ScorerHealth("openai").snapshot()
+print(Metrics().render(None, BudgetSchedule.parse("0:1.0"), health).decode())
 """
 
 
@@ -187,7 +204,12 @@ def test_multiprocess_mode_adds_up_every_worker(tmp_path: Path) -> None:
 
     def run(code: str) -> str:
         done = subprocess.run(
-            [sys.executable, "-c", code], env=env, cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=60
+            [sys.executable, "-c", code],
+            env=env,
+            cwd=PROJECT_ROOT,
+            capture_output=True,
+            text=True,
+            timeout=60,
         )
         assert done.returncode == 0, done.stderr
         return done.stdout

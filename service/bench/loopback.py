@@ -128,7 +128,9 @@ class HTTPFault(Exception):
     ``headers`` lets a stand-in send e.g. ``Retry-After`` with a 429, as real providers do.
     """
 
-    def __init__(self, status: int, body: str = "", headers: Mapping[str, str] | None = None) -> None:
+    def __init__(
+        self, status: int, body: str = "", headers: Mapping[str, str] | None = None
+    ) -> None:
         super().__init__(f"HTTP {status}: {body}")
         self.status = status
         self.body = body
@@ -137,7 +139,13 @@ class HTTPFault(Exception):
 
 def _fault_response(fault: HTTPFault) -> JSONResponse:
     """An error body shaped like OpenAI's, so clients can parse it the same way."""
-    payload = {"error": {"message": fault.body or f"HTTP {fault.status}", "type": "loopback_fault", "code": fault.status}}
+    payload = {
+        "error": {
+            "message": fault.body or f"HTTP {fault.status}",
+            "type": "loopback_fault",
+            "code": fault.status,
+        }
+    }
     return JSONResponse(payload, status_code=fault.status, headers=fault.headers)
 
 
@@ -147,7 +155,8 @@ class _BadRequest(Exception):
 
 def _bad_request(message: str) -> JSONResponse:
     return JSONResponse(
-        {"error": {"message": message, "type": "invalid_request_error", "code": 400}}, status_code=400
+        {"error": {"message": message, "type": "invalid_request_error", "code": 400}},
+        status_code=400,
     )
 
 

@@ -1,4 +1,5 @@
-"""``earm keys create|list|revoke|enforcement``: API keys from the command line (docs/security.md)."""
+"""``earm keys create|list|revoke|enforcement``: API keys from the command line
+(docs/security.md)."""
 
 from __future__ import annotations
 

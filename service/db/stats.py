@@ -88,7 +88,11 @@ def _ratio(numerator: float, denominator: float) -> float | None:
 
 
 def _namespace_stats(row, schedule: BudgetSchedule, default_candidates: int) -> NamespaceStats:
-    queries, memories, observations = int(row.next_query_index), int(row.memories), int(row.observations)
+    queries, memories, observations = (
+        int(row.next_query_index),
+        int(row.memories),
+        int(row.observations),
+    )
     stage = schedule.stage_for(queries)
     saved = _ratio(row.scorer_calls, row.full_rerank_calls)
     return NamespaceStats(
@@ -117,7 +121,9 @@ async def namespace_stats(
     session: AsyncSession, namespace: str, schedule: BudgetSchedule, default_candidates: int
 ) -> NamespaceStats:
     row = (
-        await session.execute(text(_STATS_SQL + " WHERE n.name = :namespace"), {"namespace": namespace})
+        await session.execute(
+            text(_STATS_SQL + " WHERE n.name = :namespace"), {"namespace": namespace}
+        )
     ).first()
     if row is None:
         raise NotFound(f"namespace {namespace!r} does not exist")

@@ -18,7 +18,9 @@ NamespaceName = Annotated[
     str,
     Field(
         pattern=NAMESPACE_PATTERN,
-        description="Letters, digits, '.', '_', ':', '-'; starts with a letter or digit; ≤ 128 chars.",
+        description=(
+            "Letters, digits, '.', '_', ':', '-'; starts with a letter or digit; ≤ 128 chars."
+        ),
         examples=["agent-42"],
     ),
 ]

@@ -77,8 +77,9 @@ class OpenAIChatScorer:
     ``timeout_s`` in total (waiting for a slot, attempts and backoff of all its pairs): a hung
     or slow endpoint costs a request at most about ``timeout_s``, then the pipeline proceeds
     ``degraded`` with the pairs that finished. Size it for the budget: with latency L per call,
-    ``timeout_s`` should exceed L · ceil(budget / concurrency). 429, 5xx and transport errors are retried (``max_retries``), with jittered
-    exponential backoff or the server's ``Retry-After`` when it fits in the remaining time.
+    ``timeout_s`` should exceed L · ceil(budget / concurrency). 429, 5xx and transport errors
+    are retried (``max_retries``), with jittered exponential backoff or the server's
+    ``Retry-After`` when it fits in the remaining time.
 
     Temperature 0 and a small ``max_tokens`` keep judgments repeatable and cheap. Outcomes of
     every pair are tallied in :attr:`outcomes` (for Prometheus).
@@ -238,7 +239,9 @@ class OpenAIChatScorer:
     def _closed(self, closing: asyncio.Task[None]) -> None:
         self._closing.discard(closing)
         if not closing.cancelled() and closing.exception() is not None:
-            logger.debug("relevance scorer: closing a retired client failed: %r", closing.exception())
+            logger.debug(
+                "relevance scorer: closing a retired client failed: %r", closing.exception()
+            )
 
     async def _call_with_retries(
         self, client: httpx.AsyncClient, body: dict[str, Any], deadline: float
@@ -294,4 +297,7 @@ class OpenAIChatScorer:
         await asyncio.gather(*self._closing, return_exceptions=True)
 
     def __repr__(self) -> str:  # no api key, ever
-        return f"OpenAIChatScorer(url={self.url!r}, model={self.model!r}, concurrency={self.concurrency})"
+        return (
+            f"OpenAIChatScorer(url={self.url!r}, model={self.model!r}, "
+            f"concurrency={self.concurrency})"
+        )

@@ -19,7 +19,8 @@ def build_embedder(settings: Settings) -> Embedder | None:
         if settings.embedding_dim != LOCAL_DIM:
             raise ConfigurationError(
                 f"the local embedder produces {LOCAL_DIM}-d vectors but EARM_EMBEDDING_DIM="
-                f"{settings.embedding_dim}; set EARM_EMBEDDING_DIM={LOCAL_DIM} or use another embedder"
+                f"{settings.embedding_dim}; set EARM_EMBEDDING_DIM={LOCAL_DIM} "
+                "or use another embedder"
             )
         return LocalEmbedder(batch_size=settings.embedder_batch_size)
     if kind == "openai":
@@ -28,7 +29,9 @@ def build_embedder(settings: Settings) -> Embedder | None:
                 "EARM_EMBEDDER=openai requires EARM_EMBEDDER_BASE_URL "
                 "(e.g. https://api.openai.com/v1 or http://localhost:11434/v1)"
             )
-        api_key = settings.embedder_api_key.get_secret_value() if settings.embedder_api_key else None
+        api_key = (
+            settings.embedder_api_key.get_secret_value() if settings.embedder_api_key else None
+        )
         return OpenAIEmbedder(
             base_url=settings.embedder_base_url,
             model=settings.embedder_model,

@@ -60,7 +60,9 @@ class ScorerObserver(Protocol):
         ...
 
 
-def notify(observer: ScorerObserver | None, scorer: str, outcome: Outcome, duration_s: float) -> None:
+def notify(
+    observer: ScorerObserver | None, scorer: str, outcome: Outcome, duration_s: float
+) -> None:
     """Call the observer; its failure must never fail scoring."""
     if observer is None:
         return

@@ -31,7 +31,9 @@ from service.settings import Settings
 VECTOR = (np.arange(384) % 7 + 1.0).tolist()
 
 
-def test_service_refuses_an_empty_database_and_names_the_fix(new_database: Callable[[str], str]) -> None:
+def test_service_refuses_an_empty_database_and_names_the_fix(
+    new_database: Callable[[str], str],
+) -> None:
     url = new_database("earm_empty")
     with (
         pytest.raises(SchemaOutOfDate, match="earm migrate"),
@@ -52,7 +54,9 @@ def test_service_refuses_a_schema_behind_head(new_database: Callable[[str], str]
         pass
 
 
-def test_service_refuses_a_database_of_another_embedding_dimension(new_database: Callable[[str], str]) -> None:
+def test_service_refuses_a_database_of_another_embedding_dimension(
+    new_database: Callable[[str], str],
+) -> None:
     url = new_database("earm_dim")
     migrate.upgrade_to_head(url, 8)
     with (
@@ -68,7 +72,9 @@ def test_earm_migrate_brings_an_external_database_to_head(
     url = new_database("earm_migrate_cli")
     monkeypatch.setenv("EARM_DATABASE_URL", url)
     assert earm(["migrate"]) == 0
-    with TestClient(create_app(Settings(database_url=url, embedder="none", _env_file=None))) as client:
+    with TestClient(
+        create_app(Settings(database_url=url, embedder="none", _env_file=None))
+    ) as client:
         assert client.get("/readyz").json()["status"] == "ready"
 
 

@@ -128,7 +128,9 @@ def make_scorer(url: str, **kwargs: object) -> OpenAIChatScorer:
     return OpenAIChatScorer(base_url=url + "/v1", model="judge", **options)  # type: ignore[arg-type]
 
 
-async def score_with(scorer: OpenAIChatScorer, query: str, memories: list[str]) -> list[float | None]:
+async def score_with(
+    scorer: OpenAIChatScorer, query: str, memories: list[str]
+) -> list[float | None]:
     try:
         return await scorer.score(query, QUERY_EMBEDDING, memories, np.zeros((len(memories), DIM)))
     finally:
@@ -393,5 +395,7 @@ def test_build_scorer_openai_uses_settings() -> None:
     scorer = build_scorer(settings)
     assert isinstance(scorer, OpenAIChatScorer)
     assert scorer.url == "http://127.0.0.1:9/v1/chat/completions"
-    assert (scorer.model, scorer.concurrency, scorer.timeout_s, scorer.name) == ("judge-1", 5, 1.5, "openai")
+    assert (scorer.model, scorer.concurrency, scorer.timeout_s, scorer.name) == (
+        "judge-1", 5, 1.5, "openai"
+    )
     asyncio.run(scorer.aclose())

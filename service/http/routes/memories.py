@@ -134,7 +134,9 @@ async def list_memories(
     if limit > settings.max_page_size:
         raise LimitExceeded(f"limit {limit} exceeds the page size limit {settings.max_page_size}")
     page = await memories.list_memories(session, namespace, limit, cursor)
-    return MemoryPageOut(memories=[memory_out(m) for m in page.memories], next_cursor=page.next_cursor)
+    return MemoryPageOut(
+        memories=[memory_out(m) for m in page.memories], next_cursor=page.next_cursor
+    )
 
 
 @router.delete(

@@ -59,7 +59,9 @@ async def read_stats(
     if namespace is None:
         rows = await stats_sql.all_namespace_stats(session, schedule, settings.default_candidates)
         return StatsListOut(
-            namespaces=[NamespaceStatsOut(**asdict(r)) for r in rows if principal.allows(r.namespace)],
+            namespaces=[
+                NamespaceStatsOut(**asdict(r)) for r in rows if principal.allows(r.namespace)
+            ],
             scorer=scorer,
         )
     annotate(request, namespace=namespace)
@@ -68,7 +70,9 @@ async def read_stats(
     return NamespaceReportOut(**asdict(row), scorer=scorer)
 
 
-@router.get("/metrics", response_class=Response, responses={200: {"content": {CONTENT_TYPE_LATEST: {}}}})
+@router.get(
+    "/metrics", response_class=Response, responses={200: {"content": {CONTENT_TYPE_LATEST: {}}}}
+)
 async def metrics(components: ComponentsDep) -> Response:
     """Prometheus exposition: HTTP, retrieve, scorer metrics, the scorer's health and gauges
     from the namespace counters (which read the `namespaces` table only)."""
