@@ -225,14 +225,18 @@ class Authenticator:
                 await seed_keys(session, self.seeds)
                 await session.commit()
             log.info("seeded %d API key(s) from EARM_API_KEYS", len(self.seeds))
-        if bind_host is not None and not is_loopback_host(bind_host):
-            if not self.allow_anonymous and not await self.keys_enforced():
-                raise ConfigurationError(
-                    f"refusing to serve on {bind_host}, a non-loopback address, without API "
-                    "keys: create one with `earm keys create --namespaces '*'` (or set "
-                    "EARM_API_KEYS; `earm keys enforcement on` if keys exist), or set "
-                    "EARM_ALLOW_ANONYMOUS=true to serve without authentication"
-                )
+        if (
+            bind_host is not None
+            and not is_loopback_host(bind_host)
+            and not self.allow_anonymous
+            and not await self.keys_enforced()
+        ):
+            raise ConfigurationError(
+                f"refusing to serve on {bind_host}, a non-loopback address, without API "
+                "keys: create one with `earm keys create --namespaces '*'` (or set "
+                "EARM_API_KEYS; `earm keys enforcement on` if keys exist), or set "
+                "EARM_ALLOW_ANONYMOUS=true to serve without authentication"
+            )
 
     async def keys_enforced(self) -> bool:
         now = time.monotonic()

@@ -6,8 +6,10 @@ pydantic), so they cannot drift from the service::
     from service.client import EarmClient
 
     with EarmClient("http://127.0.0.1:8000", api_key="earm_...") as earm:
-        earm.add("agent-42", ["Caroline went to a support group on 7 May.",
-                              {"text": "Melanie is planning a camping trip.", "external_id": "D1:7"}])
+        earm.add("agent-42", [
+            "Caroline went to a support group on 7 May.",
+            {"text": "Melanie is planning a camping trip.", "external_id": "D1:7"},
+        ])
         result = earm.retrieve("agent-42", "What did Caroline do on 7 May?", k=5)
         for memory in result.memories:
             print(memory.rank, memory.score, memory.source, memory.text)

@@ -53,8 +53,12 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 _HTTP_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
-_PHASE_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
-_COMPLETION_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
+_PHASE_BUCKETS = (
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0
+)
+_COMPLETION_BUCKETS = (
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0
+)
 _SCORER_BUCKETS = (0.0001, 0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
 
@@ -277,9 +281,15 @@ def _namespace_gauges(snapshot: CounterSnapshot, schedule: BudgetSchedule) -> li
     """Per-namespace gauges, of the namespaces with the most queries."""
     per_namespace: dict[str, tuple[str, Callable[[NamespaceCounters], float]]] = {
         "queries": ("Queries recorded.", lambda c: c.queries),
-        "observations": ("Observed cells (running count, exact after each refit).", lambda c: c.observations),
+        "observations": (
+            "Observed cells (running count, exact after each refit).",
+            lambda c: c.observations,
+        ),
         "scorer_calls": ("Scorer calls recorded with queries.", lambda c: c.scorer_calls),
-        "full_rerank_calls": ("Calls full reranking would have made.", lambda c: c.full_rerank_calls),
+        "full_rerank_calls": (
+            "Calls full reranking would have made.",
+            lambda c: c.full_rerank_calls,
+        ),
         "calls_saved_ratio": (
             "1 - scorer calls / full rerank calls (0 before any query).",
             lambda c: 1.0 - c.scorer_calls / c.full_rerank_calls if c.full_rerank_calls else 0.0,

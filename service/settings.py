@@ -131,7 +131,9 @@ class Settings(BaseSettings):
         default=16 * 1024 * 1024, ge=1, description="Request body size limit (413 above it)."
     )
     max_metadata_bytes: int = Field(
-        default=64 * 1024, ge=2, description="Serialized JSON size of one memory's metadata or filters."
+        default=64 * 1024,
+        ge=2,
+        description="Serialized JSON size of one memory's metadata or filters.",
     )
     max_metadata_depth: int = Field(
         default=16, ge=1, description="Nesting depth of one memory's metadata or filters."
@@ -144,7 +146,9 @@ class Settings(BaseSettings):
     )
     allow_anonymous: bool = Field(
         default=False,
-        description="Serve without API keys on a non-loopback address (earm serve refuses otherwise).",
+        description=(
+            "Serve without API keys on a non-loopback address (earm serve refuses otherwise)."
+        ),
     )
     auth_cache_ttl_s: float = Field(
         default=2.0, ge=0, le=60, description="Key lookups are cached this long (revocation delay)."

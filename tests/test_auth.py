@@ -150,9 +150,11 @@ def test_without_keys_a_non_loopback_peer_is_refused(auth_settings: Settings) ->
 
 def test_app_refuses_a_non_loopback_bind_address_without_keys(auth_settings: Settings) -> None:
     exposed = auth_settings.model_copy(update={"host": "0.0.0.0"})
-    with pytest.raises(ConfigurationError, match="EARM_ALLOW_ANONYMOUS"):
-        with TestClient(create_app(exposed)):
-            pass
+    with (
+        pytest.raises(ConfigurationError, match="EARM_ALLOW_ANONYMOUS"),
+        TestClient(create_app(exposed)),
+    ):
+        pass
     with TestClient(create_app(exposed.model_copy(update={"allow_anonymous": True}))) as client:
         assert client.get("/healthz").status_code == 200
 
@@ -187,12 +189,30 @@ def test_earm_serve_refuses_a_public_bind_address_without_keys(clean_database: s
 def protected_requests(memory_id: int = 1) -> list[tuple[str, str, dict]]:
     """One request per protected endpoint, all aimed at namespace `agent-1`."""
     return [
-        ("POST", "/memories", {"json": {"namespace": "agent-1", "memories": [{"text": "x", "embedding": VECTOR}]}}),
+        (
+            "POST",
+            "/memories",
+            {"json": {"namespace": "agent-1", "memories": [{"text": "x", "embedding": VECTOR}]}},
+        ),
         ("GET", f"/memories/{memory_id}", {}),
         ("GET", "/memories", {"params": {"namespace": "agent-1"}}),
         ("DELETE", f"/memories/{memory_id}", {}),
-        ("POST", "/retrieve", {"json": {"namespace": "agent-1", "query": "q", "query_embedding": VECTOR}}),
-        ("POST", "/feedback", {"json": {"namespace": "agent-1", "query_id": 1, "scores": [{"memory_id": memory_id, "score": 1.0}]}}),
+        (
+            "POST",
+            "/retrieve",
+            {"json": {"namespace": "agent-1", "query": "q", "query_embedding": VECTOR}},
+        ),
+        (
+            "POST",
+            "/feedback",
+            {
+                "json": {
+                    "namespace": "agent-1",
+                    "query_id": 1,
+                    "scores": [{"memory_id": memory_id, "score": 1.0}],
+                }
+            },
+        ),
         ("GET", "/stats", {"params": {"namespace": "agent-1"}}),
     ]
 
@@ -204,7 +224,12 @@ def test_every_protected_endpoint_answers_401_without_a_valid_key(api: TestClien
     code, listing = keys("list")
     revoked_id = next(line.split()[0] for line in listing.splitlines() if "to-revoke" in line)
     assert keys("revoke", revoked_id)[0] == 0
-    for headers in ({}, bearer("earm_not-a-key"), {"Authorization": f"Basic {admin}"}, bearer(revoked)):
+    for headers in (
+        {},
+        bearer("earm_not-a-key"),
+        {"Authorization": f"Basic {admin}"},
+        bearer(revoked),
+    ):
         for method, path, kwargs in protected_requests():
             if path == "/stats" and not has_route(api.app, "/stats"):
                 continue
@@ -285,7 +310,11 @@ def test_feedback_cannot_reach_a_query_of_another_namespace(api: TestClient, key
     ingest(api, "agent-1", agent)
     response = api.post(
         "/feedback",
-        json={"namespace": "agent-1", "query_id": team_query, "scores": [{"memory_id": team_memory, "score": 1.0}]},
+        json={
+            "namespace": "agent-1",
+            "query_id": team_query,
+            "scores": [{"memory_id": team_memory, "score": 1.0}],
+        },
         headers=bearer(agent),
     )
     assert_error(response, 404, "not_found")
@@ -323,7 +352,9 @@ def test_keys_are_stored_only_as_sha256(keys, clean_database: str) -> None:
     assert key not in " ".join(str(value) for value in row.values())
     assert row["namespace_patterns"] == ["agent-*"]
     code, listing = keys("list")
-    assert code == 0 and "stored" in listing and key not in listing and row["key_hash"] not in listing
+    assert (
+        code == 0 and "stored" in listing and key not in listing and row["key_hash"] not in listing
+    )
 
 
 def test_revoking_an_unknown_key_fails(keys) -> None:
@@ -359,7 +390,12 @@ def test_seeded_keys_are_hashed_into_the_table_idempotently(
                 403,
                 "forbidden",
             )
-            assert client.get("/memories", params={"namespace": "team-1"}, headers=bearer(SEED_ADMIN)).status_code == 200
+            assert (
+                client.get(
+                    "/memories", params={"namespace": "team-1"}, headers=bearer(SEED_ADMIN)
+                ).status_code
+                == 200
+            )
     engine = create_engine(clean_database)
     with engine.connect() as conn:
         hashes = conn.execute(text("SELECT key_hash FROM api_keys ORDER BY id")).scalars().all()
@@ -386,7 +422,10 @@ def test_keys_never_appear_in_logs(
         client.get("/memories", params={"namespace": "team-1"}, headers=bearer(key))
         client.get("/memories", params={"namespace": "agent-1"}, headers=bearer(key + "x"))
     assert caplog.records
-    assert all(key not in record.getMessage() and key not in str(record.__dict__) for record in caplog.records)
+    assert all(
+        key not in record.getMessage() and key not in str(record.__dict__)
+        for record in caplog.records
+    )
 
 
 # ----------------------------------------------------------------------- key enforcement
@@ -404,7 +443,9 @@ def test_revoking_every_key_keeps_requiring_keys(api: TestClient, keys) -> None:
     key = create_key(keys, "*", name="only")
     assert keys("revoke", key_id(keys, "only"))[0] == 0
     assert_error(anonymous_listing(api), 401, "unauthenticated")
-    assert_error(api.get("/memories", params={"namespace": "a"}, headers=bearer(key)), 401, "unauthenticated")
+    assert_error(
+        api.get("/memories", params={"namespace": "a"}, headers=bearer(key)), 401, "unauthenticated"
+    )
     assert keys("enforcement", "status")[1].startswith("key enforcement: on")
 
 

@@ -414,7 +414,7 @@ def first_difference(expected: Any, actual: Any, path: str = "$") -> str | None:
                 return found
         return None
     if isinstance(expected, list) and isinstance(actual, list):
-        for index, (recorded, replayed) in enumerate(zip(expected, actual)):
+        for index, (recorded, replayed) in enumerate(zip(expected, actual, strict=False)):
             if found := first_difference(recorded, replayed, f"{path}[{index}]"):
                 return found
         if len(expected) != len(actual):

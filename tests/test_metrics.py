@@ -39,7 +39,9 @@ def value(parsed: dict, name: str, **labels: str) -> float:
 def total(parsed: dict, name: str, **labels: str) -> float:
     """Sum over every sample of `name` whose labels include `labels`."""
     wanted = set(labels.items())
-    return sum(v for (n, l), v in parsed.items() if n == name and wanted <= set(l))
+    return sum(
+        v for (n, sample_labels), v in parsed.items() if n == name and wanted <= set(sample_labels)
+    )
 
 
 def judge_reply(prompt: str) -> str:
@@ -50,9 +52,11 @@ def judge_reply(prompt: str) -> str:
 
 @pytest.fixture
 def judged_client(judge_settings: Callable[..., Settings]) -> Iterator[TestClient]:
-    with LoopbackServer(chat_completions_app(judge_reply)) as judge:
-        with TestClient(create_app(judge_settings(judge.url))) as client:
-            yield client
+    with (
+        LoopbackServer(chat_completions_app(judge_reply)) as judge,
+        TestClient(create_app(judge_settings(judge.url))) as client,
+    ):
+        yield client
 
 
 def unit(vector: np.ndarray) -> np.ndarray:
@@ -66,10 +70,18 @@ def ingest(client: TestClient, namespace: str = "agent-1") -> None:
     """Memories from near the query centre to far from it, so scores spread over [0, 1]."""
     rng = np.random.default_rng(0)
     memories = [
-        {"text": f"memory {i}", "embedding": (CENTER * (1 - i / N_MEMORIES) + 0.5 * unit(rng.normal(size=DIM))).tolist()}
+        {
+            "text": f"memory {i}",
+            "embedding": (
+                CENTER * (1 - i / N_MEMORIES) + 0.5 * unit(rng.normal(size=DIM))
+            ).tolist(),
+        }
         for i in range(N_MEMORIES)
     ]
-    assert client.post("/memories", json={"namespace": namespace, "memories": memories}).status_code == 201
+    assert (
+        client.post("/memories", json={"namespace": namespace, "memories": memories}).status_code
+        == 201
+    )
 
 
 def retrieve(client: TestClient, **body) -> dict:
@@ -101,13 +113,18 @@ def test_metrics_after_retrieves_show_phase_histograms_and_scorer_outcomes(
     calls = sum(r["scorer_calls"] for r in results)
     assert calls == 3 * N_MEMORIES
     assert value(parsed, "earm_scorer_calls_total", scorer="openai", outcome="ok") == calls / 2
-    assert value(parsed, "earm_scorer_calls_total", scorer="openai", outcome="unparseable") == calls / 2
+    assert (
+        value(parsed, "earm_scorer_calls_total", scorer="openai", outcome="unparseable")
+        == calls / 2
+    )
     assert value(parsed, "earm_scorer_call_duration_seconds_count", scorer="openai") == calls
     assert value(parsed, "earm_retrieve_scorer_calls_total", policy="full") == calls
 
     returned = [m["source"] for r in results for m in r["memories"]]
     for source in set(returned):
-        assert value(parsed, "earm_returned_memories_total", source=source) == returned.count(source)
+        assert (
+            value(parsed, "earm_returned_memories_total", source=source) == returned.count(source)
+        )
 
     labels = {"method": "POST", "route": "/retrieve", "status": "200"}
     assert value(parsed, "earm_http_requests_total", **labels) == 3
@@ -143,8 +160,13 @@ def test_requests_are_labelled_by_route_template_not_raw_path(client: TestClient
     route = "/memories/{memory_id}"
     assert value(parsed, "earm_http_requests_total", method="GET", route=route, status="200") == 1
     assert value(parsed, "earm_http_requests_total", method="GET", route=route, status="404") == 1
-    assert value(parsed, "earm_http_requests_total", method="GET", route="<unmatched>", status="404") == 1
-    assert not any("/memories/1" in dict(l).get("route", "") for _, l in parsed)
+    assert (
+        value(parsed, "earm_http_requests_total", method="GET", route="<unmatched>", status="404")
+        == 1
+    )
+    assert not any(
+        "/memories/1" in dict(sample_labels).get("route", "") for _, sample_labels in parsed
+    )
 
 
 def test_each_app_has_its_own_metrics(settings: Settings) -> None:
@@ -172,7 +194,8 @@ SCRAPE = """
 from service.metrics import Metrics
 from service.settings import BudgetSchedule
 from service.providers.scorer_health import ScorerHealth
-print(Metrics().render(None, BudgetSchedule.parse("0:1.0"), ScorerHealth("openai").snapshot()).decode())
+health = ScorerHealth("openai").snapshot()
+print(Metrics().render(None, BudgetSchedule.parse("0:1.0"), health).decode())
 """
 
 
@@ -181,7 +204,12 @@ def test_multiprocess_mode_adds_up_every_worker(tmp_path: Path) -> None:
 
     def run(code: str) -> str:
         done = subprocess.run(
-            [sys.executable, "-c", code], env=env, cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=60
+            [sys.executable, "-c", code],
+            env=env,
+            cwd=PROJECT_ROOT,
+            capture_output=True,
+            text=True,
+            timeout=60,
         )
         assert done.returncode == 0, done.stderr
         return done.stdout

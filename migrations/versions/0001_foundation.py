@@ -31,7 +31,9 @@ def upgrade() -> None:
     op.create_table(
         "namespaces",
         sa.Column("name", sa.Text(), primary_key=True),
-        sa.Column("created_at", sa.DateTime(timezone=True), server_default=sa.func.now(), nullable=False),
+        sa.Column(
+            "created_at", sa.DateTime(timezone=True), server_default=sa.func.now(), nullable=False
+        ),
         sa.Column("next_query_index", sa.BigInteger(), server_default="0", nullable=False),
     )
     op.create_table(
@@ -48,7 +50,9 @@ def upgrade() -> None:
         sa.Column("embedding", VECTOR(dim), nullable=False),
         sa.Column("embedding_model", sa.Text(), nullable=False),
         sa.Column("occurred_at", sa.DateTime(timezone=True), nullable=True),
-        sa.Column("created_at", sa.DateTime(timezone=True), server_default=sa.func.now(), nullable=False),
+        sa.Column(
+            "created_at", sa.DateTime(timezone=True), server_default=sa.func.now(), nullable=False
+        ),
         sa.Column("metadata", JSONB(), server_default="{}", nullable=False),
         sa.UniqueConstraint("namespace", "external_id", name="uq_memories_namespace_external_id"),
     )
@@ -75,7 +79,9 @@ def upgrade() -> None:
         sa.Column("candidates", sa.Integer(), nullable=False),
         sa.Column("budget", sa.Integer(), nullable=False),
         sa.Column("scorer_calls", sa.Integer(), nullable=False),
-        sa.Column("created_at", sa.DateTime(timezone=True), server_default=sa.func.now(), nullable=False),
+        sa.Column(
+            "created_at", sa.DateTime(timezone=True), server_default=sa.func.now(), nullable=False
+        ),
         sa.UniqueConstraint("namespace", "query_index", name="uq_queries_namespace_query_index"),
     )
     op.create_table(
@@ -97,7 +103,9 @@ def upgrade() -> None:
         # Cosine similarity of query and memory: the completion model's per-cell feature.
         sa.Column("similarity", sa.REAL(), nullable=False),
         sa.Column("source", sa.Text(), nullable=False),
-        sa.Column("created_at", sa.DateTime(timezone=True), server_default=sa.func.now(), nullable=False),
+        sa.Column(
+            "created_at", sa.DateTime(timezone=True), server_default=sa.func.now(), nullable=False
+        ),
         sa.CheckConstraint("score >= 0 AND score <= 1", name="ck_scores_score_range"),
         sa.CheckConstraint("source IN ('scorer', 'feedback')", name="ck_scores_source"),
     )

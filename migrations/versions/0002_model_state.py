@@ -59,7 +59,9 @@ def upgrade() -> None:
 
 def downgrade() -> None:
     op.drop_table("memory_factors")
-    for name in ("returned_estimated", "returned_count", "prequential_count", "prequential_abs_error"):
+    for name in (
+        "returned_estimated", "returned_count", "prequential_count", "prequential_abs_error"
+    ):
         op.drop_column("queries", name)
     op.drop_column("queries", "factors")
     op.drop_column("queries", "slope")

@@ -151,7 +151,7 @@ def run_hnsw(config: HnswConfig) -> dict[str, Any]:
                     build_s = time.perf_counter() - began
                     recall = [
                         len(_top_ids(conn, q, limit, exact=False) & truth) / len(truth)
-                        for q, truth in zip(queries, exact)
+                        for q, truth in zip(queries, exact, strict=True)
                     ]
                     rate = _indexer_rate(url, conn, min(config.reindex, config.memories))
                     rows.append({
@@ -165,8 +165,11 @@ def run_hnsw(config: HnswConfig) -> dict[str, Any]:
             if config.database_url:  # a temporary database goes away as it is
                 conn.execute("DROP INDEX IF EXISTS ix_memories_embedding_hnsw")
                 conn.execute(INDEX_SQL.format(**SCHEMA_PARAMETERS))
-    return {"config": asdict(config) | {"database_url": "external" if config.database_url else None},
-            "candidates": limit, "results": rows}
+    return {
+        "config": asdict(config) | {"database_url": "external" if config.database_url else None},
+        "candidates": limit,
+        "results": rows,
+    }
 
 
 def render_markdown(report: dict[str, Any], command: str) -> str:

@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import inspect
 import itertools
-import math
 import logging
+import math
 import threading
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -132,7 +132,9 @@ class HTTPFault(Exception):
     ``headers`` lets a stand-in send e.g. ``Retry-After`` with a 429, as real providers do.
     """
 
-    def __init__(self, status: int, body: str = "", headers: Mapping[str, str] | None = None) -> None:
+    def __init__(
+        self, status: int, body: str = "", headers: Mapping[str, str] | None = None
+    ) -> None:
         super().__init__(f"HTTP {status}: {body}")
         self.status = status
         self.body = body
@@ -141,7 +143,13 @@ class HTTPFault(Exception):
 
 def _fault_response(fault: HTTPFault) -> JSONResponse:
     """An error body shaped like OpenAI's, so clients can parse it the same way."""
-    payload = {"error": {"message": fault.body or f"HTTP {fault.status}", "type": "loopback_fault", "code": fault.status}}
+    payload = {
+        "error": {
+            "message": fault.body or f"HTTP {fault.status}",
+            "type": "loopback_fault",
+            "code": fault.status,
+        }
+    }
     return JSONResponse(payload, status_code=fault.status, headers=fault.headers)
 
 
@@ -151,7 +159,8 @@ class _BadRequest(Exception):
 
 def _bad_request(message: str) -> JSONResponse:
     return JSONResponse(
-        {"error": {"message": message, "type": "invalid_request_error", "code": 400}}, status_code=400
+        {"error": {"message": message, "type": "invalid_request_error", "code": 400}},
+        status_code=400,
     )
 
 
@@ -308,13 +317,18 @@ def _answer_yes_no(completion: dict[str, Any], text: str) -> None:
     choice = completion["choices"][0]
     answer = "yes" if p_yes >= 0.5 else "no"
     choice["message"]["content"] = answer
-    logprob = {token: math.log(p) if p > 0 else -100.0 for token, p in (("yes", p_yes), ("no", 1.0 - p_yes))}
+    logprob = {
+        token: math.log(p) if p > 0 else -100.0
+        for token, p in (("yes", p_yes), ("no", 1.0 - p_yes))
+    }
     top = [
         {"token": token, "logprob": logprob[token], "bytes": None}
         for token in sorted(logprob, key=lambda token: -logprob[token])
     ]
     choice["logprobs"] = {
-        "content": [{"token": answer, "logprob": logprob[answer], "bytes": None, "top_logprobs": top}]
+        "content": [
+            {"token": answer, "logprob": logprob[answer], "bytes": None, "top_logprobs": top}
+        ]
     }
 
 
@@ -359,7 +373,9 @@ def embeddings_app(
     return app
 
 
-def rerank_app(rerank: RerankFn, protocol: str = "rerank", model: str = "loopback-reranker") -> FastAPI:
+def rerank_app(
+    rerank: RerankFn, protocol: str = "rerank", model: str = "loopback-reranker"
+) -> FastAPI:
     """A ``POST /rerank`` (also at ``/v1/rerank`` and ``/v2/rerank``) whose scores come from
     ``rerank``.
 

@@ -1,4 +1,5 @@
-"""``earm keys create|list|revoke|enforcement``: API keys from the command line (docs/security.md)."""
+"""``earm keys create|list|revoke|enforcement``: API keys from the command line
+(docs/security.md)."""
 
 from __future__ import annotations
 
@@ -55,11 +56,10 @@ def add_keys_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser
 
 def _run_with_session(settings: Settings, work: Any) -> Any:
     async def run() -> Any:
-        async with open_database(settings) as database:
-            async with database.sessions() as session:
-                result = await work(session)
-                await session.commit()
-                return result
+        async with open_database(settings) as database, database.sessions() as session:
+            result = await work(session)
+            await session.commit()
+            return result
 
     return asyncio.run(run())
 

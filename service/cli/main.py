@@ -146,7 +146,9 @@ def _describe_invalid_settings(error: ValidationError) -> str:
     # Names the variable, never echoes its value (it may be a key).
     first = error.errors()[0]
     name = "EARM_" + "_".join(str(part) for part in first["loc"]).upper()
-    more = f" (and {error.error_count() - 1} more invalid settings)" if error.error_count() > 1 else ""
+    more = (
+        f" (and {error.error_count() - 1} more invalid settings)" if error.error_count() > 1 else ""
+    )
     return f"invalid setting {name}: {first['msg']}{more}; see README, Configuration"
 
 

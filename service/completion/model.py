@@ -347,7 +347,9 @@ def leave_one_out_predictions(
     """
     mu_ = _finite_scalar("mu", mu)
     lam = _positive_reg(reg)
-    b, f = _side("anchor_memory_bias", anchor_memory_bias, "anchor_memory_factors", anchor_memory_factors)
+    b, f = _side(
+        "anchor_memory_bias", anchor_memory_bias, "anchor_memory_factors", anchor_memory_factors
+    )
     s = _scores("anchor_scores", anchor_scores)
     _length("anchor_scores", s, f.shape[0], "anchor_memory_factors")
     n, rank = f.shape

@@ -50,7 +50,7 @@ def reference_als(
     """
     observed = np.zeros((n_memories, n_queries), dtype=bool)
     matrix = np.zeros((n_memories, n_queries))
-    for m, q, s in zip(memory_idx, query_idx, scores):
+    for m, q, s in zip(memory_idx, query_idx, scores, strict=True):
         if observed[m, q]:
             raise ValueError(f"duplicate cell ({m}, {q}): the dense reference needs distinct cells")
         observed[m, q] = True

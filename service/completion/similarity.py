@@ -129,7 +129,9 @@ def content_gram(
     return np.linalg.cholesky(gram)
 
 
-def _with_similarity(similarities: NDArray[np.float64], factors: NDArray[np.float64]) -> NDArray[np.float64]:
+def _with_similarity(
+    similarities: NDArray[np.float64], factors: NDArray[np.float64]
+) -> NDArray[np.float64]:
     return np.column_stack([similarities, factors])
 
 

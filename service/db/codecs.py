@@ -88,7 +88,7 @@ def parse_binary_copy(data: bytes, row: np.dtype) -> np.ndarray:
     sizes = [row.fields[name][0].itemsize for name in row.names[2::2]]
     lengths = [row.names[i] for i in range(1, len(row.names), 2)]
     if len(body) % row.itemsize or np.any(rows["fields"] != len(sizes)) or any(
-        np.any(rows[name] != size) for name, size in zip(lengths, sizes)
+        np.any(rows[name] != size) for name, size in zip(lengths, sizes, strict=True)
     ):
         raise ValueError("unexpected row layout in a binary COPY stream")
     return rows
@@ -137,6 +137,5 @@ def binary_copy(columns: Sequence[tuple[str, Any]], n_rows: int) -> bytes:
 
 
 async def copy_in(conn: psycopg.AsyncConnection[Any], statement: str, data: bytes) -> None:
-    async with conn.cursor() as cursor:
-        async with cursor.copy(statement) as copy:
-            await copy.write(data)
+    async with conn.cursor() as cursor, cursor.copy(statement) as copy:
+        await copy.write(data)

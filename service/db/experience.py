@@ -301,10 +301,9 @@ async def namespace_observations(session: AsyncSession, namespace: str) -> Names
         "COPY (SELECT memory_id, query_id, similarity::text::float8, score::text::float8 "
         "FROM scores WHERE namespace = {}) TO STDOUT (FORMAT BINARY)"
     ).format(psycopg.sql.Literal(namespace))
-    async with conn.cursor() as cursor:
-        async with cursor.copy(statement) as copy:
-            async for chunk in copy:
-                data += chunk
+    async with conn.cursor() as cursor, cursor.copy(statement) as copy:
+        async for chunk in copy:
+            data += chunk
     rows = parse_binary_copy(bytes(data), _OBSERVATION_ROW)
     return NamespaceObservations(
         memory_ids=rows["memory_id"].astype(np.int64),

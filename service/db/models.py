@@ -94,7 +94,8 @@ class Query(Base):
     budget: Mapped[int] = mapped_column(Integer)
     scorer_calls: Mapped[int] = mapped_column(Integer)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
-    # Query-side parameters of the completion model, solved from this query's anchors (NULL until then).
+    # Query-side parameters of the completion model, solved from this query's anchors
+    # (NULL until then).
     bias: Mapped[float | None] = mapped_column(Double)
     slope: Mapped[float | None] = mapped_column(Double)
     factors: Mapped[list[float] | None] = mapped_column(ARRAY(REAL))

@@ -89,7 +89,8 @@ class NamespaceStats:
 
 
 _STATS_SQL = f"""
-SELECT n.name, n.next_query_index, n.scorer_calls, n.scorer_requests, n.full_rerank_calls, n.last_refit_at,
+SELECT n.name, n.next_query_index, n.scorer_calls, n.scorer_requests, n.full_rerank_calls,
+       n.last_refit_at,
        (SELECT count(*) FROM memories m WHERE m.namespace = n.name) AS memories,
        (SELECT count(*) FROM memories m WHERE m.namespace = n.name AND NOT m.indexed)
            AS memories_unindexed,
@@ -121,7 +122,11 @@ def _ratio(numerator: float, denominator: float) -> float | None:
 def _namespace_stats(
     row: Row[Any], schedule: BudgetSchedule, default_candidates: int
 ) -> NamespaceStats:
-    queries, memories, observations = int(row.next_query_index), int(row.memories), int(row.observations)
+    queries, memories, observations = (
+        int(row.next_query_index),
+        int(row.memories),
+        int(row.observations),
+    )
     stage = schedule.stage_for(queries)
     saved = _ratio(row.scorer_calls, row.full_rerank_calls)
     return NamespaceStats(
@@ -151,7 +156,9 @@ async def namespace_stats(
     session: AsyncSession, namespace: str, schedule: BudgetSchedule, default_candidates: int
 ) -> NamespaceStats:
     row = (
-        await session.execute(text(_STATS_SQL + " WHERE n.name = :namespace"), {"namespace": namespace})
+        await session.execute(
+            text(_STATS_SQL + " WHERE n.name = :namespace"), {"namespace": namespace}
+        )
     ).first()
     if row is None:
         raise NotFound(f"namespace {namespace!r} does not exist")

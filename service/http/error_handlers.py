@@ -73,7 +73,10 @@ def _describe_validation_errors(exc: RequestValidationError) -> tuple[str, str]:
     errors = exc.errors()
     if any(error.get("type") == "json_invalid" for error in errors):
         detail = next(e for e in errors if e.get("type") == "json_invalid")
-        return "malformed_json", f"request body is not valid JSON: {detail.get('ctx', {}).get('error', 'parse error')}"
+        return (
+            "malformed_json",
+            f"request body is not valid JSON: {detail.get('ctx', {}).get('error', 'parse error')}",
+        )
     parts = []
     for error in errors[:5]:
         location = ".".join(str(part) for part in error.get("loc", ()))

@@ -265,4 +265,6 @@ class RequestObservabilityMiddleware:
                 "request_id": request_id,
                 **state.get(_LOG_FIELDS, {}),
             }
-            self.logger.log(logging.WARNING if status >= 500 else logging.INFO, "request", extra=fields)
+            self.logger.log(
+                logging.WARNING if status >= 500 else logging.INFO, "request", extra=fields
+            )

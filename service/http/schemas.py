@@ -18,8 +18,8 @@ from fastapi import Path
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
 
 from service.db.models import MAX_BIGINT
-from service.ingest.validation import storable_text_problem
 from service.db.stats import NamespaceStats
+from service.ingest.validation import storable_text_problem
 from service.providers.scorer_health import ScorerHealthSnapshot
 
 NAMESPACE_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$"
@@ -28,7 +28,9 @@ NamespaceName = Annotated[
     str,
     Field(
         pattern=NAMESPACE_PATTERN,
-        description="Letters, digits, '.', '_', ':', '-'; starts with a letter or digit; ≤ 128 chars.",
+        description=(
+            "Letters, digits, '.', '_', ':', '-'; starts with a letter or digit; ≤ 128 chars."
+        ),
         examples=["agent-42"],
     ),
 ]

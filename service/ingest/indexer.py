@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from contextlib import suppress
 
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
@@ -75,10 +76,8 @@ class BackgroundIndexer:
         """Cancel the task; a batch in flight rolls back and its rows stay for the next start."""
         if self._task is not None:
             self._task.cancel()
-            try:
+            with suppress(asyncio.CancelledError):
                 await self._task
-            except asyncio.CancelledError:
-                pass
             self._task = None
 
     async def _run(self) -> None:
@@ -90,7 +89,5 @@ class BackgroundIndexer:
                 # The database is down or the batch failed: the rows stay unindexed (and
                 # searchable by the exact scan); try again after the interval.
                 log.warning("background indexing failed; retrying", exc_info=True)
-            try:
+            with suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), timeout=self.poll_interval_s)
-            except TimeoutError:
-                pass

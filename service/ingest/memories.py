@@ -192,12 +192,12 @@ async def _vectors_for(
         check_embedding(item.embedding, embedding_dim, f"memories[{position}].embedding")
         if item.embedding is not None
         else None
-        for item, position in zip(items, positions)
+        for item, position in zip(items, positions, strict=True)
     ]
     to_embed = [i for i, vector in enumerate(vectors) if vector is None]
     if to_embed:
         computed = await embed_texts(embedder, [items[i].text for i in to_embed])
-        for i, vector in zip(to_embed, computed):
+        for i, vector in zip(to_embed, computed, strict=True):
             vectors[i] = vector
     filled = [vector for vector in vectors if vector is not None]
     assert len(filled) == len(vectors), "the embedder returns a vector for every text"

@@ -1,7 +1,7 @@
 """Checks of client input that pydantic cannot express: text Postgres can store, metadata (and
-filter) size and depth, text length, keys repeated within one request. Every violation is a domain error (413
-``limit_exceeded`` or 422 ``invalid_input`` at the HTTP edge). The body size limit, which
-applies before anything is parsed, is the HTTP layer's (``service.http.middleware``).
+filter) size and depth, text length, keys repeated within one request. Every violation is a
+domain error (413 ``limit_exceeded`` or 422 ``invalid_input`` at the HTTP edge). The body size
+limit, which applies before anything is parsed, is the HTTP layer's (``service.http.middleware``).
 """
 
 from __future__ import annotations

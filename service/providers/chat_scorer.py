@@ -215,11 +215,16 @@ class OpenAIChatScorer(HTTPScorer):
             {"role": "user", "content": fill(self.prompt_template, query_text, memory_text)},
         ]
 
-    def build_batch_messages(self, query_text: str, memory_texts: Sequence[str]) -> list[dict[str, str]]:
+    def build_batch_messages(
+        self, query_text: str, memory_texts: Sequence[str]
+    ) -> list[dict[str, str]]:
         """The judge prompt for several memories, numbered from 1; texts go in verbatim."""
         memories = "\n\n".join(f"[{i}]\n{text}" for i, text in enumerate(memory_texts, start=1))
         user = f"Query:\n{query_text}\n\nMemories:\n{memories}\n\nRelevance of each (0 to 1):"
-        return [{"role": "system", "content": BATCH_SYSTEM_PROMPT}, {"role": "user", "content": user}]
+        return [
+            {"role": "system", "content": BATCH_SYSTEM_PROMPT},
+            {"role": "user", "content": user},
+        ]
 
     def plan(self, query_text: str, memory_texts: Sequence[str]) -> list[ScoringRequest]:
         if self.batch == 1:

@@ -189,7 +189,9 @@ def _model_file() -> Path:
     return path
 
 
-def plan_batches(sorted_lengths: Sequence[int], max_batch: int, max_waste: float = 2.0) -> list[tuple[int, int]]:
+def plan_batches(
+    sorted_lengths: Sequence[int], max_batch: int, max_waste: float = 2.0
+) -> list[tuple[int, int]]:
     """Split ascending token lengths into ``[begin, end)`` batches for the model.
 
     A batch costs about ``size x longest`` token positions, so one long text among short ones
@@ -280,7 +282,9 @@ class LocalEmbedder:
             self._tokenizer = tokenizer
             self._session = session
             logger.info(
-                "local embedder loaded in %.2f s (threads=%d)", time.perf_counter() - started, self.threads
+                "local embedder loaded in %.2f s (threads=%d)",
+                time.perf_counter() - started,
+                self.threads,
             )
 
     def embed_sync(self, texts: Sequence[str]) -> NDArray[np.float32]:

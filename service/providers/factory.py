@@ -22,7 +22,8 @@ def build_embedder(settings: Settings) -> Embedder | None:
         if settings.embedding_dim != LOCAL_DIM:
             raise ConfigurationError(
                 f"the local embedder produces {LOCAL_DIM}-d vectors but EARM_EMBEDDING_DIM="
-                f"{settings.embedding_dim}; set EARM_EMBEDDING_DIM={LOCAL_DIM} or use another embedder"
+                f"{settings.embedding_dim}; set EARM_EMBEDDING_DIM={LOCAL_DIM} "
+                "or use another embedder"
             )
         return LocalEmbedder(batch_size=settings.embedder_batch_size)
     if kind == "openai":

@@ -136,7 +136,10 @@ class HTTPScorer:
         values: list[float | None] = [None] * len(memory_texts)
         outcomes: list[Outcome] = ["error"] * len(memory_texts)
         done = await asyncio.gather(
-            *(self._run(request, deadline, attempts) for request in self.plan(query_text, memory_texts))
+            *(
+                self._run(request, deadline, attempts)
+                for request in self.plan(query_text, memory_texts)
+            )
         )
         for request_scores in done:
             for position, (value, outcome) in request_scores.items():
@@ -145,7 +148,9 @@ class HTTPScorer:
         if failed:
             logger.warning(
                 "relevance scorer: %d of %d calls failed in %.2f s (%s)",
-                len(failed), len(outcomes), time.perf_counter() - started,
+                len(failed),
+                len(outcomes),
+                time.perf_counter() - started,
                 ", ".join(f"{k}={v}" for k, v in sorted(collections.Counter(failed).items())),
             )
         return Scores(values, requests=attempts.count)
@@ -231,7 +236,9 @@ class HTTPScorer:
     def _closed(self, closing: asyncio.Task[None]) -> None:
         self._closing.discard(closing)
         if not closing.cancelled() and closing.exception() is not None:
-            logger.debug("relevance scorer: closing a retired client failed: %r", closing.exception())
+            logger.debug(
+                "relevance scorer: closing a retired client failed: %r", closing.exception()
+            )
 
     async def _call_with_retries(
         self,

@@ -1,4 +1,5 @@
-"""Any OpenAI-compatible ``/v1/embeddings`` endpoint as an :class:`~service.providers.embedders.Embedder`."""
+"""Any OpenAI-compatible ``/v1/embeddings`` endpoint as an
+:class:`~service.providers.embedders.Embedder`."""
 
 from __future__ import annotations
 
@@ -115,7 +116,8 @@ class OpenAIEmbedder:
                     )
             if attempt >= self.max_retries:
                 raise EmbedderError(
-                    f"embeddings endpoint {self.url} failed after {attempt + 1} attempt(s): {problem}"
+                    f"embeddings endpoint {self.url} failed after {attempt + 1} attempt(s): "
+                    f"{problem}"
                 )
             delay = wait if wait is not None else backoff_delay(attempt, self.backoff_base_s)
             logger.warning(

@@ -100,7 +100,12 @@ class RerankScorer(HTTPScorer):
     def _body(self, query_text: str, documents: list[str]) -> dict[str, Any]:
         if self.protocol == "tei":
             return {"query": query_text, "texts": documents, "raw_scores": False}
-        return {"model": self.model, "query": query_text, "documents": documents, "top_n": len(documents)}
+        return {
+            "model": self.model,
+            "query": query_text,
+            "documents": documents,
+            "top_n": len(documents),
+        }
 
     def parse(self, response: httpx.Response, request: ScoringRequest) -> list[float | None]:
         try:

@@ -1,9 +1,10 @@
 """Health of the relevance scorer: how many of its recent calls succeeded.
 
 A failing scorer does not fail requests: ``/retrieve`` answers ``degraded`` with semantic
-scores, and the namespaces learn only from the calls that still succeed. :class:`ScorerHealth` makes
-that visible. It hears every scored pair (it is a :class:`service.providers.scorers.ScorerObserver`),
-keeps the outcomes of the last :data:`WINDOW_CALLS` calls younger than :data:`MAX_AGE_S`, and
+scores, and the namespaces learn only from the calls that still succeed. :class:`ScorerHealth`
+makes that visible. It hears every scored pair (it is a
+:class:`service.providers.scorers.ScorerObserver`), keeps the outcomes of the last
+:data:`WINDOW_CALLS` calls younger than :data:`MAX_AGE_S`, and
 logs a warning, at most once per :data:`WARN_INTERVAL_S`, while most of them fail. ``/stats``
 and ``/metrics`` report its :meth:`ScorerHealth.snapshot`. ``/readyz`` stays about the
 database: a service whose scorer is down still answers.
@@ -24,7 +25,14 @@ from pydantic import Field
 
 from service.providers.scorers import Outcome
 
-__all__ = ["MAX_AGE_S", "MIN_CALLS", "WARN_INTERVAL_S", "WINDOW_CALLS", "ScorerHealth", "ScorerHealthSnapshot"]
+__all__ = [
+    "MAX_AGE_S",
+    "MIN_CALLS",
+    "WARN_INTERVAL_S",
+    "WINDOW_CALLS",
+    "ScorerHealth",
+    "ScorerHealthSnapshot",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -80,7 +88,9 @@ class ScorerHealth:
         now = self.clock()
         self._calls.append((now, outcome == "ok"))
         health = self.snapshot()
-        if health.healthy or (self._warned_at is not None and now - self._warned_at < WARN_INTERVAL_S):
+        if health.healthy or (
+            self._warned_at is not None and now - self._warned_at < WARN_INTERVAL_S
+        ):
             return
         self._warned_at = now
         logger.warning(
@@ -97,4 +107,6 @@ class ScorerHealth:
         if calls == 0:
             return ScorerHealthSnapshot(self.name, 0, None, healthy=True)
         rate = sum(succeeded for _, succeeded in self._calls) / calls
-        return ScorerHealthSnapshot(self.name, calls, rate, healthy=calls < MIN_CALLS or rate >= 0.5)
+        return ScorerHealthSnapshot(
+            self.name, calls, rate, healthy=calls < MIN_CALLS or rate >= 0.5
+        )

@@ -6,9 +6,9 @@ number of HTTP requests a backend needs for them (reported separately, :class:`S
 
 ``OpenAIChatScorer`` talks to any OpenAI-compatible ``/chat/completions`` endpoint (OpenAI, vLLM,
 Ollama, llama.cpp server, …); ``RerankScorer`` to a ``/rerank`` endpoint (Cohere, Jina, vLLM,
-llama.cpp, Infinity, TEI), a batch of memories per request. ``LocalScorer`` is the offline default: a calibrated mapping of
-the embedding cosine, which carries little information beyond semantic search itself; real
-gains need an LLM scorer.
+llama.cpp, Infinity, TEI), a batch of memories per request. ``LocalScorer`` is the offline
+default: a calibrated mapping of the embedding cosine, which carries little information beyond
+semantic search itself; real gains need an LLM scorer.
 """
 
 from __future__ import annotations
@@ -59,11 +59,12 @@ class ScorerObserver(Protocol):
     """Told about every scored pair: which scorer, how the call ended, how long it took (for
     Prometheus, see ``service.metrics``). Scorers stay free of metrics libraries."""
 
-    def __call__(self, scorer: str, outcome: Outcome, duration_s: float) -> None:
-        ...
+    def __call__(self, scorer: str, outcome: Outcome, duration_s: float) -> None: ...
 
 
-def notify(observer: ScorerObserver | None, scorer: str, outcome: Outcome, duration_s: float) -> None:
+def notify(
+    observer: ScorerObserver | None, scorer: str, outcome: Outcome, duration_s: float
+) -> None:
     """Call the observer; its failure must never fail scoring."""
     if observer is None:
         return
@@ -114,8 +115,7 @@ class RelevanceScorer(Protocol):
         for provider trouble. Counting rule: one call per (query, memory) pair."""
         ...
 
-    async def aclose(self) -> None:
-        ...
+    async def aclose(self) -> None: ...
 
 
 class LocalScorer:

@@ -162,7 +162,9 @@ class Learner:
         if len(memory_ids) == 0:
             return
         if history is None:
-            history = await experience.memory_row_observations(session, memory_ids, self.settings.rank)
+            history = await experience.memory_row_observations(
+                session, memory_ids, self.settings.rank
+            )
         if len(history.scores) == 0:
             return
         update = await asyncio.to_thread(

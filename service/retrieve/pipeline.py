@@ -315,7 +315,13 @@ class RetrievalPipeline:
         ]
         if request.order == "chronological":
             # Undated memories sort after dated ones; creation order (id) breaks ties.
-            top.sort(key=lambda m: (m.occurred_at is None, m.occurred_at or datetime.min.replace(tzinfo=UTC), m.id))
+            top.sort(
+                key=lambda m: (
+                    m.occurred_at is None,
+                    m.occurred_at or datetime.min.replace(tzinfo=UTC),
+                    m.id,
+                )
+            )
         return top
 
     # ------------------------------------------------------------------- learning (delegated)

@@ -27,7 +27,9 @@ def test_report_has_a_sane_row_per_parameter_set_and_restores_the_index(
         index = conn.execute(
             text("SELECT pg_get_indexdef('ix_memories_embedding_hnsw'::regclass)")
         ).scalar_one()
-        unindexed = conn.execute(text("SELECT count(*) FROM memories WHERE NOT indexed")).scalar_one()
+        unindexed = conn.execute(
+            text("SELECT count(*) FROM memories WHERE NOT indexed")
+        ).scalar_one()
     engine.dispose()
     assert "ef_construction='128'" in index and index.endswith("WHERE indexed")
     assert unindexed == 0

@@ -16,6 +16,7 @@ from service.completion import (
     FactorModel,
     ModelFitError,
     SimilarityCalibration,
+    _grouped,
     calibrate_similarity,
     causal_estimates,
     fold_in_query,
@@ -25,7 +26,6 @@ from service.completion import (
     solve_rows_batch,
     solve_side,
 )
-from service.completion import _grouped
 from service.completion.reference import reference_als, reference_ridge
 
 MODEL_ARRAYS = ("memory_bias", "memory_factors", "query_bias", "query_factors")

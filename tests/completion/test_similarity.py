@@ -24,7 +24,8 @@ def synthetic(seed: int, n_memories: int = 120, n_queries: int = 80, rank: int =
         + rng.normal(scale=0.05, size=(n_memories, 1))
         + rng.normal(scale=0.05, size=(1, n_queries))
         + rng.uniform(0.3, 0.7, size=(1, n_queries)) * cos
-        + rng.normal(scale=0.3, size=(n_memories, rank)) @ rng.normal(scale=0.3, size=(rank, n_queries))
+        + rng.normal(scale=0.3, size=(n_memories, rank))
+        @ rng.normal(scale=0.3, size=(rank, n_queries))
     )
     scores = np.clip(truth + rng.normal(scale=0.02, size=truth.shape), 0.0, 1.0)
     return rng, cos, np.clip(truth, 0.0, 1.0), scores
@@ -38,7 +39,9 @@ def split(rng, shape, share):
 def test_similarity_model_beats_the_plain_model_on_held_out_cells() -> None:
     rng, cos, truth, scores = synthetic(0)
     (m, q), (hm, hq) = split(rng, scores.shape, 0.3)
-    similar = fit_with_similarity(m, q, cos[m, q], scores[m, q], *scores.shape, rank=3, reg=0.1, n_iterations=15)
+    similar = fit_with_similarity(
+        m, q, cos[m, q], scores[m, q], *scores.shape, rank=3, reg=0.1, n_iterations=15
+    )
     plain = BiasedALS(rank=3, reg=0.1, n_iterations=15).fit(m, q, scores[m, q], *scores.shape)
     similar_estimate = np.clip(
         similar.mu
@@ -78,14 +81,18 @@ def test_fold_in_without_history_is_a_calibrated_similarity_that_keeps_semantic_
     scores = np.clip(0.05 + 0.9 * sims, 0, 1)
     query = fold_in_with_similarity(0.0, np.zeros(20), np.zeros((20, 2)), sims, scores, 0.01)
     assert query.slope > 0.5
-    estimates = predict_with_similarity(0.0, np.zeros(5), np.zeros((5, 2)), np.array([0.1, 0.2, 0.3, 0.4, 0.5]), query)
+    estimates = predict_with_similarity(
+        0.0, np.zeros(5), np.zeros((5, 2)), np.array([0.1, 0.2, 0.3, 0.4, 0.5]), query
+    )
     assert np.all(np.diff(estimates) > 0)
 
 
 def test_negative_slope_is_floored_and_the_rest_refitted() -> None:
     sims = np.linspace(0.1, 0.7, 10)
     scores = 1.0 - sims  # anti-correlated anchors
-    query = fold_in_with_similarity(0.0, np.zeros(10), np.zeros((10, 2)), sims, scores, 0.1, min_slope=1e-3)
+    query = fold_in_with_similarity(
+        0.0, np.zeros(10), np.zeros((10, 2)), sims, scores, 0.1, min_slope=1e-3
+    )
     assert query.slope == pytest.approx(1e-3)
     assert np.isfinite(query.bias) and np.all(np.isfinite(query.factors))
 
@@ -97,8 +104,12 @@ def test_leave_one_out_equals_fold_ins_without_each_anchor() -> None:
     loo = leave_one_out_with_similarity(0.2, bias, factors, sims, scores, 0.5)
     for i in range(8):
         keep = np.arange(8) != i
-        query = fold_in_with_similarity(0.2, bias[keep], factors[keep], sims[keep], scores[keep], 0.5, min_slope=-np.inf)
-        expected = predict_with_similarity(0.2, bias[i : i + 1], factors[i : i + 1], sims[i : i + 1], query)[0]
+        query = fold_in_with_similarity(
+            0.2, bias[keep], factors[keep], sims[keep], scores[keep], 0.5, min_slope=-np.inf
+        )
+        expected = predict_with_similarity(
+            0.2, bias[i : i + 1], factors[i : i + 1], sims[i : i + 1], query
+        )[0]
         assert loo[i] == pytest.approx(expected, abs=1e-10)
 
 
@@ -108,18 +119,26 @@ def test_predict_with_similarity_is_the_formula_clipped() -> None:
     factors = np.array([[0.1, 0.0], [0.0, 0.1], [0.0, 0.0]])
     sims = np.array([0.4, 0.2, 0.9])
     estimates = predict_with_similarity(0.05, bias, factors, sims, query)
-    np.testing.assert_allclose(estimates, [0.05 + 0.1 + 0.2 + 0.1, 0.05 + 0.2 + 0.1 + 0.1 - 0.1, 1.0])
+    np.testing.assert_allclose(
+        estimates, [0.05 + 0.1 + 0.2 + 0.1, 0.05 + 0.2 + 0.1 + 0.1 - 0.1, 1.0]
+    )
 
 
 def test_fit_with_similarity_is_seeded_and_finite_on_degenerate_input() -> None:
     empty = fit_with_similarity([], [], [], [], 3, 2, rank=2, reg=1.0, n_iterations=3)
     assert empty.mu == 0.0 and np.all(empty.memory_bias == 0) and np.all(empty.query_slope == 0)
     one = fit_with_similarity([0], [0], [0.5], [1.0], 1, 1, rank=4, reg=1.0, n_iterations=3)
-    assert all(np.all(np.isfinite(a)) for a in (one.memory_factors, one.query_factors, one.query_slope))
+    assert all(
+        np.all(np.isfinite(a)) for a in (one.memory_factors, one.query_factors, one.query_slope)
+    )
     rng, cos, _, scores = synthetic(3, 20, 10)
     (m, q), _ = split(rng, scores.shape, 0.5)
-    first = fit_with_similarity(m, q, cos[m, q], scores[m, q], 20, 10, rank=2, reg=1.0, n_iterations=4, seed=5)
-    second = fit_with_similarity(m, q, cos[m, q], scores[m, q], 20, 10, rank=2, reg=1.0, n_iterations=4, seed=5)
+    first = fit_with_similarity(
+        m, q, cos[m, q], scores[m, q], 20, 10, rank=2, reg=1.0, n_iterations=4, seed=5
+    )
+    second = fit_with_similarity(
+        m, q, cos[m, q], scores[m, q], 20, 10, rank=2, reg=1.0, n_iterations=4, seed=5
+    )
     np.testing.assert_array_equal(first.memory_factors, second.memory_factors)
 
 
@@ -170,7 +189,9 @@ def test_content_prior_carries_what_observed_memories_taught_to_memories_never_o
 def test_without_embeddings_the_model_has_no_content_prior() -> None:
     _, _, _, cos, _, scores = content_synthetic(1, n_memories=30, n_queries=10)
     (m, q), _ = split(np.random.default_rng(0), scores.shape, 0.5)
-    model = fit_with_similarity(m, q, cos[m, q], scores[m, q], *scores.shape, rank=2, reg=1.0, n_iterations=3)
+    model = fit_with_similarity(
+        m, q, cos[m, q], scores[m, q], *scores.shape, rank=2, reg=1.0, n_iterations=3
+    )
     assert model.prior.slope == 0.0
     assert len(model.prior.weights) == 0
     assert np.all(model.prior.offsets(cos[:, 0], np.zeros(30)) == 0.0)
@@ -179,9 +200,12 @@ def test_without_embeddings_the_model_has_no_content_prior() -> None:
 def test_memory_reg_shrinks_only_the_memory_side() -> None:
     rng, cos, _, scores = synthetic(2)
     (m, q), _ = split(rng, scores.shape, 0.3)
-    loose = fit_with_similarity(m, q, cos[m, q], scores[m, q], *scores.shape, rank=3, reg=0.1, n_iterations=5)
+    loose = fit_with_similarity(
+        m, q, cos[m, q], scores[m, q], *scores.shape, rank=3, reg=0.1, n_iterations=5
+    )
     tight = fit_with_similarity(
-        m, q, cos[m, q], scores[m, q], *scores.shape, rank=3, reg=0.1, n_iterations=5, memory_reg=1e4
+        m, q, cos[m, q], scores[m, q], *scores.shape,
+        rank=3, reg=0.1, n_iterations=5, memory_reg=1e4,
     )
     assert np.abs(tight.memory_bias).max() < 0.01 < np.abs(loose.memory_bias).max()
     assert np.abs(tight.query_bias).max() > 0.01

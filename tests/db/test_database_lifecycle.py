@@ -31,11 +31,15 @@ from service.settings import Settings
 VECTOR = (np.arange(384) % 7 + 1.0).tolist()
 
 
-def test_service_refuses_an_empty_database_and_names_the_fix(new_database: Callable[[str], str]) -> None:
+def test_service_refuses_an_empty_database_and_names_the_fix(
+    new_database: Callable[[str], str],
+) -> None:
     url = new_database("earm_empty")
-    with pytest.raises(SchemaOutOfDate, match="earm migrate"):
-        with TestClient(create_app(Settings(database_url=url, embedder="none", _env_file=None))):
-            pass
+    with (
+        pytest.raises(SchemaOutOfDate, match="earm migrate"),
+        TestClient(create_app(Settings(database_url=url, embedder="none", _env_file=None))),
+    ):
+        pass
 
 
 def test_service_refuses_a_schema_behind_head(new_database: Callable[[str], str]) -> None:
@@ -43,17 +47,23 @@ def test_service_refuses_a_schema_behind_head(new_database: Callable[[str], str]
     from alembic import command
 
     command.upgrade(migrate.alembic_config(url, 384), "0001")
-    with pytest.raises(SchemaOutOfDate, match="0001.*earm migrate"):
-        with TestClient(create_app(Settings(database_url=url, embedder="none", _env_file=None))):
-            pass
+    with (
+        pytest.raises(SchemaOutOfDate, match="0001.*earm migrate"),
+        TestClient(create_app(Settings(database_url=url, embedder="none", _env_file=None))),
+    ):
+        pass
 
 
-def test_service_refuses_a_database_of_another_embedding_dimension(new_database: Callable[[str], str]) -> None:
+def test_service_refuses_a_database_of_another_embedding_dimension(
+    new_database: Callable[[str], str],
+) -> None:
     url = new_database("earm_dim")
     migrate.upgrade_to_head(url, 8)
-    with pytest.raises(SchemaOutOfDate, match="EARM_EMBEDDING_DIM"):
-        with TestClient(create_app(Settings(database_url=url, embedder="none", _env_file=None))):
-            pass
+    with (
+        pytest.raises(SchemaOutOfDate, match="EARM_EMBEDDING_DIM"),
+        TestClient(create_app(Settings(database_url=url, embedder="none", _env_file=None))),
+    ):
+        pass
 
 
 def test_earm_migrate_brings_an_external_database_to_head(
@@ -62,7 +72,9 @@ def test_earm_migrate_brings_an_external_database_to_head(
     url = new_database("earm_migrate_cli")
     monkeypatch.setenv("EARM_DATABASE_URL", url)
     assert earm(["migrate"]) == 0
-    with TestClient(create_app(Settings(database_url=url, embedder="none", _env_file=None))) as client:
+    with TestClient(
+        create_app(Settings(database_url=url, embedder="none", _env_file=None))
+    ) as client:
         assert client.get("/readyz").json()["status"] == "ready"
 
 

@@ -115,7 +115,12 @@ def test_an_unreachable_scorer_answers_degraded_at_once(
         started = time.monotonic()
         response = client.post(
             "/retrieve",
-            json={"namespace": "agent-1", "query": "q", "query_embedding": vector(99), "candidates": 12},
+            json={
+                "namespace": "agent-1",
+                "query": "q",
+                "query_embedding": vector(99),
+                "candidates": 12,
+            },
         )
         elapsed = time.monotonic() - started
     assert response.status_code == 200, response.text
@@ -208,7 +213,11 @@ def test_stats_and_metrics_report_a_failing_scorer_until_it_recovers(
         return "0.6"
 
     def scorer_gauges(client: TestClient) -> dict[str, float]:
-        names = ("earm_scorer_recent_calls", "earm_scorer_recent_success_ratio", "earm_scorer_healthy")
+        names = (
+            "earm_scorer_recent_calls",
+            "earm_scorer_recent_success_ratio",
+            "earm_scorer_healthy",
+        )
         return {
             sample.name: sample.value
             for family in text_string_to_metric_families(client.get("/metrics").text)
@@ -221,7 +230,9 @@ def test_stats_and_metrics_report_a_failing_scorer_until_it_recovers(
         with TestClient(create_app(settings)) as client:
             stock(client, 12)
             query = {"namespace": "agent-1", "query": "q", "candidates": 12, "policy": "full"}
-            assert client.post("/retrieve", json=query | {"query_embedding": vector(1)}).json()["degraded"]
+            assert client.post(
+                "/retrieve", json=query | {"query_embedding": vector(1)}
+            ).json()["degraded"]
             down = client.get("/stats", params={"namespace": "agent-1"}).json()["scorer"]
             listed = client.get("/stats").json()["scorer"]
             down_gauges = scorer_gauges(client)
@@ -229,7 +240,9 @@ def test_stats_and_metrics_report_a_failing_scorer_until_it_recovers(
 
             failing.clear()
             for seed in (2, 3, 4):
-                assert not client.post("/retrieve", json=query | {"query_embedding": vector(seed)}).json()["degraded"]
+                assert not client.post(
+                    "/retrieve", json=query | {"query_embedding": vector(seed)}
+                ).json()["degraded"]
             up = client.get("/stats", params={"namespace": "agent-1"}).json()["scorer"]
             up_gauges = scorer_gauges(client)
 
@@ -241,7 +254,12 @@ def test_stats_and_metrics_report_a_failing_scorer_until_it_recovers(
         "earm_scorer_healthy": 0.0,
     }
     assert ready == 200  # /readyz is about the database; retrieves still answer
-    assert up == {"name": "openai", "recent_calls": 48, "recent_success_rate": 0.75, "healthy": True}
+    assert up == {
+        "name": "openai",
+        "recent_calls": 48,
+        "recent_success_rate": 0.75,
+        "healthy": True,
+    }
     assert up_gauges["earm_scorer_recent_success_ratio"] == 0.75
     assert up_gauges["earm_scorer_healthy"] == 1.0
 
@@ -326,12 +344,35 @@ def test_database_outage_is_503_and_the_service_recovers_without_restart(
             "/retrieve", json={"namespace": "agent-1", "query": "q", "query_embedding": vector(7)}
         ).json()["query_id"]
         requests = [
-            ("POST", "/memories", {"json": {"namespace": "agent-1", "memories": [{"text": "t", "embedding": vector(1)}]}}),
+            (
+                "POST",
+                "/memories",
+                {
+                    "json": {
+                        "namespace": "agent-1",
+                        "memories": [{"text": "t", "embedding": vector(1)}],
+                    }
+                },
+            ),
             ("GET", f"/memories/{ids[0]}", {}),
             ("GET", "/memories", {"params": {"namespace": "agent-1"}}),
             ("DELETE", f"/memories/{ids[1]}", {}),
-            ("POST", "/retrieve", {"json": {"namespace": "agent-1", "query": "q", "query_embedding": vector(8)}}),
-            ("POST", "/feedback", {"json": {"namespace": "agent-1", "query_id": query_id, "scores": [{"memory_id": ids[0], "score": 1.0}]}}),
+            (
+                "POST",
+                "/retrieve",
+                {"json": {"namespace": "agent-1", "query": "q", "query_embedding": vector(8)}},
+            ),
+            (
+                "POST",
+                "/feedback",
+                {
+                    "json": {
+                        "namespace": "agent-1",
+                        "query_id": query_id,
+                        "scores": [{"memory_id": ids[0], "score": 1.0}],
+                    }
+                },
+            ),
             ("GET", "/readyz", {}),
         ]
 

@@ -53,13 +53,20 @@ def service(database_url: str) -> Iterator[str]:
     with engine.begin() as conn:
         conn.execute(text("TRUNCATE namespaces, api_keys, auth_settings RESTART IDENTITY CASCADE"))
         conn.execute(
-            text("INSERT INTO api_keys (name, key_hash, namespace_patterns) VALUES ('fuzz', :h, '{*}')"),
+            text(
+                "INSERT INTO api_keys (name, key_hash, namespace_patterns) "
+                "VALUES ('fuzz', :h, '{*}')"
+            ),
             {"h": hashlib.sha256(ADMIN_KEY.encode()).hexdigest()},
         )
         conn.execute(text("INSERT INTO auth_settings (key_enforcement) VALUES (true)"))
     engine.dispose()
     settings_ = Settings(
-        database_url=database_url, embedder="local", scorer="local", auth_cache_ttl_s=30, _env_file=None
+        database_url=database_url,
+        embedder="local",
+        scorer="local",
+        auth_cache_ttl_s=30,
+        _env_file=None,
     )
     with LoopbackServer(create_app(settings_)) as server:
         seeded = httpx.post(
@@ -178,7 +185,7 @@ def test_hostile_text_and_metadata_are_stored_and_returned_byte_exact(api: httpx
     }
     created = api.post("/memories", json=body)
     assert created.status_code == 201, created.text
-    for memory_id, sent in zip(created.json()["ids"], HOSTILE_TEXTS):
+    for memory_id, sent in zip(created.json()["ids"], HOSTILE_TEXTS, strict=True):
         got = api.get(f"/memories/{memory_id}").json()
         assert got["text"].encode() == sent.encode()
         assert got["external_id"] == sent[:200]
@@ -223,14 +230,27 @@ def test_lone_surrogates_are_422(api: httpx.Client) -> None:
 def test_nan_and_infinity_anywhere_are_422(api: httpx.Client, token: str) -> None:
     vector = json.dumps(VECTOR[:-1])[:-1] + f", {token}]"
     bodies = [
-        ("/memories", f'{{"namespace": "agent-42", "memories": [{{"text": "x", "embedding": {vector}}}]}}'),
-        ("/memories", f'{{"namespace": "agent-42", "memories": [{{"text": "x", "metadata": {{"v": {token}}}}}]}}'),
+        (
+            "/memories",
+            f'{{"namespace": "agent-42", "memories": [{{"text": "x", "embedding": {vector}}}]}}',
+        ),
+        (
+            "/memories",
+            f'{{"namespace": "agent-42", "memories": '
+            f'[{{"text": "x", "metadata": {{"v": {token}}}}}]}}',
+        ),
         ("/retrieve", f'{{"namespace": "agent-42", "query": "q", "query_embedding": {vector}}}'),
         ("/retrieve", f'{{"namespace": "agent-42", "query": "q", "filters": {{"v": {token}}}}}'),
-        ("/feedback", f'{{"namespace": "agent-42", "query_id": 1, "scores": [{{"memory_id": 1, "score": {token}}}]}}'),
+        (
+            "/feedback",
+            f'{{"namespace": "agent-42", "query_id": 1, '
+            f'"scores": [{{"memory_id": 1, "score": {token}}}]}}',
+        ),
     ]
     for path, raw in bodies:
-        response = api.post(path, content=raw.encode(), headers={"content-type": "application/json"})
+        response = api.post(
+            path, content=raw.encode(), headers={"content-type": "application/json"}
+        )
         assert response.status_code == 422, (path, response.text)
 
 
@@ -249,8 +269,16 @@ def test_ids_beyond_bigint_are_404_or_422(api: httpx.Client, huge: int) -> None:
 
 def test_huge_numbers_are_client_errors(api: httpx.Client) -> None:
     memories = [{"text": f"m{i}", "embedding": VECTOR[i:] + VECTOR[:i]} for i in range(5)]
-    assert api.post("/memories", json={"namespace": "agent-huge", "memories": memories}).status_code == 201
-    base = {"namespace": "agent-huge", "query": "q", "query_embedding": VECTOR, "policy": "semantic"}
+    assert (
+        api.post("/memories", json={"namespace": "agent-huge", "memories": memories}).status_code
+        == 201
+    )
+    base = {
+        "namespace": "agent-huge",
+        "query": "q",
+        "query_embedding": VECTOR,
+        "policy": "semantic",
+    }
     huge = "1" + "0" * 30
     for key, literal in (("k", huge), ("candidates", huge), ("budget", huge), ("seed", huge),
                          ("k", "1" + "0" * 5000), ("k", "1e308"), ("seed", "-" + huge)):
@@ -287,7 +315,10 @@ def test_a_degenerate_namespace_refit_is_not_a_500(api: httpx.Client) -> None:
     """Found by the fuzzer: identical memories, identical queries, so every observation is the
     same; the refit of the fifth query drives the factors to ~1e-319."""
     memories = [{"text": "0", "embedding": VECTOR} for _ in range(3)]
-    assert api.post("/memories", json={"namespace": "degenerate", "memories": memories}).status_code == 201
+    assert (
+        api.post("/memories", json={"namespace": "degenerate", "memories": memories}).status_code
+        == 201
+    )
     for _ in range(6):
         response = api.post(
             "/retrieve", json={"namespace": "degenerate", "query": "0", "query_embedding": VECTOR}

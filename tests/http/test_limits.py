@@ -84,7 +84,9 @@ def test_json_depth_counts_containers_iteratively() -> None:
 
 def test_a_declared_body_over_the_limit_is_refused_before_parsing(api: TestClient) -> None:
     response = api.post(
-        "/memories", content=b"{" + b" " * (64 * 1024) + b"}", headers={"content-type": "application/json"}
+        "/memories",
+        content=b"{" + b" " * (64 * 1024) + b"}",
+        headers={"content-type": "application/json"},
     )
     assert_error(response, 413, "payload_too_large")
 
@@ -237,7 +239,9 @@ def slow_client_target(database_url: str) -> Iterator[tuple[str, int]]:
         process.wait(timeout=30)
 
 
-def trickle(target: tuple[str, int], head: bytes, drip: bytes, limit_s: float = 5.0) -> tuple[float, bytes]:
+def trickle(
+    target: tuple[str, int], head: bytes, drip: bytes, limit_s: float = 5.0
+) -> tuple[float, bytes]:
     """Connect, send ``head``, then ``drip`` one byte every 0.1 s (over and over; nothing if
     empty) until the server closes the connection or ``limit_s`` passes. Returns how long the
     connection stayed open and everything the server answered."""
@@ -315,7 +319,9 @@ def test_a_prompt_client_keeps_its_connection_across_the_timeouts(
             ("GET", "/healthz", None),
         ]:
             headers = {"Content-Type": "application/json"} if body else {}
-            connection.request(method, path, body=json.dumps(body) if body else None, headers=headers)
+            connection.request(
+                method, path, body=json.dumps(body) if body else None, headers=headers
+            )
             response = connection.getresponse()
             response.read()
             statuses.append(response.status)

@@ -162,7 +162,8 @@ def test_delete_removes_memory_and_its_observations(client: TestClient, settings
         query_id = conn.execute(
             text(
                 "INSERT INTO queries (namespace, query_index, text, embedding, policy, candidates,"
-                " budget, scorer_calls) VALUES ('agent-1', 0, 'q', :e, 'full', 1, 1, 1) RETURNING id"
+                " budget, scorer_calls) VALUES ('agent-1', 0, 'q', :e, 'full', 1, 1, 1)"
+                " RETURNING id"
             ),
             {"e": json.dumps(vector(2))},
         ).scalar_one()
@@ -262,7 +263,8 @@ def test_vectors_unusable_as_float32_are_refused_for_memories_and_queries(
     client: TestClient, embedding: list[float]
 ) -> None:
     refused = client.post(
-        "/memories", json={"namespace": "agent-1", "memories": [{"text": "x", "embedding": embedding}]}
+        "/memories",
+        json={"namespace": "agent-1", "memories": [{"text": "x", "embedding": embedding}]},
     )
     assert refused.status_code == 422 and error_code(refused) == "invalid_input", refused.text
     assert "memories[0].embedding" in refused.json()["error"]["message"]
@@ -270,9 +272,16 @@ def test_vectors_unusable_as_float32_are_refused_for_memories_and_queries(
     for policy in ("earm", "semantic"):
         response = client.post(
             "/retrieve",
-            json={"namespace": "agent-1", "query": "q", "query_embedding": embedding, "policy": policy},
+            json={
+                "namespace": "agent-1",
+                "query": "q",
+                "query_embedding": embedding,
+                "policy": policy,
+            },
         )
-        assert response.status_code == 422 and error_code(response) == "invalid_input", response.text
+        assert response.status_code == 422 and error_code(response) == "invalid_input", (
+            response.text
+        )
         assert "query_embedding" in response.json()["error"]["message"]
 
 
@@ -309,7 +318,8 @@ def test_empty_batch_is_rejected(client: TestClient) -> None:
 @pytest.mark.parametrize("namespace", ["", "has space", "-leading-dash", "x" * 129, "semi;colon"])
 def test_malformed_namespace_is_rejected(client: TestClient, namespace: str) -> None:
     response = client.post(
-        "/memories", json={"namespace": namespace, "memories": [{"text": "x", "embedding": vector(1)}]}
+        "/memories",
+        json={"namespace": namespace, "memories": [{"text": "x", "embedding": vector(1)}]},
     )
     assert response.status_code == 422 and "namespace" in response.json()["error"]["message"]
 

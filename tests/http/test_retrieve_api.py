@@ -102,7 +102,9 @@ class Topic:
                 "namespace": namespace,
                 "memories": [
                     {"text": t, "embedding": v.tolist(), "external_id": f"m{i}"}
-                    for i, (t, v) in enumerate(zip(self.memory_texts, self.memory_vectors))
+                    for i, (t, v) in enumerate(
+                        zip(self.memory_texts, self.memory_vectors, strict=True)
+                    )
                 ],
             },
         )
@@ -129,14 +131,25 @@ def position_of(result: dict, memory_id: int) -> int | None:
 
 @pytest.mark.parametrize(
     ("policy", "budget", "expected_calls"),
-    [("semantic", None, 0), ("full", None, 40), ("observed", 7, 7), ("earm", 7, 7), ("earm", None, 40)],
+    [
+        ("semantic", None, 0),
+        ("full", None, 40),
+        ("observed", 7, 7),
+        ("earm", 7, 7),
+        ("earm", None, 40),
+    ],
 )
 def test_each_policy_makes_the_documented_number_of_scorer_calls(
     judged_client: TestClient, judge, policy: str, budget: int | None, expected_calls: int
 ) -> None:
     topic = Topic()
     topic.ingest(judged_client, "agent-1")
-    body = {"query": "q-calls", "query_embedding": topic.query_vector(), "candidates": 40, "policy": policy}
+    body = {
+        "query": "q-calls",
+        "query_embedding": topic.query_vector(),
+        "candidates": 40,
+        "policy": policy,
+    }
     if budget is not None:
         body["budget"] = budget
     result = retrieve(judged_client, **body)
@@ -165,7 +178,13 @@ def learn_topic(client: TestClient, judge: LabelJudge, topic: Topic, n_queries: 
     for i in range(n_queries):
         query = f"topic question {i}"
         topic.label(judge, query)
-        retrieve(client, query=query, query_embedding=topic.query_vector(), candidates=N_MEMORIES, policy="full")
+        retrieve(
+            client,
+            query=query,
+            query_embedding=topic.query_vector(),
+            candidates=N_MEMORIES,
+            policy="full",
+        )
 
 
 def test_earm_ranks_memory_relevant_to_earlier_similar_queries_above_semantic(
@@ -176,7 +195,13 @@ def test_earm_ranks_memory_relevant_to_earlier_similar_queries_above_semantic(
     learn_topic(judged_client, judge[0], topic, 6)
     query_vector = topic.query_vector()
     topic.label(judge[0], "new topic question")
-    common = {"query": "new topic question", "query_embedding": query_vector, "candidates": N_MEMORIES, "k": 20, "order": "relevance"}
+    common = {
+        "query": "new topic question",
+        "query_embedding": query_vector,
+        "candidates": N_MEMORIES,
+        "k": 20,
+        "order": "relevance",
+    }
     semantic = retrieve(judged_client, policy="semantic", **common)
     earm = retrieve(judged_client, policy="earm", budget=2, **common)
     hidden = ids[topic.hidden]
@@ -209,7 +234,8 @@ def test_content_prior_lifts_new_memories_that_look_like_judged_relevant_ones(
             json={
                 "namespace": "agent-1",
                 "memories": [
-                    {"text": f"{prefix} {i}", "embedding": v.tolist()} for i, v in enumerate(vectors)
+                    {"text": f"{prefix} {i}", "embedding": v.tolist()}
+                    for i, v in enumerate(vectors)
                 ],
             },
         )
@@ -220,16 +246,26 @@ def test_content_prior_lifts_new_memories_that_look_like_judged_relevant_ones(
     with TestClient(create_app(settings)) as client:
         ingest("fact", near(facts, 15))
         ingest("chat", near(chat, 25))
-        label_judge.memory_texts = [f"fact {i}" for i in range(20)] + [f"chat {i}" for i in range(30)]
+        label_judge.memory_texts = (
+            [f"fact {i}" for i in range(20)] + [f"chat {i}" for i in range(30)]
+        )
         for i in range(10):
             query = f"question {i}"
             label_judge.queries.append(query)
             for text_ in label_judge.memory_texts:
                 label_judge.labels[(query, text_)] = 1.0 if text_.startswith("fact") else 0.0
-            retrieve(client, query=query, query_embedding=query_vector(), candidates=40, policy="full")
+            retrieve(
+                client, query=query, query_embedding=query_vector(), candidates=40, policy="full"
+            )
         new_facts = ingest("fact", near(facts, 5))  # texts "fact 0".."fact 4" again: same labels
         new_chat = ingest("chat", near(chat, 5))
-        common = {"query": "question 0", "query_embedding": query_vector(), "candidates": 50, "k": 50, "order": "relevance"}
+        common = {
+            "query": "question 0",
+            "query_embedding": query_vector(),
+            "candidates": 50,
+            "k": 50,
+            "order": "relevance",
+        }
         semantic = retrieve(client, policy="semantic", **common)
         earm = retrieve(client, policy="earm", budget=2, **common)
 
@@ -238,7 +274,9 @@ def test_content_prior_lifts_new_memories_that_look_like_judged_relevant_ones(
 
     assert mean_rank(semantic, new_facts) > mean_rank(semantic, new_chat)
     assert mean_rank(earm, new_facts) < mean_rank(earm, new_chat)
-    unobserved_new = [m for m in earm["memories"] if m["id"] in new_facts and m["source"] != "observed"]
+    unobserved_new = [
+        m for m in earm["memories"] if m["id"] in new_facts and m["source"] != "observed"
+    ]
     assert unobserved_new and all(m["source"] == "estimated" for m in unobserved_new)
 
 
@@ -256,8 +294,16 @@ def test_refit_sets_the_running_score_sum_to_the_double_precision_sum_of_stored_
         query = f"fractional question {i}"
         label_judge.queries.append(query)
         # Scores float32 cannot hold exactly, so float32 sums round.
-        label_judge.labels |= {(query, m): 0.1 + 0.01 * (j % 7) for j, m in enumerate(topic.memory_texts)}
-        retrieve(judged_client, query=query, query_embedding=topic.query_vector(), candidates=N_MEMORIES, policy="full")
+        label_judge.labels |= {
+            (query, m): 0.1 + 0.01 * (j % 7) for j, m in enumerate(topic.memory_texts)
+        }
+        retrieve(
+            judged_client,
+            query=query,
+            query_embedding=topic.query_vector(),
+            candidates=N_MEMORIES,
+            policy="full",
+        )
     engine = create_engine(judged_settings.database_url)
     with engine.connect() as conn:
         score_sum, since_refit = conn.execute(
@@ -304,7 +350,7 @@ def test_concurrent_retrieves_get_gap_free_indexes_and_store_every_observation(
                     "namespace": "agent-1",
                     "memories": [
                         {"text": t, "embedding": v.tolist()}
-                        for t, v in zip(topic.memory_texts, topic.memory_vectors)
+                        for t, v in zip(topic.memory_texts, topic.memory_vectors, strict=True)
                     ],
                 },
             )
@@ -377,7 +423,11 @@ def test_scorer_failures_degrade_and_store_nothing_for_failed_pairs(
         )
         with TestClient(create_app(settings)) as client:
             result = retrieve(
-                client, query="q", query_embedding=topic.query_vector(), candidates=N_MEMORIES, policy="full"
+                client,
+                query="q",
+                query_embedding=topic.query_vector(),
+                candidates=N_MEMORIES,
+                policy="full",
             )
     assert result["degraded"] is True
     assert result["scorer_calls"] == N_MEMORIES
@@ -399,7 +449,9 @@ def replay(client: TestClient, judge: LabelJudge) -> list[list[tuple]]:
     for i in range(8):
         query = f"replayed {i}"
         topic.label(judge, query)
-        result = retrieve(client, query=query, query_embedding=topic.query_vector(), candidates=30, k=8, seed=3)
+        result = retrieve(
+            client, query=query, query_embedding=topic.query_vector(), candidates=30, k=8, seed=3
+        )
         outputs.append(
             [(m["id"], round(m["score"], 9), m["source"], m["rank"]) for m in result["memories"]]
             + [(result["budget"], result["scorer_calls"], result["query_index"])]
@@ -412,7 +464,12 @@ def test_sequential_replay_is_deterministic(judged_settings: Settings, judge) ->
         first = replay(client, judge[0])
     engine = create_engine(judged_settings.database_url)
     with engine.begin() as conn:
-        conn.execute(text("TRUNCATE namespaces, memories, queries, scores, memory_factors RESTART IDENTITY CASCADE"))
+        conn.execute(
+            text(
+                "TRUNCATE namespaces, memories, queries, scores, memory_factors"
+                " RESTART IDENTITY CASCADE"
+            )
+        )
     engine.dispose()
     with TestClient(create_app(judged_settings)) as client:
         second = replay(client, judge[0])
@@ -458,9 +515,13 @@ def test_feedback_changes_later_estimates(judged_client: TestClient, judge) -> N
             k=N_MEMORIES,
             order="relevance",
         )
-        hidden_scores[namespace] = next(m for m in result["memories"] if m["id"] == ids[topic.hidden])
+        hidden_scores[namespace] = next(
+            m for m in result["memories"] if m["id"] == ids[topic.hidden]
+        )
     assert hidden_scores["with-feedback"]["source"] == "estimated"
-    assert hidden_scores["with-feedback"]["score"] > hidden_scores["without-feedback"]["score"] + 0.1
+    assert (
+        hidden_scores["with-feedback"]["score"] > hidden_scores["without-feedback"]["score"] + 0.1
+    )
     assert hidden_scores["with-feedback"]["rank"] < hidden_scores["without-feedback"]["rank"]
 
 
@@ -468,15 +529,32 @@ def test_feedback_for_unknown_query_or_foreign_memory_is_a_404(judged_client: Te
     topic = Topic()
     ids = topic.ingest(judged_client, "agent-1")
     other = topic.ingest(judged_client, "agent-2")
-    query_id = retrieve(judged_client, query="q", query_embedding=topic.query_vector(), policy="semantic")["query_id"]
+    query_id = retrieve(
+        judged_client, query="q", query_embedding=topic.query_vector(), policy="semantic"
+    )["query_id"]
     unknown_query = judged_client.post(
-        "/feedback", json={"namespace": "agent-1", "query_id": 999999, "scores": [{"memory_id": ids[0], "score": 1}]}
+        "/feedback",
+        json={
+            "namespace": "agent-1",
+            "query_id": 999999,
+            "scores": [{"memory_id": ids[0], "score": 1}],
+        },
     )
     foreign_memory = judged_client.post(
-        "/feedback", json={"namespace": "agent-1", "query_id": query_id, "scores": [{"memory_id": other[0], "score": 1}]}
+        "/feedback",
+        json={
+            "namespace": "agent-1",
+            "query_id": query_id,
+            "scores": [{"memory_id": other[0], "score": 1}],
+        },
     )
     out_of_range = judged_client.post(
-        "/feedback", json={"namespace": "agent-1", "query_id": query_id, "scores": [{"memory_id": ids[0], "score": 1.5}]}
+        "/feedback",
+        json={
+            "namespace": "agent-1",
+            "query_id": query_id,
+            "scores": [{"memory_id": ids[0], "score": 1.5}],
+        },
     )
     assert unknown_query.status_code == 404 and foreign_memory.status_code == 404
     assert out_of_range.status_code == 422
@@ -484,21 +562,29 @@ def test_feedback_for_unknown_query_or_foreign_memory_is_a_404(judged_client: Te
 
 def test_feedback_naming_a_memory_twice_is_refused(client: TestClient, settings: Settings) -> None:
     memories = [{"text": f"m{i}", "embedding": unit(np.arange(DIM) + i).tolist()} for i in range(3)]
-    ids = client.post("/memories", json={"namespace": "agent-1", "memories": memories}).json()["ids"]
-    query_id = retrieve(client, query="q", query_embedding=unit(np.ones(DIM)).tolist(), policy="semantic")["query_id"]
+    ids = client.post(
+        "/memories", json={"namespace": "agent-1", "memories": memories}
+    ).json()["ids"]
+    query_id = retrieve(
+        client, query="q", query_embedding=unit(np.ones(DIM)).tolist(), policy="semantic"
+    )["query_id"]
     scores = [
         {"memory_id": ids[0], "score": 1.0},
         {"memory_id": ids[1], "score": 0.5},
         {"memory_id": ids[0], "score": 0.0},
     ]
-    response = client.post("/feedback", json={"namespace": "agent-1", "query_id": query_id, "scores": scores})
+    response = client.post(
+        "/feedback", json={"namespace": "agent-1", "query_id": query_id, "scores": scores}
+    )
     assert response.status_code == 422, response.text
     error = response.json()["error"]
     assert error["code"] == "invalid_input"
     assert "scores[0]" in error["message"] and "scores[2]" in error["message"]
     engine = create_engine(settings.database_url)
     with engine.connect() as conn:
-        recorded = conn.execute(text("SELECT count(*) FROM scores WHERE source = 'feedback'")).scalar_one()
+        recorded = conn.execute(
+            text("SELECT count(*) FROM scores WHERE source = 'feedback'")
+        ).scalar_one()
     engine.dispose()
     assert recorded == 0
 
@@ -513,8 +599,11 @@ def test_a_zero_length_vector_already_stored_cannot_break_retrieval(clean_databa
     )
     rng = np.random.default_rng(3)
     with TestClient(create_app(settings)) as client:
-        memories = [{"text": f"m{i}", "embedding": unit(rng.normal(size=DIM)).tolist()} for i in range(12)]
-        assert client.post("/memories", json={"namespace": "agent-1", "memories": memories}).status_code == 201
+        memories = [
+            {"text": f"m{i}", "embedding": unit(rng.normal(size=DIM)).tolist()} for i in range(12)
+        ]
+        created = client.post("/memories", json={"namespace": "agent-1", "memories": memories})
+        assert created.status_code == 201
 
         def query() -> list[float]:
             return unit(rng.normal(size=DIM)).tolist()
@@ -561,42 +650,83 @@ def test_candidates_are_filled_when_namespace_is_a_small_share_of_the_table(
         vectors = rng.normal(size=(1000, DIM))
         response = client.post(
             "/memories",
-            json={"namespace": "big", "memories": [{"text": f"b{start + i}", "embedding": v.tolist()} for i, v in enumerate(vectors)]},
+            json={
+                "namespace": "big",
+                "memories": [
+                    {"text": f"b{start + i}", "embedding": v.tolist()}
+                    for i, v in enumerate(vectors)
+                ],
+            },
         )
         assert response.status_code == 201
     small = rng.normal(size=(300, DIM))
     response = client.post(
         "/memories",
-        json={"namespace": "small", "memories": [{"text": f"s{i}", "embedding": v.tolist()} for i, v in enumerate(small)]},
+        json={
+            "namespace": "small",
+            "memories": [{"text": f"s{i}", "embedding": v.tolist()} for i, v in enumerate(small)],
+        },
     )
     assert response.status_code == 201
-    result = retrieve(client, namespace="small", query="q", query_embedding=rng.normal(size=DIM).tolist(), policy="full", candidates=200)
+    result = retrieve(
+        client,
+        namespace="small",
+        query="q",
+        query_embedding=rng.normal(size=DIM).tolist(),
+        policy="full",
+        candidates=200,
+    )
     assert result["scorer_calls"] == 200
 
 
-def test_chronological_order_sorts_by_occurred_at_and_keeps_relevance_rank(client: TestClient) -> None:
+def test_chronological_order_sorts_by_occurred_at_and_keeps_relevance_rank(
+    client: TestClient,
+) -> None:
     rng = np.random.default_rng(1)
     center = unit(rng.normal(size=DIM))
     dates = ["2023-05-01T00:00:00Z", "2021-01-01T00:00:00Z", "2022-03-01T00:00:00Z", None]
     memories = [
-        {"text": f"m{i}", "embedding": (center + 0.1 * i * unit(rng.normal(size=DIM))).tolist(), **({"occurred_at": d} if d else {})}
+        {
+            "text": f"m{i}",
+            "embedding": (center + 0.1 * i * unit(rng.normal(size=DIM))).tolist(),
+            **({"occurred_at": d} if d else {}),
+        }
         for i, d in enumerate(dates)
     ]
     client.post("/memories", json={"namespace": "agent-1", "memories": memories})
     result = retrieve(client, query="q", query_embedding=center.tolist(), policy="semantic", k=4)
     assert [m["text"] for m in result["memories"]] == ["m1", "m2", "m0", "m3"]
     assert [m["rank"] for m in result["memories"]] == [2, 3, 1, 4]
-    by_relevance = retrieve(client, query="q", query_embedding=center.tolist(), policy="semantic", k=4, order="relevance")
+    by_relevance = retrieve(
+        client,
+        query="q",
+        query_embedding=center.tolist(),
+        policy="semantic",
+        k=4,
+        order="relevance",
+    )
     assert [m["rank"] for m in by_relevance["memories"]] == [1, 2, 3, 4]
     assert all(m["source"] == "semantic" for m in by_relevance["memories"])
 
 
 def test_local_scorer_and_embedder_answer_without_any_network(client: TestClient) -> None:
-    client.post("/memories", json={"namespace": "agent-1", "memories": [{"text": "My dog is called Rex"}, {"text": "I work as a nurse"}]})
+    client.post(
+        "/memories",
+        json={
+            "namespace": "agent-1",
+            "memories": [{"text": "My dog is called Rex"}, {"text": "I work as a nurse"}],
+        },
+    )
     result = retrieve(client, query="What is my dog's name?", k=1, policy="full")
     assert result["memories"][0]["text"] == "My dog is called Rex"
     assert result["memories"][0]["source"] == "observed"
-    assert set(result["timings"]) >= {"embed_ms", "search_ms", "score_ms", "complete_ms", "total_ms"}
+    assert set(result["timings"]) >= {
+        "embed_ms",
+        "search_ms",
+        "score_ms",
+        "complete_ms",
+        "total_ms",
+    }
 
 
 @pytest.mark.parametrize(
@@ -613,9 +743,21 @@ def test_local_scorer_and_embedder_answer_without_any_network(client: TestClient
         ({"namespace": "nobody-here"}, 404, "not_found"),
     ],
 )
-def test_invalid_retrieve_is_a_precise_4xx(client: TestClient, body: dict, status: int, code: str) -> None:
-    client.post("/memories", json={"namespace": "agent-1", "memories": [{"text": "x", "embedding": [1.0] + [0.0] * (DIM - 1)}]})
-    request = {"namespace": "agent-1", "query": "q", "query_embedding": [1.0] + [0.0] * (DIM - 1)} | body
+def test_invalid_retrieve_is_a_precise_4xx(
+    client: TestClient, body: dict, status: int, code: str
+) -> None:
+    client.post(
+        "/memories",
+        json={
+            "namespace": "agent-1",
+            "memories": [{"text": "x", "embedding": [1.0] + [0.0] * (DIM - 1)}],
+        },
+    )
+    request = {
+        "namespace": "agent-1",
+        "query": "q",
+        "query_embedding": [1.0] + [0.0] * (DIM - 1),
+    } | body
     response = client.post("/retrieve", json=request)
     assert response.status_code == status, response.text
     assert response.json()["error"]["code"] == code
@@ -624,10 +766,23 @@ def test_invalid_retrieve_is_a_precise_4xx(client: TestClient, body: dict, statu
 def test_retrieve_without_embedder_needs_a_query_vector(clean_database: str) -> None:
     settings = Settings(database_url=clean_database, embedder="none", _env_file=None)
     with TestClient(create_app(settings)) as client:
-        client.post("/memories", json={"namespace": "agent-1", "memories": [{"text": "x", "embedding": [1.0] + [0.0] * (DIM - 1)}]})
+        client.post(
+            "/memories",
+            json={
+                "namespace": "agent-1",
+                "memories": [{"text": "x", "embedding": [1.0] + [0.0] * (DIM - 1)}],
+            },
+        )
         response = client.post("/retrieve", json={"namespace": "agent-1", "query": "q"})
         assert response.status_code == 422
         assert response.json()["error"]["code"] == "embedding_required"
-        with_vector = client.post("/retrieve", json={"namespace": "agent-1", "query": "q", "query_embedding": [1.0] + [0.0] * (DIM - 1)})
+        with_vector = client.post(
+            "/retrieve",
+            json={
+                "namespace": "agent-1",
+                "query": "q",
+                "query_embedding": [1.0] + [0.0] * (DIM - 1),
+            },
+        )
         assert with_vector.status_code == 200
 

@@ -43,7 +43,8 @@ def retrieve_requests_metric(client: TestClient, scorer: str) -> float:
         sample.value
         for family in text_string_to_metric_families(exposition)
         for sample in family.samples
-        if sample.name == "earm_retrieve_scorer_requests_total" and sample.labels == {"scorer": scorer}
+        if sample.name == "earm_retrieve_scorer_requests_total"
+        and sample.labels == {"scorer": scorer}
     )
 
 
@@ -52,7 +53,9 @@ def test_a_reranker_scores_all_anchors_of_a_retrieve_in_one_request_per_batch(
 ) -> None:
     app = rerank_app(lambda query, documents: [0.5] * len(documents))
     with LoopbackServer(app) as reranker:
-        settings = judge_settings(reranker.url, scorer="rerank", scorer_base_url=f"{reranker.url}/v1")
+        settings = judge_settings(
+            reranker.url, scorer="rerank", scorer_base_url=f"{reranker.url}/v1"
+        )
         with TestClient(create_app(settings)) as client:
             ingest(client)
             first = retrieve_all(client)

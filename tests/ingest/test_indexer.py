@@ -9,7 +9,6 @@ import time
 from collections.abc import Awaitable, Callable
 
 import numpy as np
-import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
@@ -40,7 +39,9 @@ async def add_memories(
             DIM,
             namespace,
             [
-                NewMemory(text=f"memory {first + i}", embedding=v.tolist(), external_id=f"m{first + i}")
+                NewMemory(
+                    text=f"memory {first + i}", embedding=v.tolist(), external_id=f"m{first + i}"
+                )
                 for i, v in enumerate(vectors)
             ],
         )
@@ -50,7 +51,11 @@ async def add_memories(
 
 async def unindexed_count(sessions: Sessions) -> int:
     async with sessions() as session:
-        return int((await session.execute(text("SELECT count(*) FROM memories WHERE NOT indexed"))).scalar_one())
+        return int(
+            (
+                await session.execute(text("SELECT count(*) FROM memories WHERE NOT indexed"))
+            ).scalar_one()
+        )
 
 
 async def stats_of(sessions: Sessions, namespace: str) -> NamespaceStats:

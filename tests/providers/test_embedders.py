@@ -247,7 +247,11 @@ def test_openai_embedder_raises_when_nothing_listens() -> None:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
         embedder = OpenAIEmbedder(
-            base_url=f"http://127.0.0.1:{port}/v1", model="m", dim=DIM, max_retries=1, backoff_base_s=0.01
+            base_url=f"http://127.0.0.1:{port}/v1",
+            model="m",
+            dim=DIM,
+            max_retries=1,
+            backoff_base_s=0.01,
         )
         with pytest.raises(EmbedderError, match="transport error"):
             asyncio.run(embed_once(embedder, ["a"]))

@@ -96,7 +96,11 @@ def test_tei_scorer_sends_the_tei_shaped_request(serve: list[LoopbackServer]) ->
     app = rerank_app(by_name, protocol="tei")
     server = start(serve, app)
     asyncio.run(score_with(make_scorer(server.url, "tei"), "q", ["m1", "m2"]))
-    assert app.state.last_request["json"] == {"query": "q", "texts": ["m1", "m2"], "raw_scores": False}
+    assert app.state.last_request["json"] == {
+        "query": "q",
+        "texts": ["m1", "m2"],
+        "raw_scores": False,
+    }
     assert "authorization" not in app.state.last_request["headers"]
 
 
@@ -114,7 +118,9 @@ def test_rerank_scorer_batches_documents_and_sends_batches_concurrently(
     app = rerank_app(slow, protocol=protocol)
     server = start(serve, app)
     memories = [f"m{i}" for i in range(23)]
-    scores = asyncio.run(score_with(make_scorer(server.url, protocol, batch_size=10), "q", memories))
+    scores = asyncio.run(
+        score_with(make_scorer(server.url, protocol, batch_size=10), "q", memories)
+    )
     assert scores.values == pytest.approx([i / 100 for i in range(23)])
     assert scores.requests == 3
     assert sorted(len(b) for b in batches) == [3, 10, 10]
@@ -182,8 +188,14 @@ def test_rerank_scorer_ignores_results_with_indices_outside_the_batch(
 
     @app.post("/rerank")
     async def bogus() -> dict[str, object]:
-        return {"results": [{"index": 5, "relevance_score": 0.9}, {"index": -1, "relevance_score": 0.9},
-                            {"index": "0", "relevance_score": 0.9}, {"index": 1, "relevance_score": 0.2}]}
+        return {
+            "results": [
+                {"index": 5, "relevance_score": 0.9},
+                {"index": -1, "relevance_score": 0.9},
+                {"index": "0", "relevance_score": 0.9},
+                {"index": 1, "relevance_score": 0.2},
+            ]
+        }
 
     server = start(serve, app)
     scores = asyncio.run(score_with(make_scorer(server.url, "rerank"), "q", ["a", "b"]))
@@ -203,7 +215,13 @@ def test_rerank_scorer_loses_only_the_failing_batch(
     server = start(serve, app)
     scorer = make_scorer(server.url, protocol, batch_size=2, max_retries=1)
     scores = asyncio.run(score_with(scorer, "q", ["m0", "m1", "m2", "m3", "m4"]))
-    assert scores.values == [None, None, pytest.approx(0.02), pytest.approx(0.03), pytest.approx(0.04)]
+    assert scores.values == [
+        None,
+        None,
+        pytest.approx(0.02),
+        pytest.approx(0.03),
+        pytest.approx(0.04),
+    ]
     assert scores.requests == 4  # the failing batch was tried twice
     assert app.state.calls == 4
     assert scorer.outcomes == {"ok": 3, "http_error": 2}
@@ -233,7 +251,9 @@ def test_rerank_scorer_does_not_retry_a_400(serve: list[LoopbackServer]) -> None
 
     app = rerank_app(refuse)
     server = start(serve, app)
-    scores = asyncio.run(score_with(make_scorer(server.url, "rerank", max_retries=3), "q", ["a", "b"]))
+    scores = asyncio.run(
+        score_with(make_scorer(server.url, "rerank", max_retries=3), "q", ["a", "b"])
+    )
     assert scores.values == [None, None] and app.state.calls == 1
 
 
@@ -281,7 +301,9 @@ def test_rerank_scorer_slots_survive_a_cancellation_at_any_point_of_a_call(
     embeddings = np.zeros((8, 0))
 
     async def cancel_at_every_step_then_score() -> list[float | None]:
-        scorer = make_scorer(server.url, protocol, timeout_s=0.5, concurrency=4, batch_size=2, max_retries=0)
+        scorer = make_scorer(
+            server.url, protocol, timeout_s=0.5, concurrency=4, batch_size=2, max_retries=0
+        )
         try:
             for steps in range(50):
                 call = asyncio.create_task(scorer.score("q", QUERY_EMBEDDING, memories, embeddings))
@@ -293,7 +315,9 @@ def test_rerank_scorer_slots_survive_a_cancellation_at_any_point_of_a_call(
         finally:
             await scorer.aclose()
 
-    assert asyncio.run(cancel_at_every_step_then_score()) == pytest.approx([i / 100 for i in range(8)])
+    assert asyncio.run(cancel_at_every_step_then_score()) == pytest.approx(
+        [i / 100 for i in range(8)]
+    )
 
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)
@@ -307,7 +331,11 @@ def test_build_scorer_builds_a_reranker_from_settings(protocol: RerankProtocol) 
     )
     scorer = build_scorer(settings)
     assert isinstance(scorer, RerankScorer)
-    assert (scorer.url, scorer.name, scorer.protocol) == ("http://127.0.0.1:9/v1/rerank", protocol, protocol)
+    assert (scorer.url, scorer.name, scorer.protocol) == (
+        "http://127.0.0.1:9/v1/rerank",
+        protocol,
+        protocol,
+    )
     assert (scorer.model, scorer.batch_size, scorer.transform) == ("bge-reranker", 32, "sigmoid")
     asyncio.run(scorer.aclose())
 

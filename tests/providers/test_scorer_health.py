@@ -38,7 +38,9 @@ def warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
 
 def test_without_calls_the_scorer_is_healthy_with_no_rate() -> None:
     snapshot = ScorerHealth("openai", clock=Clock()).snapshot()
-    assert (snapshot.name, snapshot.recent_calls, snapshot.recent_success_rate) == ("openai", 0, None)
+    assert (snapshot.name, snapshot.recent_calls, snapshot.recent_success_rate) == (
+        "openai", 0, None
+    )
     assert snapshot.healthy
 
 
@@ -86,7 +88,10 @@ def test_the_warning_is_logged_at_most_once_a_minute_while_most_calls_fail(
         record(health, "timeout", 1)
         clock.now += 1.0
     assert len(warnings(caplog)) == 1
-    assert "relevance scorer openai is failing: 0% of its last 10 calls succeeded" in warnings(caplog)[0]
+    assert (
+        "relevance scorer openai is failing: 0% of its last 10 calls succeeded"
+        in warnings(caplog)[0]
+    )
 
     clock.now += WARN_INTERVAL_S  # still failing a minute later: warned again, once
     record(health, "timeout", 30)

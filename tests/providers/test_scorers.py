@@ -17,7 +17,13 @@ import pytest
 from service.bench.loopback import HTTPFault, LoopbackServer, chat_completions_app
 from service.providers.chat_scorer import OpenAIChatScorer, parse_batch, parse_score
 from service.providers.factory import build_scorer
-from service.providers.scorers import LOCAL_CENTER, LOCAL_TEMPERATURE, LocalScorer, Scores, cosine_to_score
+from service.providers.scorers import (
+    LOCAL_CENTER,
+    LOCAL_TEMPERATURE,
+    LocalScorer,
+    Scores,
+    cosine_to_score,
+)
 from service.settings import Settings
 
 DIM = 4
@@ -135,9 +141,12 @@ def make_scorer(url: str, **kwargs: object) -> OpenAIChatScorer:
     return OpenAIChatScorer(base_url=url + "/v1", model="judge", **options)  # type: ignore[arg-type]
 
 
-async def score_with(scorer: OpenAIChatScorer, query: str, memories: list[str]) -> list[float | None]:
+async def score_with(
+    scorer: OpenAIChatScorer, query: str, memories: list[str]
+) -> list[float | None]:
     try:
-        scores = await scorer.score(query, QUERY_EMBEDDING, memories, np.zeros((len(memories), DIM)))
+        embeddings = np.zeros((len(memories), DIM))
+        scores = await scorer.score(query, QUERY_EMBEDDING, memories, embeddings)
         return scores.values
     finally:
         await scorer.aclose()
@@ -401,7 +410,12 @@ def test_build_scorer_openai_uses_settings() -> None:
     scorer = build_scorer(settings)
     assert isinstance(scorer, OpenAIChatScorer)
     assert scorer.url == "http://127.0.0.1:9/v1/chat/completions"
-    assert (scorer.model, scorer.concurrency, scorer.timeout_s, scorer.name) == ("judge-1", 5, 1.5, "openai")
+    assert (scorer.model, scorer.concurrency, scorer.timeout_s, scorer.name) == (
+        "judge-1",
+        5,
+        1.5,
+        "openai",
+    )
     asyncio.run(scorer.aclose())
 
 
@@ -431,14 +445,22 @@ def test_build_scorer_reads_the_prompt_file(tmp_path: Path) -> None:
     prompt_file = tmp_path / "prompt.txt"
     prompt_file.write_text("Does {memory} answer {query}?", encoding="utf-8")
     scorer = build_scorer(
-        Settings(scorer="openai", scorer_base_url="http://127.0.0.1:9/v1", scorer_prompt_file=prompt_file)
+        Settings(
+            scorer="openai", scorer_base_url="http://127.0.0.1:9/v1", scorer_prompt_file=prompt_file
+        )
     )
     assert isinstance(scorer, OpenAIChatScorer)
     assert scorer.build_messages("q", "m")[1]["content"] == "Does m answer q?"
     asyncio.run(scorer.aclose())
     prompt_file.write_text("no placeholders", encoding="utf-8")
     with pytest.raises(ValueError, match="EARM_SCORER_PROMPT_FILE"):
-        build_scorer(Settings(scorer="openai", scorer_base_url="http://127.0.0.1:9/v1", scorer_prompt_file=prompt_file))
+        build_scorer(
+            Settings(
+                scorer="openai",
+                scorer_base_url="http://127.0.0.1:9/v1",
+                scorer_prompt_file=prompt_file,
+            )
+        )
 
 
 def test_openai_scorer_in_logprobs_mode_stores_the_probability_of_yes(
@@ -448,7 +470,9 @@ def test_openai_scorer_in_logprobs_mode_stores_the_probability_of_yes(
     app = chat_completions_app(lambda prompt: probabilities[memory_of(prompt)], logprobs=True)
     server = start(serve, app)
     scorer = make_scorer(server.url, mode="logprobs")
-    assert asyncio.run(score_with(scorer, "q", list(probabilities))) == pytest.approx([0.83, 0.1, 0.0])
+    assert asyncio.run(score_with(scorer, "q", list(probabilities))) == pytest.approx(
+        [0.83, 0.1, 0.0]
+    )
     body = app.state.last_request["json"]
     assert (body["logprobs"], body["top_logprobs"], body["max_tokens"]) == (True, 5, 1)
     assert "yes or no" in body["messages"][0]["content"]
@@ -460,7 +484,12 @@ def test_openai_scorer_in_logprobs_mode_falls_back_to_the_answer_without_logprob
     replies = {"m-a": "yes", "m-b": "No.", "m-c": "0.4", "m-d": "maybe"}
     server = start(serve, chat_completions_app(lambda prompt: replies[memory_of(prompt)]))
     scorer = make_scorer(server.url, mode="logprobs")
-    assert asyncio.run(score_with(scorer, "q", list(replies))) == [1.0, 0.0, pytest.approx(0.4), None]
+    assert asyncio.run(score_with(scorer, "q", list(replies))) == [
+        1.0,
+        0.0,
+        pytest.approx(0.4),
+        None,
+    ]
 
 
 BATCH_MEMORY = re.compile(r"\[(\d+)\]\n(m\d+)")
@@ -477,7 +506,9 @@ def test_openai_scorer_batches_memories_into_one_prompt(serve: list[LoopbackServ
     async def run() -> Scores:
         scorer = make_scorer(server.url, batch=4)
         try:
-            return await scorer.score("q", QUERY_EMBEDDING, [f"m{i}" for i in range(10)], np.zeros((10, DIM)))
+            return await scorer.score(
+                "q", QUERY_EMBEDDING, [f"m{i}" for i in range(10)], np.zeros((10, DIM))
+            )
         finally:
             await scorer.aclose()
 
@@ -502,7 +533,9 @@ def test_openai_scorer_scores_a_malformed_batch_pair_by_pair(serve: list[Loopbac
 
     async def run() -> Scores:
         try:
-            return await scorer.score("q", QUERY_EMBEDDING, [f"m{i}" for i in range(6)], np.zeros((6, DIM)))
+            return await scorer.score(
+                "q", QUERY_EMBEDDING, [f"m{i}" for i in range(6)], np.zeros((6, DIM))
+            )
         finally:
             await scorer.aclose()
 
@@ -526,5 +559,7 @@ def test_openai_scorer_scores_a_malformed_batch_pair_by_pair(serve: list[Loopbac
         ("[1] 0.5\n[2] 0.6\nbecause", None),
     ],
 )
-def test_parse_batch_needs_one_valid_score_for_every_memory(reply: str, scores: list[float] | None) -> None:
+def test_parse_batch_needs_one_valid_score_for_every_memory(
+    reply: str, scores: list[float] | None
+) -> None:
     assert parse_batch(reply, 2) == (None if scores is None else pytest.approx(scores))

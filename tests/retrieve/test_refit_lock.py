@@ -28,7 +28,10 @@ async def _refits_and_locks(settings: Settings) -> tuple[list[bool], int]:
         async with db.sessions() as session:
             await ingest(
                 session, None, 384, "lock",
-                [NewMemory(text=f"m{i}", embedding=rng.normal(size=384).tolist()) for i in range(30)],
+                [
+                    NewMemory(text=f"m{i}", embedding=rng.normal(size=384).tolist())
+                    for i in range(30)
+                ],
             )
             await session.commit()
 

@@ -11,7 +11,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -61,10 +61,16 @@ def in_process_service(settings: Any | None = None, **options: Any) -> Iterator[
 # ------------------------------------------------------------------------- child processes
 
 
-def _serve_judge(reply: Callable[..., Awaitable[Any]], connection: Any, protocol: str) -> None:  # the child
+def _serve_judge(
+    reply: Callable[..., Awaitable[Any]], connection: Any, protocol: str
+) -> None:  # the child
     from service.bench.loopback import LoopbackServer, chat_completions_app, rerank_app
 
-    app = rerank_app(reply, protocol="rerank") if protocol == "rerank" else chat_completions_app(reply)
+    app = (
+        rerank_app(reply, protocol="rerank")
+        if protocol == "rerank"
+        else chat_completions_app(reply)
+    )
     # uvloop: this process only serves the judge, and the judge should cost the machine as
     # little as a remote provider would (uvicorn's own default, not the tests' plain asyncio).
     with LoopbackServer(app, loop="uvloop") as server:
@@ -90,10 +96,8 @@ def judge_process(reply: Callable[..., Awaitable[Any]], protocol: str = "chat") 
             raise RuntimeError("the judge process did not start")
         yield parent.recv()
     finally:
-        try:
+        with suppress(OSError):
             parent.send("stop")
-        except OSError:
-            pass
         process.join(10)
         if process.is_alive():
             process.terminate()
@@ -121,9 +125,7 @@ class ServiceProcess:
         return {"rss_mb": round(now, 1), "peak_rss_mb": None if peak is None else round(peak, 1)}
 
 
-def wait_ready(
-    url: str, timeout_s: float, process: subprocess.Popen[bytes] | None = None
-) -> bool:
+def wait_ready(url: str, timeout_s: float, process: subprocess.Popen[bytes] | None = None) -> bool:
     """Whether the service at ``url`` answers ``/readyz`` with 200 within ``timeout_s`` (its
     database reachable, its schema current); False at once when ``process`` exits."""
     deadline = time.monotonic() + timeout_s
@@ -159,7 +161,10 @@ def service_process(settings: Mapping[str, str], workdir: Path) -> Iterator[Serv
     with open(log_path, "wb") as log:
         process = subprocess.Popen(
             [sys.executable, "-m", "service", "serve", "--port", str(port)],
-            cwd=workdir, env=env, stdout=log, stderr=subprocess.STDOUT,
+            cwd=workdir,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
         )
     url = f"http://127.0.0.1:{port}"
     try:

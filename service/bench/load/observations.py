@@ -60,7 +60,7 @@ async def _insert_scores(
             chosen = rng.choice(world.by_topic[int(topics[j])], size=per_query, replace=False)
             scores = np.round(world.relevance(latents[j], chosen), 3)
             similarities = world.memory_embeddings[chosen] @ embeddings[j]
-            for m, s, c in zip(chosen, scores, similarities):
+            for m, s, c in zip(chosen, scores, similarities, strict=True):
                 await copy.write_row((query_id, int(run.memory_ids[m]), run.namespace,
                                       float(s), float(c), "scorer"))
             total += float(scores.sum())

@@ -11,9 +11,10 @@ from numpy.typing import NDArray
 from service.bench.load.config import LoadConfig
 
 _WORDS = (
-    "hiking trip garden recipe concert project deadline birthday museum novel bicycle painting "
-    "interview vacation puppy marathon guitar lecture market festival"
-).split()
+    "hiking", "trip", "garden", "recipe", "concert", "project", "deadline", "birthday", "museum",
+    "novel", "bicycle", "painting", "interview", "vacation", "puppy", "marathon", "guitar",
+    "lecture", "market", "festival",
+)
 _NAMES = ("Ana", "Bo", "Chen", "Dara", "Eli", "Farah", "Gus", "Hana")
 
 

@@ -99,7 +99,7 @@ def _count_checks(ledger: NamespaceLedger, found: _Counts, config: LoadMixConfig
         found.score_count == found.scores
         or (bool(ledger.deleted) and found.score_count > found.scores),
     )
-    return {names[tolerant]: check for names, check in zip(_COUNT_CHECKS, holds)}
+    return {names[tolerant]: check for names, check in zip(_COUNT_CHECKS, holds, strict=True)}
 
 
 def _id_checks(ledger: NamespaceLedger, stored: dict[str, set[Any]]) -> Audits:

@@ -40,7 +40,9 @@ def add_load_mix_parser(
                         help="embedding dimension (default EARM_EMBEDDING_DIM)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--url", default=None, help="a running service (default: in-process)")
-    parser.add_argument("--api-key", default=None, help="bearer key for --url (or EARM_BENCH_API_KEY)")
+    parser.add_argument(
+        "--api-key", default=None, help="bearer key for --url (or EARM_BENCH_API_KEY)"
+    )
     parser.add_argument("--database-url", default=None,
                         help="the service's Postgres, for the database audit with --url")
     parser.add_argument("--json", type=Path, default=None, help="also write the report here")

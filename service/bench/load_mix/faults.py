@@ -20,6 +20,7 @@ import asyncio
 import hashlib
 import time
 from collections.abc import Callable
+from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -89,10 +90,8 @@ def kill_postmaster(data_dir: Path) -> tuple[int, int]:
     postmaster = psutil.Process(pid)
     victims = [postmaster, *postmaster.children(recursive=True)]
     for process in victims:
-        try:
+        with suppress(psutil.NoSuchProcess):
             process.kill()
-        except psutil.NoSuchProcess:
-            pass
     psutil.wait_procs(victims, timeout=10)
     return pid, len(victims)
 

@@ -20,7 +20,7 @@ import logging
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -125,7 +125,7 @@ def memory_text(speaker: str, text: str, caption: str | None = None) -> str:
 
 def parse_session_datetime(value: str) -> datetime:
     """Parse LoCoMo's ``"1:56 pm on 8 May, 2023"`` into an aware UTC datetime."""
-    return datetime.strptime(value.strip(), _DATE_FORMAT).replace(tzinfo=timezone.utc)
+    return datetime.strptime(value.strip(), _DATE_FORMAT).replace(tzinfo=UTC)
 
 
 def normalize_evidence(

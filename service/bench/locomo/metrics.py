@@ -160,7 +160,7 @@ def summarize_policy(
     out["budget_total"] = int(sum(r.budget for r in records))
     for k in ks:
         out[f"estimated_share@{k}"] = estimated_share_at_k(main, k)
-    out["sources@%d" % max(ks)] = source_shares_at_k(main, max(ks))
+    out[f"sources@{max(ks)}"] = source_shares_at_k(main, max(ks))
     out["by_category"] = {
         str(cat): quality(recs, ks)
         for cat, recs in sorted(group(main, lambda r: r.category).items())

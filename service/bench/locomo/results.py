@@ -81,7 +81,7 @@ def build_results(
                         f"recall@{k}": metrics.recall_at_k(r.ranked, r.evidence, k)
                         for k in config.ks
                     },
-                    "estimated@%d" % max(config.ks): sum(
+                    f"estimated@{max(config.ks)}": sum(
                         1 for s in r.sources[: max(config.ks)] if s == "estimated"
                     ),
                 }

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import secrets
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any, cast
 
 from service.bench.common.cli import progress, write_json
@@ -23,7 +23,7 @@ logger = logging.getLogger(__name__)
 def run_locomo(config: LocomoConfig) -> dict[str, Any]:
     """Run the benchmark; returns the RESULTS dict (also written/plotted if configured)."""
     started = time.perf_counter()
-    started_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    started_at = datetime.now(UTC).isoformat(timespec="seconds")
     conversations = load_conversations(
         config.data_dir, config.conversations, max_sessions=config.max_sessions
     )

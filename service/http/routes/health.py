@@ -27,5 +27,7 @@ async def readyz(components: ComponentsDep) -> ReadyOut:
     except Exception as exc:  # any failure to reach the database means "not ready"
         raise DatabaseUnavailable(f"database unreachable: {type(exc).__name__}") from exc
     if revision != migrate.head_revision():
-        raise SchemaOutOfDate(f"schema at {revision}, expected {migrate.head_revision()}: run `earm migrate`")
+        raise SchemaOutOfDate(
+            f"schema at {revision}, expected {migrate.head_revision()}: run `earm migrate`"
+        )
     return ReadyOut(status="ready", schema_revision=revision)

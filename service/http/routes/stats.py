@@ -60,7 +60,9 @@ async def read_stats(
     return NamespaceReportOut(**asdict(row), scorer=scorer)
 
 
-@router.get("/metrics", response_class=Response, responses={200: {"content": {CONTENT_TYPE_LATEST: {}}}})
+@router.get(
+    "/metrics", response_class=Response, responses={200: {"content": {CONTENT_TYPE_LATEST: {}}}}
+)
 async def metrics(components: ComponentsDep) -> Response:
     """Prometheus exposition: HTTP, retrieve, scorer metrics, the scorer's health and gauges
     from the namespace counters (which read the `namespaces` table only)."""
