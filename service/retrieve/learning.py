@@ -60,6 +60,8 @@ class Learner:
         # namespace -> its running background refit (the reference keeps the task from being
         # garbage-collected; it is dropped when the task ends)
         self._background_refits: dict[str, asyncio.Task[None]] = {}
+        # Namespaces whose running background refit must go once more (see below).
+        self._refit_again: set[str] = set()
 
     async def record_and_learn(
         self,
@@ -125,16 +127,25 @@ class Learner:
             log.exception("full refit of namespace %r failed", namespace)
 
     def _start_background_refit(self, namespace: str) -> None:
-        """At most one refit task per namespace in this process; a query that finds one
-        running leaves it be (its observations are in the database and its counter keeps the
-        refit due, so the next query after it starts another). Other processes are kept out
-        by the refit's advisory lock."""
+        """At most one refit task per namespace in this process. A query that finds one
+        running asks it to go once more when it is done (its observations came after the
+        running refit read the namespace), so the last query's refit is never skipped, and
+        a burst of queries costs at most one extra refit. Other processes are kept out by the
+        refit's advisory lock."""
         running = self._background_refits.get(namespace)
         if running is not None and not running.done():
+            self._refit_again.add(namespace)
             return
-        task = asyncio.create_task(self._refit_logged(namespace), name=f"earm-refit:{namespace}")
+        task = asyncio.create_task(self._refit_until_current(namespace),
+                                   name=f"earm-refit:{namespace}")
         self._background_refits[namespace] = task
         task.add_done_callback(lambda _: self._forget_refit(namespace, task))
+
+    async def _refit_until_current(self, namespace: str) -> None:
+        await self._refit_logged(namespace)
+        while namespace in self._refit_again:
+            self._refit_again.discard(namespace)
+            await self._refit_logged(namespace)
 
     def _forget_refit(self, namespace: str, task: asyncio.Task[None]) -> None:
         if self._background_refits.get(namespace) is task:
