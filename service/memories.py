@@ -237,10 +237,17 @@ def decode_cursor(cursor: str) -> int:
 
 
 async def list_memories(
-    session: AsyncSession, namespace: str, limit: int, cursor: str | None
+    session: AsyncSession,
+    namespace: str,
+    limit: int,
+    cursor: str | None,
+    external_id: str | None = None,
 ) -> MemoryPage:
-    """Keyset pagination by id: stable under concurrent inserts, O(limit) per page."""
+    """Keyset pagination by id: stable under concurrent inserts, O(limit) per page. With
+    ``external_id``, the one memory the client stored under it (the unique index answers)."""
     statement = select(Memory).where(Memory.namespace == namespace)
+    if external_id is not None:
+        statement = statement.where(Memory.external_id == external_id)
     if cursor is not None:
         statement = statement.where(Memory.id > decode_cursor(cursor))
     rows = (await session.scalars(statement.order_by(Memory.id).limit(limit + 1))).all()

@@ -12,6 +12,7 @@ from service.api.json_body import FastJSONRoute
 from service.auth import AUTH_RESPONSES, DOCUMENT_BEARER, PrincipalDep, require_namespace
 from service.api.schemas import (
     ErrorResponse,
+    ExternalId,
     IngestRequest,
     IngestResponse,
     MemoryOut,
@@ -122,12 +123,15 @@ async def list_memories(
     request: Request,
     limit: Annotated[int, Query(ge=1)] = 100,
     cursor: Annotated[str | None, Query(max_length=64)] = None,
+    external_id: Annotated[
+        ExternalId | None, Query(description="Only the memory stored under this external_id.")
+    ] = None,
 ) -> MemoryPageOut:
     annotate(request, namespace=namespace)
     require_namespace(principal, namespace)
     if limit > settings.max_page_size:
         raise LimitExceeded(f"limit {limit} exceeds the page size limit {settings.max_page_size}")
-    page = await store.list_memories(session, namespace, limit, cursor)
+    page = await store.list_memories(session, namespace, limit, cursor, external_id)
     return MemoryPageOut(memories=[memory_out(m) for m in page.memories], next_cursor=page.next_cursor)
 
 
