@@ -15,6 +15,7 @@ from service.auth import Authenticator, authenticate
 from service.db.database import open_database
 from service.embedders import LocalEmbedder, build_embedder
 from service.indexing import BackgroundIndexer
+from service.integrations import mount_mcp
 from service.limits import BodySizeLimit
 from service.observability import Metrics, RequestObservabilityMiddleware
 from service.retrieval.pipeline import RetrievalPipeline
@@ -79,4 +80,5 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(memories.router)
     app.include_router(retrieve.router)
     app.include_router(stats.router)
+    mount_mcp(app, settings)
     return app

@@ -1,0 +1,291 @@
+"""The MCP tools, through the SDK's own clients: Streamable HTTP at /mcp, and `earm mcp` over stdio."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import httpx
+import httpx2
+from mcp import Client
+from mcp.client.stdio import StdioServerParameters, stdio_client
+from mcp.client.streamable_http import streamable_http_client
+from mcp_types import CallToolResult
+
+from service.client import EarmClient
+
+if TYPE_CHECKING:
+    from tests.integrations.conftest import LiveService
+
+REPO = Path(__file__).resolve().parents[2]
+DEFAULT_NAMESPACE = "agent-default"  # the service fixture's EARM_MCP_DEFAULT_NAMESPACE
+TOOLS = {
+    "add_memories",
+    "search_memories",
+    "give_feedback",
+    "list_memories",
+    "delete_memory",
+    "namespace_stats",
+}
+MEMORIES = [
+    {"text": "My dog is called Rex and loves the beach.", "external_id": "dog"},
+    {"text": "I work night shifts as a nurse.", "metadata": {"topic": "work"}},
+    {"text": "We went camping at the lake in June.", "occurred_at": "2023-06-10T12:00:00Z"},
+]
+
+Connect = Callable[[str | None], AbstractAsyncContextManager[Client]]
+
+
+def over_http(service_url: str) -> Connect:
+    """The SDK's Streamable HTTP client at /mcp, sending ``key`` as a bearer token."""
+
+    @asynccontextmanager
+    async def connect(key: str | None) -> AsyncIterator[Client]:
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        async with httpx2.AsyncClient(headers=headers, timeout=30) as http:
+            async with Client(streamable_http_client(f"{service_url}/mcp", http_client=http)) as client:
+                yield client
+
+    return connect
+
+
+def over_stdio(service_url: str) -> Connect:
+    """`python -m service mcp --url ...` launched by the SDK's stdio client, as Claude Desktop
+    launches it (the key through EARM_API_KEY, the way its config passes secrets)."""
+
+    @asynccontextmanager
+    async def connect(key: str | None) -> AsyncIterator[Client]:
+        env = {"PYTHONPATH": str(REPO), "EARM_MCP_DEFAULT_NAMESPACE": DEFAULT_NAMESPACE}
+        if key:
+            env["EARM_API_KEY"] = key
+        server = StdioServerParameters(
+            command=sys.executable, args=["-m", "service", "mcp", "--url", service_url], env=env, cwd=REPO
+        )
+        with open(os.devnull, "w") as errlog:
+            async with Client(stdio_client(server, errlog=errlog)) as client:
+                yield client
+
+    return connect
+
+
+def run(scenario: Callable[[], Awaitable[None]]) -> None:
+    asyncio.run(scenario())
+
+
+async def call(client: Client, tool: str, **arguments: Any) -> dict[str, Any]:
+    """A tool's structured result; fails the test on a tool error."""
+    result = await client.call_tool(tool, arguments)
+    assert not result.is_error, error_text(result)
+    assert result.structured_content is not None
+    return result.structured_content
+
+
+def error_text(result: CallToolResult) -> str:
+    return " ".join(getattr(block, "text", "") for block in result.content)
+
+
+async def refused(client: Client, tool: str, **arguments: Any) -> str:
+    result = await client.call_tool(tool, arguments)
+    assert result.is_error, result.structured_content
+    return error_text(result)
+
+
+# ------------------------------------------------------------------------------ scenarios
+
+
+async def lists_the_tools_with_described_arguments(client: Client) -> None:
+    tools = {tool.name: tool for tool in (await client.list_tools()).tools}
+    assert set(tools) == TOOLS
+    for tool in tools.values():
+        assert tool.description and len(tool.description) > 40, tool.name
+        for name, schema in tool.input_schema.get("properties", {}).items():
+            assert "description" in schema or "$ref" in schema or "items" in schema, (tool.name, name)
+    add = tools["add_memories"].input_schema
+    assert add["required"] == ["memories"]
+    memory_schema = add["$defs"]["NewMemory"]["properties"]
+    assert set(memory_schema) == {"text", "external_id", "occurred_at", "metadata"}
+    search = tools["search_memories"].input_schema["properties"]
+    assert search["k"]["default"] == 10 and search["policy"]["default"] == "earm"
+    assert DEFAULT_NAMESPACE in search["namespace"]["description"]
+    assert tools["delete_memory"].annotations.destructive_hint is True
+
+
+async def adds_searches_and_records_feedback(client: Client) -> None:
+    added = await call(client, "add_memories", memories=MEMORIES, namespace="agent-1")
+    assert added["created"] == 3 and len(added["ids"]) == 3
+    again = await call(client, "add_memories", memories=MEMORIES[:1], namespace="agent-1")
+    assert again == {"ids": added["ids"][:1], "created": 0, "existing": 1}
+
+    # semantic: nothing is judged while searching, so the feedback is the first observation.
+    found = await call(
+        client, "search_memories", query="What is my dog's name?", namespace="agent-1", k=2, policy="semantic"
+    )
+    assert len(found["memories"]) == 2 and found["query_id"] >= 1
+    best = min(found["memories"], key=lambda m: m["rank"])
+    assert best["id"] == added["ids"][0] and best["text"] == MEMORIES[0]["text"]
+    assert set(best) == {"id", "external_id", "text", "occurred_at", "metadata", "score", "source", "rank"}
+    assert best["source"] == "semantic" and best["external_id"] == "dog"
+
+    feedback = await call(client, "give_feedback", query_id=found["query_id"], memory_id=best["id"], score=1.0)
+    assert feedback == {"recorded": 1, "already_observed": 0}
+    stats = await call(client, "namespace_stats", namespace="agent-1")
+    assert (stats["memories"], stats["queries"], stats["observations"]) == (3, 1, 1)
+
+    page = await call(client, "list_memories", namespace="agent-1", limit=2)
+    assert [m["id"] for m in page["memories"]] == added["ids"][:2] and page["next_cursor"]
+    rest = await call(client, "list_memories", namespace="agent-1", cursor=page["next_cursor"])
+    assert [m["id"] for m in rest["memories"]] == added["ids"][2:] and rest["next_cursor"] is None
+
+    assert await call(client, "delete_memory", memory_id=added["ids"][1]) == {"deleted": added["ids"][1]}
+    assert "not_found (HTTP 404)" in await refused(client, "delete_memory", memory_id=added["ids"][1])
+
+
+async def uses_the_default_namespace(client: Client) -> None:
+    added = await call(client, "add_memories", memories=[{"text": "I like green tea."}])
+    found = await call(client, "search_memories", query="Which tea do I like?")
+    assert [m["id"] for m in found["memories"]] == added["ids"]
+    assert (await call(client, "namespace_stats"))["namespace"] == DEFAULT_NAMESPACE
+
+
+async def reports_the_api_error_codes(client: Client) -> None:
+    assert "validation_error (HTTP 422)" in await refused(
+        client, "add_memories", memories=[{"text": "x"}], namespace="not a namespace"
+    )
+    assert "not_found (HTTP 404)" in await refused(client, "search_memories", query="q", namespace="agent-nobody")
+
+
+async def scenario_with(connect: Connect, key: str, *steps: Callable[[Client], Awaitable[None]]) -> None:
+    async with connect(key) as client:
+        for step in steps:
+            await step(client)
+
+
+def seed_other_namespace(service: LiveService) -> int:
+    with EarmClient(service.url, api_key=service.admin_key) as earm:
+        return earm.add("team-x", ["A secret of another team."]).ids[0]
+
+
+async def refuses_without_a_key_or_outside_the_keys_namespaces(
+    connect: Connect, agent_key: str, other_memory: int
+) -> None:
+    async with connect(None) as anonymous:
+        assert {tool.name for tool in (await anonymous.list_tools()).tools} == TOOLS
+        text = await refused(anonymous, "add_memories", memories=[{"text": "x"}], namespace="agent-1")
+        assert "unauthenticated (HTTP 401)" in text
+        assert "unauthenticated (HTTP 401)" in await refused(anonymous, "namespace_stats")
+    async with connect(agent_key) as agent:
+        text = await refused(agent, "add_memories", memories=[{"text": "x"}], namespace="team-x")
+        assert "forbidden (HTTP 403)" in text and "team-x" in text
+        assert "forbidden (HTTP 403)" in await refused(agent, "search_memories", query="secret", namespace="team-x")
+        assert "forbidden (HTTP 403)" in await refused(agent, "delete_memory", memory_id=other_memory)
+        assert "forbidden (HTTP 403)" in await refused(
+            agent, "give_feedback", query_id=1, memory_id=other_memory, score=1.0
+        )
+
+
+# --------------------------------------------------------------------- Streamable HTTP /mcp
+
+
+def test_mcp_over_http_lists_tools_adds_searches_and_records_feedback(service: LiveService) -> None:
+    assert service.default_namespace == DEFAULT_NAMESPACE
+    run(
+        lambda: scenario_with(
+            over_http(service.url),
+            service.agent_key,
+            lists_the_tools_with_described_arguments,
+            adds_searches_and_records_feedback,
+            uses_the_default_namespace,
+            reports_the_api_error_codes,
+        )
+    )
+
+
+def test_mcp_over_http_refuses_calls_without_a_key_or_outside_the_keys_namespaces(
+    service: LiveService,
+) -> None:
+    other_memory = seed_other_namespace(service)
+    run(
+        lambda: refuses_without_a_key_or_outside_the_keys_namespaces(
+            over_http(service.url), service.agent_key, other_memory
+        )
+    )
+    with EarmClient(service.url, api_key=service.admin_key) as earm:
+        assert earm.get(other_memory).text == "A secret of another team."  # nothing was deleted
+
+    async def forged_key() -> None:
+        async with over_http(service.url)("earm_not-a-key") as forged:
+            assert "unauthenticated (HTTP 401)" in await refused(forged, "list_memories", namespace="agent-1")
+
+    run(forged_key)
+
+
+def test_mcp_over_http_speaks_the_handshake_protocol_too(service: LiveService) -> None:
+    """Clients on the 2025 protocol (initialize handshake, e.g. Claude Desktop) work as well."""
+
+    async def scenario() -> None:
+        async with httpx2.AsyncClient(headers={"Authorization": f"Bearer {service.agent_key}"}) as http:
+            transport = streamable_http_client(f"{service.url}/mcp", http_client=http)
+            async with Client(transport, mode="legacy") as client:
+                added = await call(client, "add_memories", memories=[{"text": "Legacy works."}], namespace="agent-2")
+                assert added["created"] == 1
+
+    run(scenario)
+
+
+def test_mcp_tool_calls_reach_the_api_with_the_callers_request_id(service: LiveService) -> None:
+    """The API requests a tool call makes carry the MCP request's id (one id in the logs)."""
+    seen: list[str] = []
+
+    async def scenario() -> None:
+        async def remember(response: httpx2.Response) -> None:
+            seen.append(response.headers["x-request-id"])
+
+        async with httpx2.AsyncClient(
+            headers={"Authorization": f"Bearer {service.agent_key}", "X-Request-ID": "mcp-call-42"},
+            event_hooks={"response": [remember]},
+        ) as http:
+            async with Client(streamable_http_client(f"{service.url}/mcp", http_client=http)) as client:
+                text = await refused(client, "search_memories", query="q", namespace="agent-nobody")
+                assert "not_found" in text
+
+    run(scenario)
+    assert seen and set(seen) == {"mcp-call-42"}
+
+
+# ------------------------------------------------------------------------------ stdio
+
+
+def test_earm_mcp_over_stdio_serves_the_same_tools_through_the_http_api(service: LiveService) -> None:
+    run(
+        lambda: scenario_with(
+            over_stdio(service.url),
+            service.agent_key,
+            lists_the_tools_with_described_arguments,
+            adds_searches_and_records_feedback,
+            uses_the_default_namespace,
+        )
+    )
+
+
+def test_earm_mcp_over_stdio_refuses_without_a_key_or_outside_the_keys_namespaces(
+    service: LiveService,
+) -> None:
+    other_memory = seed_other_namespace(service)
+    run(
+        lambda: refuses_without_a_key_or_outside_the_keys_namespaces(
+            over_stdio(service.url), service.agent_key, other_memory
+        )
+    )
+
+
+def test_earm_mcp_over_stdio_reports_an_unreachable_service_as_a_tool_error() -> None:
+    async def scenario() -> None:
+        async with over_stdio("http://127.0.0.1:9")("earm_any-key") as client:
+            assert "unreachable: earm did not answer" in await refused(client, "namespace_stats")
+
+    run(scenario)
