@@ -39,7 +39,9 @@ def add_mcp_parser(commands: argparse._SubParsersAction) -> None:
         help="serve earm's memory tools to an MCP client over stdio",
         description="The MCP tools over stdin/stdout, each call an HTTP request to a running earm.",
     )
-    mcp.add_argument("--url", default=None, help="the earm service (default EARM_URL, http://127.0.0.1:8000)")
+    mcp.add_argument(
+        "--url", default=None, help="the earm service (default EARM_URL, http://127.0.0.1:8000)"
+    )
     mcp.add_argument("--api-key", default=None, help="its API key (default EARM_API_KEY)")
     mcp.add_argument(
         "--namespace",

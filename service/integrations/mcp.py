@@ -1,6 +1,6 @@
-"""earm's memory as Model Context Protocol tools: Streamable HTTP at ``/mcp``, stdio in ``earm mcp``.
+"""earm's memory as MCP tools: Streamable HTTP at ``/mcp``, stdio in ``earm mcp``.
 
-One implementation of the tools, over earm's public HTTP API (:class:`service.client.AsyncEarmClient`):
+One implementation of the tools, on earm's public HTTP API (``service.client.AsyncEarmClient``):
 
 - at ``/mcp`` the client calls the very app that serves the MCP request, in-process (httpx's ASGI
   transport), with the caller's ``Authorization`` header and peer address;
@@ -122,7 +122,9 @@ async def _api(connect: Connector, ctx: Context) -> AsyncIterator[AsyncEarmClien
     except EarmAPIError as error:
         raise ToolError(f"{error.code} (HTTP {error.status}): {error.message}") from error
     except httpx.TransportError as error:
-        raise ToolError(f"unreachable: earm did not answer ({type(error).__name__}: {error})") from error
+        raise ToolError(
+            f"unreachable: earm did not answer ({type(error).__name__}: {error})"
+        ) from error
 
 
 def build_server(connect: Connector, default_namespace: str) -> MCPServer:
@@ -137,7 +139,9 @@ def build_server(connect: Connector, default_namespace: str) -> MCPServer:
 
     @server.tool(annotations=ToolAnnotations(idempotent_hint=False, destructive_hint=False))
     async def add_memories(
-        memories: Annotated[list[NewMemory], Field(min_length=1, description="The memories to store.")],
+        memories: Annotated[
+            list[NewMemory], Field(min_length=1, description="The memories to store.")
+        ],
         ctx: Context,
         namespace: Namespace = None,
     ) -> IngestResult:
@@ -169,13 +173,17 @@ def build_server(connect: Connector, default_namespace: str) -> MCPServer:
             result = await earm.retrieve(namespace or default_namespace, query, k=k, policy=policy)
         return SearchResult(
             query_id=result.query_id,
-            memories=[RecalledMemory.model_validate(m, from_attributes=True) for m in result.memories],
+            memories=[
+                RecalledMemory.model_validate(m, from_attributes=True) for m in result.memories
+            ],
         )
 
     @server.tool(annotations=ToolAnnotations(idempotent_hint=True, destructive_hint=False))
     async def give_feedback(
         query_id: Annotated[int, Field(ge=1, description="The query_id search_memories returned.")],
-        memory_id: Annotated[int, Field(ge=1, description="The id of a memory that search returned.")],
+        memory_id: Annotated[
+            int, Field(ge=1, description="The id of a memory that search returned.")
+        ],
         score: Annotated[
             float,
             Field(
@@ -238,7 +246,9 @@ def in_process_connector(app: ASGIApp) -> Connector:
     @asynccontextmanager
     async def connect(ctx: Context) -> AsyncIterator[AsyncEarmClient]:
         request = ctx.request_context.request  # the HTTP request that carried this call
-        headers = {name: request.headers[name] for name in FORWARDED_HEADERS if name in request.headers}
+        headers = {
+            name: request.headers[name] for name in FORWARDED_HEADERS if name in request.headers
+        }
         # The access log lines of the call's API requests then share the MCP request's id.
         if (request_id := getattr(request.state, "request_id", None)) is not None:
             headers["x-request-id"] = request_id

@@ -1,4 +1,4 @@
-"""The integrations' optional dependencies: declared as extras, consistent, never needed by the core."""
+"""The integrations' optional dependencies: declared as extras, consistent, unneeded by the core."""
 
 from __future__ import annotations
 
@@ -11,7 +11,11 @@ from pathlib import Path
 from packaging.requirements import Requirement
 
 REPO = Path(__file__).resolve().parents[2]
-OPTIONAL = {"mcp": ["mcp"], "langchain": ["langchain-core", "langgraph"], "llamaindex": ["llama-index-core"]}
+OPTIONAL = {
+    "mcp": ["mcp"],
+    "langchain": ["langchain-core", "langgraph"],
+    "llamaindex": ["llama-index-core"],
+}
 
 
 def requirements_by_extra() -> dict[str | None, set[str]]:
@@ -32,7 +36,9 @@ def test_each_integration_has_an_extra_that_dev_installs_and_the_core_does_not()
         assert set(packages) <= by_extra[extra], extra
         assert not set(packages) & by_extra[None], f"{extra} leaked into the core install"
     assert {"earm"} <= by_extra["dev"]  # dev = earm[bench,mcp,langchain,llamaindex] + test tools
-    dev_line = next(line for line in importlib.metadata.requires("earm") or [] if line.startswith("earm["))
+    dev_line = next(
+        line for line in importlib.metadata.requires("earm") or [] if line.startswith("earm[")
+    )
     assert set(OPTIONAL) <= set(Requirement(dev_line).extras)
 
 

@@ -1,4 +1,4 @@
-"""The MCP tools, through the SDK's own clients: Streamable HTTP at /mcp, and `earm mcp` over stdio."""
+"""The MCP tools through the SDK's own clients: Streamable HTTP at /mcp, `earm mcp` over stdio."""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import httpx
 import httpx2
 from mcp import Client
 from mcp.client.stdio import StdioServerParameters, stdio_client
@@ -48,7 +47,9 @@ def over_http(service_url: str) -> Connect:
     async def connect(key: str | None) -> AsyncIterator[Client]:
         headers = {"Authorization": f"Bearer {key}"} if key else {}
         async with httpx2.AsyncClient(headers=headers, timeout=30) as http:
-            async with Client(streamable_http_client(f"{service_url}/mcp", http_client=http)) as client:
+            async with Client(
+                streamable_http_client(f"{service_url}/mcp", http_client=http)
+            ) as client:
                 yield client
 
     return connect
@@ -64,7 +65,10 @@ def over_stdio(service_url: str) -> Connect:
         if key:
             env["EARM_API_KEY"] = key
         server = StdioServerParameters(
-            command=sys.executable, args=["-m", "service", "mcp", "--url", service_url], env=env, cwd=REPO
+            command=sys.executable,
+            args=["-m", "service", "mcp", "--url", service_url],
+            env=env,
+            cwd=REPO,
         )
         with open(os.devnull, "w") as errlog:
             async with Client(stdio_client(server, errlog=errlog)) as client:
@@ -104,7 +108,10 @@ async def lists_the_tools_with_described_arguments(client: Client) -> None:
     for tool in tools.values():
         assert tool.description and len(tool.description) > 40, tool.name
         for name, schema in tool.input_schema.get("properties", {}).items():
-            assert "description" in schema or "$ref" in schema or "items" in schema, (tool.name, name)
+            assert "description" in schema or "$ref" in schema or "items" in schema, (
+                tool.name,
+                name,
+            )
     add = tools["add_memories"].input_schema
     assert add["required"] == ["memories"]
     memory_schema = add["$defs"]["NewMemory"]["properties"]
@@ -123,15 +130,31 @@ async def adds_searches_and_records_feedback(client: Client) -> None:
 
     # semantic: nothing is judged while searching, so the feedback is the first observation.
     found = await call(
-        client, "search_memories", query="What is my dog's name?", namespace="agent-1", k=2, policy="semantic"
+        client,
+        "search_memories",
+        query="What is my dog's name?",
+        namespace="agent-1",
+        k=2,
+        policy="semantic",
     )
     assert len(found["memories"]) == 2 and found["query_id"] >= 1
     best = min(found["memories"], key=lambda m: m["rank"])
     assert best["id"] == added["ids"][0] and best["text"] == MEMORIES[0]["text"]
-    assert set(best) == {"id", "external_id", "text", "occurred_at", "metadata", "score", "source", "rank"}
+    assert set(best) == {
+        "id",
+        "external_id",
+        "text",
+        "occurred_at",
+        "metadata",
+        "score",
+        "source",
+        "rank",
+    }
     assert best["source"] == "semantic" and best["external_id"] == "dog"
 
-    feedback = await call(client, "give_feedback", query_id=found["query_id"], memory_id=best["id"], score=1.0)
+    feedback = await call(
+        client, "give_feedback", query_id=found["query_id"], memory_id=best["id"], score=1.0
+    )
     assert feedback == {"recorded": 1, "already_observed": 0}
     stats = await call(client, "namespace_stats", namespace="agent-1")
     assert (stats["memories"], stats["queries"], stats["observations"]) == (3, 1, 1)
@@ -141,8 +164,12 @@ async def adds_searches_and_records_feedback(client: Client) -> None:
     rest = await call(client, "list_memories", namespace="agent-1", cursor=page["next_cursor"])
     assert [m["id"] for m in rest["memories"]] == added["ids"][2:] and rest["next_cursor"] is None
 
-    assert await call(client, "delete_memory", memory_id=added["ids"][1]) == {"deleted": added["ids"][1]}
-    assert "not_found (HTTP 404)" in await refused(client, "delete_memory", memory_id=added["ids"][1])
+    assert await call(client, "delete_memory", memory_id=added["ids"][1]) == {
+        "deleted": added["ids"][1]
+    }
+    assert "not_found (HTTP 404)" in await refused(
+        client, "delete_memory", memory_id=added["ids"][1]
+    )
 
 
 async def uses_the_default_namespace(client: Client) -> None:
@@ -156,10 +183,14 @@ async def reports_the_api_error_codes(client: Client) -> None:
     assert "validation_error (HTTP 422)" in await refused(
         client, "add_memories", memories=[{"text": "x"}], namespace="not a namespace"
     )
-    assert "not_found (HTTP 404)" in await refused(client, "search_memories", query="q", namespace="agent-nobody")
+    assert "not_found (HTTP 404)" in await refused(
+        client, "search_memories", query="q", namespace="agent-nobody"
+    )
 
 
-async def scenario_with(connect: Connect, key: str, *steps: Callable[[Client], Awaitable[None]]) -> None:
+async def scenario_with(
+    connect: Connect, key: str, *steps: Callable[[Client], Awaitable[None]]
+) -> None:
     async with connect(key) as client:
         for step in steps:
             await step(client)
@@ -175,14 +206,20 @@ async def refuses_without_a_key_or_outside_the_keys_namespaces(
 ) -> None:
     async with connect(None) as anonymous:
         assert {tool.name for tool in (await anonymous.list_tools()).tools} == TOOLS
-        text = await refused(anonymous, "add_memories", memories=[{"text": "x"}], namespace="agent-1")
+        text = await refused(
+            anonymous, "add_memories", memories=[{"text": "x"}], namespace="agent-1"
+        )
         assert "unauthenticated (HTTP 401)" in text
         assert "unauthenticated (HTTP 401)" in await refused(anonymous, "namespace_stats")
     async with connect(agent_key) as agent:
         text = await refused(agent, "add_memories", memories=[{"text": "x"}], namespace="team-x")
         assert "forbidden (HTTP 403)" in text and "team-x" in text
-        assert "forbidden (HTTP 403)" in await refused(agent, "search_memories", query="secret", namespace="team-x")
-        assert "forbidden (HTTP 403)" in await refused(agent, "delete_memory", memory_id=other_memory)
+        assert "forbidden (HTTP 403)" in await refused(
+            agent, "search_memories", query="secret", namespace="team-x"
+        )
+        assert "forbidden (HTTP 403)" in await refused(
+            agent, "delete_memory", memory_id=other_memory
+        )
         assert "forbidden (HTTP 403)" in await refused(
             agent, "give_feedback", query_id=1, memory_id=other_memory, score=1.0
         )
@@ -219,7 +256,9 @@ def test_mcp_over_http_refuses_calls_without_a_key_or_outside_the_keys_namespace
 
     async def forged_key() -> None:
         async with over_http(service.url)("earm_not-a-key") as forged:
-            assert "unauthenticated (HTTP 401)" in await refused(forged, "list_memories", namespace="agent-1")
+            assert "unauthenticated (HTTP 401)" in await refused(
+                forged, "list_memories", namespace="agent-1"
+            )
 
     run(forged_key)
 
@@ -228,10 +267,17 @@ def test_mcp_over_http_speaks_the_handshake_protocol_too(service: LiveService) -
     """Clients on the 2025 protocol (initialize handshake, e.g. Claude Desktop) work as well."""
 
     async def scenario() -> None:
-        async with httpx2.AsyncClient(headers={"Authorization": f"Bearer {service.agent_key}"}) as http:
+        async with httpx2.AsyncClient(
+            headers={"Authorization": f"Bearer {service.agent_key}"}
+        ) as http:
             transport = streamable_http_client(f"{service.url}/mcp", http_client=http)
             async with Client(transport, mode="legacy") as client:
-                added = await call(client, "add_memories", memories=[{"text": "Legacy works."}], namespace="agent-2")
+                added = await call(
+                    client,
+                    "add_memories",
+                    memories=[{"text": "Legacy works."}],
+                    namespace="agent-2",
+                )
                 assert added["created"] == 1
 
     run(scenario)
@@ -249,7 +295,9 @@ def test_mcp_tool_calls_reach_the_api_with_the_callers_request_id(service: LiveS
             headers={"Authorization": f"Bearer {service.agent_key}", "X-Request-ID": "mcp-call-42"},
             event_hooks={"response": [remember]},
         ) as http:
-            async with Client(streamable_http_client(f"{service.url}/mcp", http_client=http)) as client:
+            async with Client(
+                streamable_http_client(f"{service.url}/mcp", http_client=http)
+            ) as client:
                 text = await refused(client, "search_memories", query="q", namespace="agent-nobody")
                 assert "not_found" in text
 
@@ -260,7 +308,9 @@ def test_mcp_tool_calls_reach_the_api_with_the_callers_request_id(service: LiveS
 # ------------------------------------------------------------------------------ stdio
 
 
-def test_earm_mcp_over_stdio_serves_the_same_tools_through_the_http_api(service: LiveService) -> None:
+def test_earm_mcp_over_stdio_serves_the_same_tools_through_the_http_api(
+    service: LiveService,
+) -> None:
     run(
         lambda: scenario_with(
             over_stdio(service.url),
