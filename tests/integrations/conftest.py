@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import pytest
 
 from bench.loopback import LoopbackServer
 from service.api.app import create_app
+from service.client import EarmClient
 from service.settings import Settings
 
 
@@ -35,3 +37,20 @@ def service(clean_database: str) -> Iterator[LiveService]:
     )
     with LoopbackServer(create_app(settings)) as server:
         yield LiveService(url=server.url)
+
+
+@pytest.fixture
+def agent_memories(service: LiveService) -> list[dict[str, Any]]:
+    """Three memories stored in the namespace agent-1, each with its ``id``."""
+    memories: list[dict[str, Any]] = [
+        {
+            "text": "My dog is called Rex and loves the beach.",
+            "external_id": "dog",
+            "metadata": {"topic": "pets"},
+        },
+        {"text": "I work night shifts as a nurse.", "occurred_at": "2023-06-01T08:00:00Z"},
+        {"text": "We went camping at the lake in June."},
+    ]
+    with EarmClient(service.url, api_key=service.admin_key) as earm:
+        ids = earm.add("agent-1", memories).ids
+    return [memory | {"id": memory_id} for memory, memory_id in zip(memories, ids)]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, TypedDict
+from typing import TYPE_CHECKING, Any, TypedDict
 
 import pytest
 from langchain_core.documents import Document
@@ -17,15 +17,6 @@ from service.integrations.langchain import EarmRetriever, EarmStore
 if TYPE_CHECKING:
     from tests.integrations.conftest import LiveService
 
-MEMORIES = [
-    {
-        "text": "My dog is called Rex and loves the beach.",
-        "external_id": "dog",
-        "metadata": {"topic": "pets"},
-    },
-    {"text": "I work night shifts as a nurse.", "occurred_at": "2023-06-01T08:00:00Z"},
-    {"text": "We went camping at the lake in June."},
-]
 METADATA_FIELDS = {
     "id",
     "external_id",
@@ -40,25 +31,21 @@ METADATA_FIELDS = {
 }
 
 
-def seed(service: LiveService, namespace: str = "agent-1") -> list[int]:
-    with EarmClient(service.url, api_key=service.admin_key) as earm:
-        return earm.add(namespace, MEMORIES).ids
-
-
 # ---------------------------------------------------------------------------- retriever
 
 
-def test_retriever_invoke_returns_documents_with_earms_metadata(service: LiveService) -> None:
-    ids = seed(service)
+def test_retriever_invoke_returns_documents_with_earms_metadata(
+    service: LiveService, agent_memories: list[dict[str, Any]]
+) -> None:
     retriever = EarmRetriever(
         url=service.url, api_key=service.agent_key, namespace="agent-1", k=2, order="relevance"
     )
     documents = retriever.invoke("What is my dog's name?")
     assert all(isinstance(doc, Document) for doc in documents) and len(documents) == 2
     best = documents[0]
-    assert best.page_content == MEMORIES[0]["text"]
+    assert best.page_content == agent_memories[0]["text"]
     assert set(best.metadata) == METADATA_FIELDS
-    assert best.metadata["id"] == ids[0] and best.metadata["external_id"] == "dog"
+    assert best.metadata["id"] == agent_memories[0]["id"] and best.metadata["external_id"] == "dog"
     assert best.metadata["namespace"] == "agent-1" and best.metadata["metadata"] == {
         "topic": "pets"
     }
@@ -83,16 +70,17 @@ def test_retriever_invoke_returns_documents_with_earms_metadata(service: LiveSer
         )
 
 
-def test_retriever_ainvoke_is_natively_async_across_event_loops(service: LiveService) -> None:
-    seed(service)
+def test_retriever_ainvoke_is_natively_async_across_event_loops(
+    service: LiveService, agent_memories: list[dict[str, Any]]
+) -> None:
     retriever = EarmRetriever(url=service.url, api_key=service.agent_key, namespace="agent-1", k=1)
 
     async def ask(question: str) -> list[Document]:
         return await retriever.ainvoke(question)
 
     # Two asyncio.run calls: the retriever's async client must follow the event loop.
-    assert asyncio.run(ask("Where did we go camping?"))[0].page_content == MEMORIES[2]["text"]
-    assert asyncio.run(ask("What is my dog's name?"))[0].page_content == MEMORIES[0]["text"]
+    assert asyncio.run(ask("Where did we go camping?"))[0].page_content == agent_memories[2]["text"]
+    assert asyncio.run(ask("What is my dog's name?"))[0].page_content == agent_memories[0]["text"]
 
     async def concurrently() -> list[list[Document]]:
         return await asyncio.gather(*(retriever.ainvoke(q) for q in ["dog", "job", "camping"]))
@@ -102,8 +90,9 @@ def test_retriever_ainvoke_is_natively_async_across_event_loops(service: LiveSer
     ]
 
 
-def test_retriever_passes_options_and_raises_the_apis_errors(service: LiveService) -> None:
-    seed(service)
+def test_retriever_passes_options_and_raises_the_apis_errors(
+    service: LiveService, agent_memories: list[dict[str, Any]]
+) -> None:
     filtered = EarmRetriever(
         url=service.url, api_key=service.agent_key, namespace="agent-1", filters={"topic": "pets"}
     )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -11,12 +12,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import httpx2
+import pytest
+from fastapi.testclient import TestClient
 from mcp import Client
 from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp_types import CallToolResult
 
+from service.api.app import create_app
 from service.client import EarmClient
+from service.settings import Settings
 
 if TYPE_CHECKING:
     from tests.integrations.conftest import LiveService
@@ -225,14 +230,19 @@ async def refuses_without_a_key_or_outside_the_keys_namespaces(
         )
 
 
-# --------------------------------------------------------------------- Streamable HTTP /mcp
+# ------------------------------------------------- both transports: /mcp and `earm mcp`
+
+TRANSPORTS = {"streamable-http": over_http, "stdio": over_stdio}
 
 
-def test_mcp_over_http_lists_tools_adds_searches_and_records_feedback(service: LiveService) -> None:
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_mcp_lists_tools_adds_searches_and_records_feedback(
+    transport: str, service: LiveService
+) -> None:
     assert service.default_namespace == DEFAULT_NAMESPACE
     run(
         lambda: scenario_with(
-            over_http(service.url),
+            TRANSPORTS[transport](service.url),
             service.agent_key,
             lists_the_tools_with_described_arguments,
             adds_searches_and_records_feedback,
@@ -242,25 +252,30 @@ def test_mcp_over_http_lists_tools_adds_searches_and_records_feedback(service: L
     )
 
 
-def test_mcp_over_http_refuses_calls_without_a_key_or_outside_the_keys_namespaces(
-    service: LiveService,
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_mcp_refuses_calls_without_a_key_or_outside_the_keys_namespaces(
+    transport: str, service: LiveService
 ) -> None:
     other_memory = seed_other_namespace(service)
     run(
         lambda: refuses_without_a_key_or_outside_the_keys_namespaces(
-            over_http(service.url), service.agent_key, other_memory
+            TRANSPORTS[transport](service.url), service.agent_key, other_memory
         )
     )
     with EarmClient(service.url, api_key=service.admin_key) as earm:
         assert earm.get(other_memory).text == "A secret of another team."  # nothing was deleted
 
-    async def forged_key() -> None:
-        async with over_http(service.url)("earm_not-a-key") as forged:
-            assert "unauthenticated (HTTP 401)" in await refused(
-                forged, "list_memories", namespace="agent-1"
-            )
 
-    run(forged_key)
+# --------------------------------------------------------------------- Streamable HTTP /mcp
+
+
+def test_mcp_over_http_refuses_a_forged_key(service: LiveService) -> None:
+    async def scenario() -> None:
+        async with over_http(service.url)("earm_not-a-key") as forged:
+            text = await refused(forged, "list_memories", namespace="agent-1")
+            assert "unauthenticated (HTTP 401)" in text
+
+    run(scenario)
 
 
 def test_mcp_over_http_speaks_the_handshake_protocol_too(service: LiveService) -> None:
@@ -283,18 +298,15 @@ def test_mcp_over_http_speaks_the_handshake_protocol_too(service: LiveService) -
     run(scenario)
 
 
-def test_mcp_tool_calls_reach_the_api_with_the_callers_request_id(service: LiveService) -> None:
-    """The API requests a tool call makes carry the MCP request's id (one id in the logs)."""
-    seen: list[str] = []
+def test_mcp_tool_calls_reach_the_api_with_the_callers_request_id(
+    service: LiveService, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The API requests a tool call makes carry the MCP request's id: one id in the logs."""
+    caplog.set_level(logging.INFO, logger="earm.access")
 
     async def scenario() -> None:
-        async def remember(response: httpx2.Response) -> None:
-            seen.append(response.headers["x-request-id"])
-
-        async with httpx2.AsyncClient(
-            headers={"Authorization": f"Bearer {service.agent_key}", "X-Request-ID": "mcp-call-42"},
-            event_hooks={"response": [remember]},
-        ) as http:
+        headers = {"Authorization": f"Bearer {service.agent_key}", "X-Request-ID": "mcp-call-42"}
+        async with httpx2.AsyncClient(headers=headers) as http:
             async with Client(
                 streamable_http_client(f"{service.url}/mcp", http_client=http)
             ) as client:
@@ -302,35 +314,13 @@ def test_mcp_tool_calls_reach_the_api_with_the_callers_request_id(service: LiveS
                 assert "not_found" in text
 
     run(scenario)
-    assert seen and set(seen) == {"mcp-call-42"}
+    lines = [vars(r) for r in caplog.records if r.name == "earm.access"]
+    api_calls = [line for line in lines if line["path"] == "/retrieve"]
+    assert [(line["status"], line["request_id"]) for line in api_calls] == [(404, "mcp-call-42")]
+    assert all(line["request_id"] == "mcp-call-42" for line in lines)
 
 
 # ------------------------------------------------------------------------------ stdio
-
-
-def test_earm_mcp_over_stdio_serves_the_same_tools_through_the_http_api(
-    service: LiveService,
-) -> None:
-    run(
-        lambda: scenario_with(
-            over_stdio(service.url),
-            service.agent_key,
-            lists_the_tools_with_described_arguments,
-            adds_searches_and_records_feedback,
-            uses_the_default_namespace,
-        )
-    )
-
-
-def test_earm_mcp_over_stdio_refuses_without_a_key_or_outside_the_keys_namespaces(
-    service: LiveService,
-) -> None:
-    other_memory = seed_other_namespace(service)
-    run(
-        lambda: refuses_without_a_key_or_outside_the_keys_namespaces(
-            over_stdio(service.url), service.agent_key, other_memory
-        )
-    )
 
 
 def test_earm_mcp_over_stdio_reports_an_unreachable_service_as_a_tool_error() -> None:
@@ -339,3 +329,40 @@ def test_earm_mcp_over_stdio_reports_an_unreachable_service_as_a_tool_error() ->
             assert "unreachable: earm did not answer" in await refused(client, "namespace_stats")
 
     run(scenario)
+
+
+# ------------------------------------------------------------------ the caller's peer address
+
+
+def call_over_raw_http(http: TestClient, tool: str, arguments: dict[str, Any]) -> dict[str, Any]:
+    """One JSON-RPC tools/call POST, as a 2025-protocol client sends it (stateless: no session)."""
+    response = http.post(
+        "/mcp",
+        json={
+            "jsonrpc": "2.0",
+            "id": 1,
+            "method": "tools/call",
+            "params": {"name": tool, "arguments": arguments},
+        },
+        headers={
+            "Accept": "application/json, text/event-stream",
+            "MCP-Protocol-Version": "2025-06-18",
+        },
+    )
+    assert response.status_code == 200, response.text
+    return response.json()["result"]
+
+
+def test_mcp_tool_calls_are_made_as_the_callers_peer_so_keyless_earm_refuses_remote_callers(
+    settings: Settings,
+) -> None:
+    """Without keys earm answers loopback clients only; an MCP caller from another host must not
+    become a loopback client by having its tool calls made in-process."""
+    app = create_app(settings)  # no API keys, loopback bind address
+    arguments = {"memories": [{"text": "x"}], "namespace": "agent-1"}
+    with TestClient(app, base_url="http://127.0.0.1:8000", client=("203.0.113.9", 4711)) as remote:
+        result = call_over_raw_http(remote, "add_memories", arguments)
+    assert result["isError"] and "unauthenticated (HTTP 401)" in result["content"][0]["text"]
+    with TestClient(app, base_url="http://127.0.0.1:8000", client=("127.0.0.1", 4711)) as local:
+        result = call_over_raw_http(local, "add_memories", arguments)
+    assert not result["isError"] and result["structuredContent"]["created"] == 1
