@@ -24,6 +24,8 @@ DOCKERIGNORE = ROOT / ".dockerignore"
 NOT_IN_COMPOSE = {
     "data_dir": "embedded Postgres only; compose runs a pgvector container",
     "host": "the image runs `earm serve --host 0.0.0.0`",
+    "url": "read by `earm mcp`, the client an agent's machine launches, not by the service",
+    "api_key": "read by `earm mcp`, the client an agent's machine launches, not by the service",
 }
 
 
