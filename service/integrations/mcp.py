@@ -167,8 +167,9 @@ def build_server(connect: Connector, default_namespace: str) -> MCPServer:
             ),
         ] = "earm",
     ) -> SearchResult:
-        """Recall the memories most relevant to a query, most relevant first by rank (listed in
-        the order they occurred). Keep query_id to tell give_feedback which ones helped."""
+        """Recall the k memories most relevant to a query, listed in the order they occurred,
+        each with its rank (1 = most relevant). Keep query_id to tell give_feedback which ones
+        helped."""
         async with _api(connect, ctx) as earm:
             result = await earm.retrieve(namespace or default_namespace, query, k=k, policy=policy)
         return SearchResult(
