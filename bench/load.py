@@ -337,11 +337,16 @@ def _serve_judge(judge: Judge, connection: Any) -> None:  # in the child process
 @contextmanager
 def judge_process(judge: Judge) -> Iterator[str]:
     """URL of the judge, served by a forked child process (it shares ``judge.world``)."""
+    import gc
     import multiprocessing
 
     context = multiprocessing.get_context("fork")
     parent, child = context.Pipe()
     process = context.Process(target=_serve_judge, args=(judge, child), daemon=True)
+    # Garbage the child would inherit is finalized here, where its native threads exist: an
+    # app left behind in reference cycles (say by an earlier test) holds an ONNX Runtime
+    # session, and the child's garbage collector hung for good finalizing it.
+    gc.collect()
     process.start()
     try:
         if not parent.poll(60):
