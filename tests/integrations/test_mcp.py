@@ -11,6 +11,7 @@ from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import httpx
 import httpx2
 import pytest
 from fastapi.testclient import TestClient
@@ -331,24 +332,25 @@ def test_earm_mcp_over_stdio_reports_an_unreachable_service_as_a_tool_error() ->
     run(scenario)
 
 
-# ------------------------------------------------------------------ the caller's peer address
+# ------------------------------------------------- raw JSON-RPC: peer address, Host, Origin
+
+#: What a 2025-protocol client sends with a POST (stateless: no session, no handshake needed).
+RAW_HEADERS = {
+    "Accept": "application/json, text/event-stream",
+    "MCP-Protocol-Version": "2025-06-18",
+}
 
 
-def call_over_raw_http(http: TestClient, tool: str, arguments: dict[str, Any]) -> dict[str, Any]:
-    """One JSON-RPC tools/call POST, as a 2025-protocol client sends it (stateless: no session)."""
-    response = http.post(
-        "/mcp",
-        json={
-            "jsonrpc": "2.0",
-            "id": 1,
-            "method": "tools/call",
-            "params": {"name": tool, "arguments": arguments},
-        },
-        headers={
-            "Accept": "application/json, text/event-stream",
-            "MCP-Protocol-Version": "2025-06-18",
-        },
-    )
+def post_tool_call(
+    http: TestClient, tool: str, arguments: dict[str, Any], **headers: str
+) -> httpx.Response:
+    """One JSON-RPC tools/call POST to /mcp."""
+    call = {"name": tool, "arguments": arguments}
+    body = {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": call}
+    return http.post("/mcp", json=body, headers=RAW_HEADERS | headers)
+
+
+def tool_result(response: httpx.Response) -> dict[str, Any]:
     assert response.status_code == 200, response.text
     return response.json()["result"]
 
@@ -361,8 +363,30 @@ def test_mcp_tool_calls_are_made_as_the_callers_peer_so_keyless_earm_refuses_rem
     app = create_app(settings)  # no API keys, loopback bind address
     arguments = {"memories": [{"text": "x"}], "namespace": "agent-1"}
     with TestClient(app, base_url="http://127.0.0.1:8000", client=("203.0.113.9", 4711)) as remote:
-        result = call_over_raw_http(remote, "add_memories", arguments)
+        result = tool_result(post_tool_call(remote, "add_memories", arguments))
     assert result["isError"] and "unauthenticated (HTTP 401)" in result["content"][0]["text"]
     with TestClient(app, base_url="http://127.0.0.1:8000", client=("127.0.0.1", 4711)) as local:
-        result = call_over_raw_http(local, "add_memories", arguments)
+        result = tool_result(post_tool_call(local, "add_memories", arguments))
     assert not result["isError"] and result["structuredContent"]["created"] == 1
+
+
+def test_mcp_checks_host_and_origin_on_a_loopback_address_only(
+    settings: Settings, clean_database: str
+) -> None:
+    """DNS rebinding: a web page must not reach a loopback earm's tools through the browser;
+    an earm bound to all interfaces answers whatever name its clients know it by."""
+    with TestClient(create_app(settings), base_url="http://rebound.example:8000") as rebound:
+        assert post_tool_call(rebound, "namespace_stats", {}).status_code == 421
+    with TestClient(create_app(settings), base_url="http://127.0.0.1:8000") as local:
+        foreign = post_tool_call(local, "namespace_stats", {}, Origin="http://rebound.example")
+        assert foreign.status_code == 403
+
+    key = "rebinding-test-key-0123456789"
+    exposed = Settings(
+        database_url=clean_database, host="0.0.0.0", api_keys=f"{key}=*", _env_file=None
+    )
+    with TestClient(create_app(exposed), base_url="http://earm.internal:8000") as remote:
+        response = post_tool_call(
+            remote, "add_memories", {"memories": [{"text": "x"}]}, Authorization=f"Bearer {key}"
+        )
+        assert tool_result(response)["structuredContent"]["created"] == 1
