@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from tests.integrations.conftest import LiveService
 
 REPO = Path(__file__).resolve().parents[2]
-DEFAULT_NAMESPACE = "agent-default"  # the service fixture's EARM_MCP_DEFAULT_NAMESPACE
+DEFAULT_NAMESPACE = "agent-default"  # the service fixture's EARM_MCP_DEFAULT_NAMESPACE too
 TOOLS = {
     "add_memories",
     "search_memories",
@@ -62,17 +62,18 @@ def over_http(service_url: str) -> Connect:
 
 
 def over_stdio(service_url: str) -> Connect:
-    """`python -m service mcp --url ...` launched by the SDK's stdio client, as Claude Desktop
-    launches it (the key through EARM_API_KEY, the way its config passes secrets)."""
+    """`python -m service mcp --url ... --namespace ...` launched by the SDK's stdio client, as
+    Claude Desktop launches it (the key through EARM_API_KEY, the way its config passes
+    secrets; the README's example covers EARM_MCP_DEFAULT_NAMESPACE)."""
 
     @asynccontextmanager
     async def connect(key: str | None) -> AsyncIterator[Client]:
-        env = {"PYTHONPATH": str(REPO), "EARM_MCP_DEFAULT_NAMESPACE": DEFAULT_NAMESPACE}
+        env = {"PYTHONPATH": str(REPO)}
         if key:
             env["EARM_API_KEY"] = key
         server = StdioServerParameters(
             command=sys.executable,
-            args=["-m", "service", "mcp", "--url", service_url],
+            args=["-m", "service", "mcp", "--url", service_url, "--namespace", DEFAULT_NAMESPACE],
             env=env,
             cwd=REPO,
         )
