@@ -32,7 +32,7 @@ COPY alembic.ini ./
 COPY migrations ./migrations
 COPY service ./service
 RUN pip install --no-cache-dir --no-deps -e . \
-    && python -c "from service.embedders import LocalEmbedder; LocalEmbedder().load()"
+    && python -c "from service.providers.embedders import LocalEmbedder; LocalEmbedder().load()"
 
 USER 10001:10001
 
@@ -40,6 +40,7 @@ EXPOSE 8000
 HEALTHCHECK --interval=15s --timeout=5s --start-period=60s --retries=3 \
     CMD ["python", "-c", "import os, urllib.request; urllib.request.urlopen('http://127.0.0.1:' + os.environ.get('EARM_PORT', '8000') + '/healthz', timeout=4)"]
 
-# --host 0.0.0.0: reachable from outside the container. Without API keys (EARM_API_KEYS or
-# `earm keys create`) earm refuses a non-loopback address unless EARM_ALLOW_ANONYMOUS=true.
+# --host 0.0.0.0: reachable from outside the container. Without key enforcement (turned on by
+# the first key, from EARM_API_KEYS or `earm keys create`) earm refuses a non-loopback address
+# unless EARM_ALLOW_ANONYMOUS=true.
 CMD ["earm", "serve", "--host", "0.0.0.0"]

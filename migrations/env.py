@@ -7,7 +7,7 @@ from logging.config import fileConfig
 from alembic import context
 from sqlalchemy import create_engine, pool
 
-from service.db.database import sqlalchemy_url
+from service.db.engine import sqlalchemy_url
 from service.db.models import Base
 from service.settings import Settings
 

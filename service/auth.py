@@ -5,63 +5,53 @@ when it is created. Only its sha256 is stored (table ``api_keys``), with fnmatch
 namespace names (``agent-*``, ``team-?-prod``; ``*`` alone makes an admin key) and an optional
 revocation time. Keys come from ``earm keys create`` or are seeded from ``EARM_API_KEYS``.
 
-Every route is authenticated by one app-level dependency (:func:`authenticate`) except the
-public ones (:data:`PUBLIC_PATHS`, plus the docs, which are not API routes); handlers then call
-:func:`require_namespace` for the namespace they touch. Two modes:
+Every route is authenticated by one app-level dependency (``service.http.deps.authenticate``,
+which asks :class:`Authenticator`) except the public ones (``service.http.deps.PUBLIC_PATHS``,
+plus the docs, which are not API routes); handlers then call :func:`require_namespace` for the
+namespace they touch. Two modes, stored in the database (table ``auth_settings``) so that
+revoking every key does not reopen access:
 
-- **keys configured** (at least one unrevoked key): a request without a valid key gets 401
-  ``unauthenticated``; a namespace outside the key's patterns gets 403 ``forbidden``.
-- **no keys**: a request without credentials acts as an anonymous admin, but only loopback
-  clients are served (``earm serve`` refuses a non-loopback bind address, and requests from
-  non-loopback peers get 401) unless ``EARM_ALLOW_ANONYMOUS=true``.
+- **key enforcement on**: a request without a valid key gets 401 ``unauthenticated``; a
+  namespace outside the key's patterns gets 403 ``forbidden``. The first key ever created (by
+  ``earm keys create`` or from ``EARM_API_KEYS``) turns it on.
+- **key enforcement off** (a fresh deployment, or after ``earm keys enforcement off``): a
+  request without credentials acts as an anonymous admin, but only loopback clients are served
+  (``earm serve`` refuses a non-loopback bind address, and requests from non-loopback peers get
+  401) unless ``EARM_ALLOW_ANONYMOUS=true``.
 
 Credentials, when sent, are always checked: an unknown or revoked key gets 401 in both modes.
 
-Lookups are cached in-process for ``EARM_AUTH_CACHE_TTL_S`` (default 2 s): a revoked key stops
-working, and a new key starts working, within that time on every replica.
+Lookups and the mode are cached in-process for ``EARM_AUTH_CACHE_TTL_S`` (default 2 s): a
+revoked key stops working, a new key starts working and a mode change takes effect within that
+time on every replica.
 """
 
 from __future__ import annotations
 
-import argparse
-import asyncio
 import hashlib
 import ipaddress
 import logging
 import re
 import secrets
-import sys
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
-from typing import Annotated, Any
 
-from fastapi import Depends, Request
-from fastapi.security import HTTPBearer
-from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from service.api.schemas import ErrorResponse
-from service.errors import Forbidden, Unauthenticated
+from service.db import keys as key_table
+from service.db.keys import KeyRecord
+from service.errors import ConfigurationError, Forbidden, Unauthenticated
 from service.settings import Settings
 
 log = logging.getLogger(__name__)
 
 KEY_PREFIX = "earm_"
 MIN_SEEDED_KEY_CHARS = 20
-#: Routes that answer without a key: probes and metrics (the docs are not API routes).
-PUBLIC_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
 #: Namespace characters plus the glob metacharacters * ? [ ] !
 PATTERN_RE = re.compile(r"^[A-Za-z0-9._:*?\[\]!-]{1,128}$")
 CACHE_MAX_ENTRIES = 10_000
-
-#: Declares the bearer scheme in the OpenAPI document (and the docs' "Authorize" button) for
-#: the routers that use it; the checking itself is :func:`authenticate`.
-bearer_scheme = HTTPBearer(
-    auto_error=False,
-    description="An API key from `earm keys create` (required once any key exists).",
-)
 
 
 def generate_key() -> str:
@@ -138,10 +128,10 @@ def parse_seed_keys(raw: str | None) -> list[SeedKey]:
         key, separator, patterns = entry.partition("=")
         key = key.strip()
         if not separator:
-            raise ValueError(f"EARM_API_KEYS entry {number} is not KEY=PATTERNS")
+            raise ConfigurationError(f"EARM_API_KEYS entry {number} is not KEY=PATTERNS")
         if len(key) < MIN_SEEDED_KEY_CHARS:
             # Never echo the key itself, not even in an error.
-            raise ValueError(
+            raise ConfigurationError(
                 f"EARM_API_KEYS entry {number}: the key is shorter than {MIN_SEEDED_KEY_CHARS} "
                 "characters; generate one with `python -c 'import secrets; "
                 "print(secrets.token_urlsafe(32))'`"
@@ -149,7 +139,7 @@ def parse_seed_keys(raw: str | None) -> list[SeedKey]:
         try:
             seeds.append(SeedKey(key, validate_patterns(patterns.split(","))))
         except ValueError as exc:
-            raise ValueError(f"EARM_API_KEYS entry {number}: {exc}") from None
+            raise ConfigurationError(f"EARM_API_KEYS entry {number}: {exc}") from None
     return seeds
 
 
@@ -174,70 +164,29 @@ def _peer_is_remote(host: str | None) -> bool:
 
 
 # ------------------------------------------------------------------------------ key storage
-
-
-@dataclass(frozen=True)
-class KeyRecord:
-    id: int
-    name: str
-    patterns: tuple[str, ...]
-    created_at: Any
-    revoked_at: Any
+# (the SQL is service.db.keys)
 
 
 async def create_key(
     session: AsyncSession, patterns: Sequence[str], name: str | None = None
 ) -> tuple[str, KeyRecord]:
-    """Store a new key; returns (the key, its record). The key is not retrievable later."""
+    """Store a new key; returns (the key, its record). The key is not retrievable later. The
+    first key ever created turns key enforcement on."""
     key = generate_key()
-    row = (
-        await session.execute(
-            text(
-                "INSERT INTO api_keys (name, key_hash, namespace_patterns) "
-                "VALUES (:name, :hash, :patterns) "
-                "RETURNING id, name, namespace_patterns, created_at, revoked_at"
-            ),
-            {
-                "name": name or f"key-{hash_key(key)[:8]}",
-                "hash": hash_key(key),
-                "patterns": list(validate_patterns(patterns)),
-            },
-        )
-    ).one()
-    return key, KeyRecord(row[0], row[1], tuple(row[2]), row[3], row[4])
-
-
-async def list_keys(session: AsyncSession) -> list[KeyRecord]:
-    rows = await session.execute(
-        text(
-            "SELECT id, name, namespace_patterns, created_at, revoked_at FROM api_keys ORDER BY id"
-        )
+    record = await key_table.insert_key(
+        session, name or f"key-{hash_key(key)[:8]}", hash_key(key), validate_patterns(patterns)
     )
-    return [KeyRecord(r[0], r[1], tuple(r[2]), r[3], r[4]) for r in rows]
-
-
-async def revoke_key(session: AsyncSession, key_id: int) -> bool:
-    """Revoke a key; False if no unrevoked key has this id."""
-    result = await session.execute(
-        text("UPDATE api_keys SET revoked_at = now() WHERE id = :id AND revoked_at IS NULL"),
-        {"id": key_id},
-    )
-    return result.rowcount == 1
+    await key_table.enforce_keys_unless_decided(session)
+    return key, record
 
 
 async def seed_keys(session: AsyncSession, seeds: Sequence[SeedKey]) -> None:
     """Hash ``EARM_API_KEYS`` into the table; idempotent. A seeded key revoked with
     ``earm keys revoke`` stays revoked; its patterns follow the setting otherwise."""
     for seed in seeds:
-        await session.execute(
-            text(
-                "INSERT INTO api_keys (name, key_hash, namespace_patterns) "
-                "VALUES (:name, :hash, :patterns) "
-                "ON CONFLICT (key_hash) DO UPDATE SET namespace_patterns = EXCLUDED.namespace_patterns "
-                "WHERE api_keys.revoked_at IS NULL"
-            ),
-            {"name": seed.name, "hash": hash_key(seed.key), "patterns": list(seed.patterns)},
-        )
+        await key_table.upsert_seed_key(session, seed.name, hash_key(seed.key), seed.patterns)
+    if seeds:
+        await key_table.enforce_keys_unless_decided(session)
 
 
 # ---------------------------------------------------------------------------- authenticator
@@ -258,7 +207,7 @@ class Authenticator:
         self.allow_anonymous = allow_anonymous
         self.seeds = list(seeds)
         self._principals: dict[str, tuple[float, Principal | None]] = {}
-        self._keys_configured: tuple[float, bool] | None = None
+        self._keys_enforced: tuple[float, bool] | None = None
 
     @classmethod
     def from_settings(
@@ -277,26 +226,22 @@ class Authenticator:
                 await session.commit()
             log.info("seeded %d API key(s) from EARM_API_KEYS", len(self.seeds))
         if bind_host is not None and not is_loopback_host(bind_host):
-            if not self.allow_anonymous and not await self.keys_configured():
-                raise RuntimeError(
+            if not self.allow_anonymous and not await self.keys_enforced():
+                raise ConfigurationError(
                     f"refusing to serve on {bind_host}, a non-loopback address, without API "
                     "keys: create one with `earm keys create --namespaces '*'` (or set "
-                    "EARM_API_KEYS), or set EARM_ALLOW_ANONYMOUS=true to serve without "
-                    "authentication"
+                    "EARM_API_KEYS; `earm keys enforcement on` if keys exist), or set "
+                    "EARM_ALLOW_ANONYMOUS=true to serve without authentication"
                 )
 
-    async def keys_configured(self) -> bool:
+    async def keys_enforced(self) -> bool:
         now = time.monotonic()
-        if self._keys_configured is not None and self._keys_configured[0] > now:
-            return self._keys_configured[1]
+        if self._keys_enforced is not None and self._keys_enforced[0] > now:
+            return self._keys_enforced[1]
         async with self.sessions() as session:
-            configured = bool(
-                await session.scalar(
-                    text("SELECT EXISTS (SELECT 1 FROM api_keys WHERE revoked_at IS NULL)")
-                )
-            )
-        self._keys_configured = (now + self.ttl_s, configured)
-        return configured
+            enforced = await key_table.key_enforcement(session)
+        self._keys_enforced = (now + self.ttl_s, enforced)
+        return enforced
 
     async def principal_for_key(self, key: str) -> Principal | None:
         digest = hash_key(key)
@@ -305,16 +250,8 @@ class Authenticator:
         if cached is not None and cached[0] > now:
             return cached[1]
         async with self.sessions() as session:
-            row = (
-                await session.execute(
-                    text(
-                        "SELECT id, name, namespace_patterns FROM api_keys "
-                        "WHERE key_hash = :hash AND revoked_at IS NULL"
-                    ),
-                    {"hash": digest},
-                )
-            ).first()
-        principal = Principal(row[0], row[1], tuple(row[2])) if row is not None else None
+            row = await key_table.active_key(session, digest)
+        principal = Principal(*row) if row is not None else None
         if len(self._principals) >= CACHE_MAX_ENTRIES:
             self._principals.clear()  # bounded: a flood of bad keys cannot grow it
         self._principals[digest] = (now + self.ttl_s, principal)
@@ -332,114 +269,12 @@ class Authenticator:
             if principal is None:
                 raise Unauthenticated("the API key is unknown or revoked")
             return principal
-        if await self.keys_configured():
+        if await self.keys_enforced():
             raise Unauthenticated("send an API key as 'Authorization: Bearer <key>'")
         if self.allow_anonymous or not _peer_is_remote(peer):
             return ANONYMOUS
         raise Unauthenticated(
-            "no API keys are configured, so this service only answers loopback clients; "
-            "create a key with `earm keys create` or set EARM_ALLOW_ANONYMOUS=true"
+            "API keys are not enforced, so this service only answers loopback clients; "
+            "create a key with `earm keys create` (`earm keys enforcement on` if keys exist) "
+            "or set EARM_ALLOW_ANONYMOUS=true"
         )
-
-
-# ----------------------------------------------------------------------------- dependencies
-
-
-async def authenticate(request: Request) -> Principal:
-    """App-level dependency: every route but :data:`PUBLIC_PATHS` needs a principal.
-
-    FastAPI caches a dependency per request, so handlers that declare ``PrincipalDep`` get the
-    principal resolved here without a second lookup."""
-    route = request.scope.get("route")
-    if getattr(route, "path", request.url.path) in PUBLIC_PATHS:
-        return ANONYMOUS
-    authenticator: Authenticator = request.app.state.authenticator  # set by the lifespan
-    peer = request.client.host if request.client else None
-    principal = await authenticator.authenticate(request.headers.get("authorization"), peer)
-    request.state.principal = principal
-    if principal.key_id is not None:
-        from service.observability import annotate  # the access log names the key, never shows it
-
-        annotate(request, api_key_id=principal.key_id)
-    return principal
-
-
-PrincipalDep = Annotated[Principal, Depends(authenticate)]
-
-#: Router-level dependency that documents the bearer scheme in OpenAPI (checks nothing).
-DOCUMENT_BEARER = Depends(bearer_scheme)
-
-#: The error responses every protected route can give, for its OpenAPI entry.
-AUTH_RESPONSES: dict[int | str, dict[str, Any]] = {
-    401: {"model": ErrorResponse, "description": "No API key, or an unknown or revoked one."},
-    403: {"model": ErrorResponse, "description": "The namespace is outside the key's patterns."},
-}
-
-
-# --------------------------------------------------------------------------------------- CLI
-
-
-def add_keys_parser(commands: argparse._SubParsersAction) -> None:
-    """``earm keys create|list|revoke``."""
-    keys = commands.add_parser("keys", help="manage API keys (docs/security.md)")
-    actions = keys.add_subparsers(dest="keys_command", required=True)
-
-    create = actions.add_parser("create", help="create a key; it is printed once, on stdout")
-    create.add_argument(
-        "--namespaces",
-        required=True,
-        action="append",
-        help="comma-separated namespace globs, e.g. 'agent-*' ('*' = admin); repeatable",
-    )
-    create.add_argument("--name", default=None, help="a label shown by `earm keys list`")
-    create.set_defaults(func=_cli_create)
-
-    listing = actions.add_parser("list", help="list keys (never the keys themselves)")
-    listing.set_defaults(func=_cli_list)
-
-    revoke = actions.add_parser("revoke", help="revoke a key by id (effective within seconds)")
-    revoke.add_argument("id", type=int)
-    revoke.set_defaults(func=_cli_revoke)
-
-
-def _run_with_session(settings: Settings, work: Any) -> Any:
-    from service.db.database import open_database
-
-    async def run() -> Any:
-        async with open_database(settings) as database:
-            async with database.sessions() as session:
-                result = await work(session)
-                await session.commit()
-                return result
-
-    return asyncio.run(run())
-
-
-def _cli_create(args: argparse.Namespace, settings: Settings) -> int:
-    patterns = validate_patterns(p for group in args.namespaces for p in group.split(","))
-    key, record = _run_with_session(settings, lambda s: create_key(s, patterns, args.name))
-    print(
-        f"created key {record.id} ({record.name}) for namespaces {', '.join(record.patterns)}; "
-        "store it now, it cannot be shown again:",
-        file=sys.stderr,
-    )
-    print(key)
-    return 0
-
-
-def _cli_list(args: argparse.Namespace, settings: Settings) -> int:
-    records = _run_with_session(settings, list_keys)
-    print(f"{'id':>4}  {'name':<24} {'status':<8} {'created':<20} patterns")
-    for r in records:
-        status = "revoked" if r.revoked_at else "active"
-        created = r.created_at.strftime("%Y-%m-%d %H:%M:%S")
-        print(f"{r.id:>4}  {r.name:<24} {status:<8} {created:<20} {','.join(r.patterns)}")
-    return 0
-
-
-def _cli_revoke(args: argparse.Namespace, settings: Settings) -> int:
-    if _run_with_session(settings, lambda s: revoke_key(s, args.id)):
-        print(f"revoked key {args.id}", file=sys.stderr)
-        return 0
-    print(f"no active key with id {args.id}", file=sys.stderr)
-    return 1

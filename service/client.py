@@ -1,6 +1,7 @@
 """Python clients of the earm HTTP API: :class:`EarmClient` (sync) and :class:`AsyncEarmClient`.
 
-Results are the API's own response models (pydantic), so they cannot drift from the service::
+Results are the API's own response types (the service's result dataclasses, read back by
+pydantic), so they cannot drift from the service::
 
     from service.client import EarmClient
 
@@ -20,21 +21,16 @@ failures (connection refused, timeouts) raise httpx's exceptions unchanged.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 import httpx
-from pydantic import BaseModel
+from pydantic import TypeAdapter
 
-from service.api.schemas import (
-    FeedbackOut,
-    IngestResponse,
-    MemoryOut,
-    MemoryPageOut,
-    RetrieveOut,
-)
-
-if TYPE_CHECKING:  # pragma: no cover
-    from service.api.stats import NamespaceStatsOut
+from service.db.stats import NamespaceStats
+from service.http.schemas import StatsListOut
+from service.ingest.memories import IngestResult, MemoryPage, StoredMemory
+from service.retrieve.learning import FeedbackResult
+from service.retrieve.pipeline import RetrieveResult
 
 __all__ = [
     "AsyncEarmClient",
@@ -44,14 +40,11 @@ __all__ = [
     "IngestResult",
     "Memory",
     "MemoryPage",
+    "NamespaceStats",
     "RetrieveResult",
 ]
 
-IngestResult = IngestResponse
-Memory = MemoryOut
-MemoryPage = MemoryPageOut
-RetrieveResult = RetrieveOut
-FeedbackResult = FeedbackOut
+Memory = StoredMemory
 
 #: A memory to add: its text, or the fields of ``POST /memories`` (text, embedding,
 #: external_id, occurred_at, metadata).
@@ -61,7 +54,7 @@ ScoresInput = Mapping[int, float] | Iterable[tuple[int, float]]
 
 DEFAULT_TIMEOUT_S = 30.0
 
-Model = TypeVar("Model", bound=BaseModel)
+Result = TypeVar("Result")
 
 
 class EarmAPIError(Exception):
@@ -119,6 +112,10 @@ def _retrieve_body(namespace: str, query: str, options: Mapping[str, Any]) -> di
     return body
 
 
+def _stats_params(namespace: str | None) -> dict[str, str] | None:
+    return {"namespace": namespace} if namespace is not None else None
+
+
 def _list_params(
     namespace: str, limit: int, cursor: str | None, external_id: str | None
 ) -> dict[str, Any]:
@@ -130,12 +127,22 @@ def _list_params(
     return params
 
 
-def _stats_result(payload: Any) -> NamespaceStatsOut | list[NamespaceStatsOut]:
-    from service.api.stats import NamespaceStatsOut, StatsListOut
+#: A TypeAdapter compiles its validator once; the result types are a fixed few.
+_adapters: dict[type[Any], TypeAdapter[Any]] = {}
 
+
+def _result(result_type: type[Result], payload: Any) -> Result:
+    adapter = _adapters.get(result_type)
+    if adapter is None:
+        adapter = _adapters[result_type] = TypeAdapter(result_type)
+    validated: Result = adapter.validate_python(payload)
+    return validated
+
+
+def _stats_result(payload: Any) -> NamespaceStats | list[NamespaceStats]:
     if "namespaces" in payload:
-        return StatsListOut.model_validate(payload).namespaces
-    return NamespaceStatsOut.model_validate(payload)
+        return _result(StatsListOut, payload).namespaces
+    return _result(NamespaceStats, payload)
 
 
 def _headers(api_key: str | None) -> dict[str, str]:
@@ -166,8 +173,8 @@ class EarmClient:
     def _call(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
         return _checked(self._http.request(method, path, **kwargs))
 
-    def _parse(self, model: type[Model], method: str, path: str, **kwargs: Any) -> Model:
-        return model.model_validate(self._call(method, path, **kwargs).json())
+    def _parse(self, result_type: type[Result], method: str, path: str, **kwargs: Any) -> Result:
+        return _result(result_type, self._call(method, path, **kwargs).json())
 
     def add(self, namespace: str, memories: Sequence[MemoryInput]) -> IngestResult:
         """``POST /memories``: ids in input order; idempotent on ``external_id``."""
@@ -186,10 +193,9 @@ class EarmClient:
         body = {"namespace": namespace, "query_id": query_id, "scores": _scores_body(scores)}
         return self._parse(FeedbackResult, "POST", "/feedback", json=body)
 
-    def stats(self, namespace: str | None = None) -> NamespaceStatsOut | list[NamespaceStatsOut]:
+    def stats(self, namespace: str | None = None) -> NamespaceStats | list[NamespaceStats]:
         """``GET /stats``: one namespace's stats, or (no namespace) a list of every visible one."""
-        params = {"namespace": namespace} if namespace is not None else None
-        return _stats_result(self._call("GET", "/stats", params=params).json())
+        return _stats_result(self._call("GET", "/stats", params=_stats_params(namespace)).json())
 
     def get(self, memory_id: int) -> Memory:
         return self._parse(Memory, "GET", f"/memories/{int(memory_id)}")
@@ -239,8 +245,10 @@ class AsyncEarmClient:
     async def _call(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
         return _checked(await self._http.request(method, path, **kwargs))
 
-    async def _parse(self, model: type[Model], method: str, path: str, **kwargs: Any) -> Model:
-        return model.model_validate((await self._call(method, path, **kwargs)).json())
+    async def _parse(
+        self, result_type: type[Result], method: str, path: str, **kwargs: Any
+    ) -> Result:
+        return _result(result_type, (await self._call(method, path, **kwargs)).json())
 
     async def add(self, namespace: str, memories: Sequence[MemoryInput]) -> IngestResult:
         body = {"namespace": namespace, "memories": [_memory_body(m) for m in memories]}
@@ -257,8 +265,8 @@ class AsyncEarmClient:
 
     async def stats(
         self, namespace: str | None = None
-    ) -> NamespaceStatsOut | list[NamespaceStatsOut]:
-        params = {"namespace": namespace} if namespace is not None else None
+    ) -> NamespaceStats | list[NamespaceStats]:
+        params = _stats_params(namespace)
         return _stats_result((await self._call("GET", "/stats", params=params)).json())
 
     async def get(self, memory_id: int) -> Memory:

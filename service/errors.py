@@ -1,7 +1,8 @@
 """Domain errors raised by the pipeline, storage and providers.
 
-They carry a stable machine-readable ``code``; the HTTP layer (``service.api.errors``) maps each
-class to a status once, so nothing below the routers knows about HTTP.
+They carry a stable machine-readable ``code``; the HTTP layer
+(``service.http.error_handlers``) maps each class to a status once, so nothing below the routers
+knows about HTTP.
 """
 
 from __future__ import annotations
@@ -65,3 +66,9 @@ class Forbidden(EarmError):
     """The API key is valid but its namespace patterns do not cover the namespace."""
 
     code = "forbidden"
+
+
+class ConfigurationError(ValueError):
+    """A setting, command-line argument or database that earm was pointed at cannot work. Raised
+    at start-up or by a CLI command, never while serving a request: the ``earm`` command prints
+    the message, which says what is wrong and how to fix it, as one line and exits non-zero."""

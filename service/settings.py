@@ -7,6 +7,7 @@ the environment and tests build their own ``Settings(...)`` instead of patching 
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
@@ -15,12 +16,14 @@ from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 DEFAULT_BUDGET_SCHEDULE = "0:1.0,5:0.5,15:0.3,30:0.175"
+#: The namespace names the API accepts. Declared here, at the bottom of the dependency rule,
+#: because a setting (``mcp_default_namespace``) names a namespace too; ``service.http.schemas``
+#: builds its ``NamespaceName`` from it.
+NAMESPACE_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$"
 
 
 def namespace_name(namespace: str) -> str:
     """``namespace`` if the API accepts it as a namespace name, else ValueError."""
-    from service.api.schemas import NAMESPACE_PATTERN
-
     if not re.match(NAMESPACE_PATTERN, namespace):
         raise ValueError(f"{namespace!r} is not a namespace name ({NAMESPACE_PATTERN})")
     return namespace
@@ -55,6 +58,24 @@ class Settings(BaseSettings):
         gt=0,
         description="How often the background indexer looks for memories another process "
         "ingested (its own ingests wake it at once), and its wait after a database error.",
+    )
+    embedded_watch_interval_s: float = Field(
+        default=1.0,
+        gt=0,
+        description="How often the service checks that its embedded Postgres is alive (it "
+        "restarts it when it died).",
+    )
+    embedded_restart_attempts: int = Field(
+        default=5,
+        ge=1,
+        le=100,
+        description="Attempts to restart a dead embedded Postgres before giving up (logged; "
+        "requests then answer 503 until earm is restarted).",
+    )
+    embedded_restart_backoff_s: float = Field(
+        default=1.0,
+        gt=0,
+        description="Wait after the first failed restart attempt, doubled after each further one.",
     )
 
     # --- embedder -------------------------------------------------------------------------
@@ -149,12 +170,23 @@ class Settings(BaseSettings):
     host: str = "127.0.0.1"
     port: int = Field(default=8000, ge=0, le=65535)
     log_level: str = "INFO"
+    header_timeout_s: float = Field(
+        default=10.0,
+        gt=0,
+        description="A request's line and headers must arrive within this time (earm serve "
+        "answers 408 and closes the connection otherwise); it also bounds a new connection's "
+        "silence before its first request.",
+    )
+    body_timeout_s: float = Field(
+        default=20.0,
+        gt=0,
+        description="A request's body must arrive within this time of its headers (408 "
+        "request_timeout, connection closed otherwise).",
+    )
 
     @field_validator("budget_schedule")
     @classmethod
     def _parseable_schedule(cls, schedule: str) -> str:
-        from service.retrieval.budget import BudgetSchedule
-
         BudgetSchedule.parse(schedule)  # raises ValueError naming the bad entry
         return schedule
 
@@ -167,3 +199,48 @@ class Settings(BaseSettings):
     @classmethod
     def _strip_trailing_slash(cls, url: str | None) -> str | None:
         return url.rstrip("/") if url else url
+
+
+# The parsed EARM_BUDGET_SCHEDULE lives with the setting: Settings validates it, and the
+# pipeline, /stats and /metrics read it, so every layer can reach it without importing upwards.
+@dataclass(frozen=True)
+class BudgetSchedule:
+    """Stage-wise share of candidates to score, by per-namespace query index.
+
+    ``stages[i] = (first_query_index, ratio)``; stage i applies from its index until the next.
+    Budgets fall as experience grows because completion covers more of what is not scored.
+    """
+
+    stages: tuple[tuple[int, float], ...]
+
+    @classmethod
+    def parse(cls, text: str) -> BudgetSchedule:
+        """Parse ``"0:1.0,10:0.6,30:0.4"``; raise ValueError with the offending part."""
+        stages: list[tuple[int, float]] = []
+        for part in (p.strip() for p in text.split(",") if p.strip()):
+            try:
+                start_text, ratio_text = part.split(":")
+                start, ratio = int(start_text), float(ratio_text)
+            except ValueError as exc:
+                raise ValueError(
+                    f"budget schedule entry {part!r} is not 'query_index:ratio'"
+                ) from exc
+            if not 0.0 <= ratio <= 1.0:
+                raise ValueError(f"budget schedule ratio {ratio} in {part!r} is not in [0, 1]")
+            if stages and start <= stages[-1][0]:
+                raise ValueError("budget schedule query indexes must increase strictly")
+            stages.append((start, ratio))
+        if not stages or stages[0][0] != 0:
+            raise ValueError("budget schedule must start at query index 0, e.g. '0:1.0,10:0.5'")
+        return cls(tuple(stages))
+
+    def stage_for(self, query_index: int) -> int:
+        stage = 0
+        for number, (start, _) in enumerate(self.stages):
+            if query_index >= start:
+                stage = number
+        return stage
+
+    def budget_for_query(self, query_index: int, n_candidates: int) -> int:
+        ratio = self.stages[self.stage_for(query_index)][1]
+        return min(n_candidates, int(round(ratio * n_candidates)))

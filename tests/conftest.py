@@ -9,12 +9,12 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import create_engine, text
 
-from service.api.app import create_app
 from service.db import migrate
-from service.db.database import EmbeddedPostgres
+from service.db.engine import EmbeddedPostgres
+from service.http.app import create_app
 from service.settings import Settings
 
-TABLES = "namespaces, memories, queries, scores, memory_factors, api_keys"
+TABLES = "namespaces, memories, queries, scores, memory_factors, api_keys, auth_settings"
 
 
 @pytest.fixture(scope="session")

@@ -15,11 +15,14 @@ import numpy as np
 import pytest
 from fastapi.routing import APIRoute
 from fastapi.testclient import TestClient
+from pydantic import SecretStr
 from sqlalchemy import create_engine, text
 
-from service.api.app import create_app
-from service.auth import PUBLIC_PATHS, Principal, is_loopback_host, parse_seed_keys
+from service.auth import Principal, is_loopback_host, parse_seed_keys
 from service.cli import main as earm
+from service.errors import ConfigurationError
+from service.http.app import create_app
+from service.http.deps import PUBLIC_PATHS
 from service.settings import Settings
 
 VECTOR = (np.arange(384) % 5 + 1.0).tolist()
@@ -147,7 +150,7 @@ def test_without_keys_a_non_loopback_peer_is_refused(auth_settings: Settings) ->
 
 def test_app_refuses_a_non_loopback_bind_address_without_keys(auth_settings: Settings) -> None:
     exposed = auth_settings.model_copy(update={"host": "0.0.0.0"})
-    with pytest.raises(RuntimeError, match="EARM_ALLOW_ANONYMOUS"):
+    with pytest.raises(ConfigurationError, match="EARM_ALLOW_ANONYMOUS"):
         with TestClient(create_app(exposed)):
             pass
     with TestClient(create_app(exposed.model_copy(update={"allow_anonymous": True}))) as client:
@@ -384,3 +387,85 @@ def test_keys_never_appear_in_logs(
         client.get("/memories", params={"namespace": "agent-1"}, headers=bearer(key + "x"))
     assert caplog.records
     assert all(key not in record.getMessage() and key not in str(record.__dict__) for record in caplog.records)
+
+
+# ----------------------------------------------------------------------- key enforcement
+
+
+def anonymous_listing(client: TestClient):
+    return client.get("/memories", params={"namespace": "agent-1"})
+
+
+def key_id(keys, name: str) -> str:
+    return next(line.split()[0] for line in keys("list")[1].splitlines() if name in line)
+
+
+def test_revoking_every_key_keeps_requiring_keys(api: TestClient, keys) -> None:
+    key = create_key(keys, "*", name="only")
+    assert keys("revoke", key_id(keys, "only"))[0] == 0
+    assert_error(anonymous_listing(api), 401, "unauthenticated")
+    assert_error(api.get("/memories", params={"namespace": "a"}, headers=bearer(key)), 401, "unauthenticated")
+    assert keys("enforcement", "status")[1].startswith("key enforcement: on")
+
+
+def test_enforcement_off_restores_the_keyless_rules_and_on_ends_them(
+    auth_settings: Settings, api: TestClient, keys
+) -> None:
+    key = create_key(keys, "agent-*")
+    assert keys("enforcement", "off")[0] == 0
+    assert keys("enforcement", "status")[1].startswith("key enforcement: off")
+    assert anonymous_listing(api).status_code == 200
+    # Keyless rules: loopback only, and a key sent is still checked.
+    with TestClient(create_app(auth_settings), client=("203.0.113.9", 4711)) as remote:
+        assert_error(anonymous_listing(remote), 401, "unauthenticated")
+    assert_error(
+        api.get("/memories", params={"namespace": "team-1"}, headers=bearer(key)), 403, "forbidden"
+    )
+    # A key created later leaves the operator's choice alone.
+    create_key(keys, "*")
+    assert anonymous_listing(api).status_code == 200
+    assert keys("enforcement", "on")[0] == 0
+    assert_error(anonymous_listing(api), 401, "unauthenticated")
+
+
+def test_a_seeded_key_turns_enforcement_on_for_good(auth_settings: Settings, keys) -> None:
+    seeded = auth_settings.model_copy(update={"api_keys": SecretStr(f"{SEED_AGENT}=agent-*")})
+    with TestClient(create_app(seeded)) as client:
+        assert_error(anonymous_listing(client), 401, "unauthenticated")
+    assert keys("revoke", key_id(keys, "agent-*"))[0] == 0
+    with TestClient(create_app(auth_settings)) as client:  # setting removed, key revoked
+        assert_error(anonymous_listing(client), 401, "unauthenticated")
+
+
+def test_app_accepts_a_non_loopback_bind_address_once_every_key_is_revoked(
+    auth_settings: Settings, keys
+) -> None:
+    create_key(keys, "*", name="gone")
+    assert keys("revoke", key_id(keys, "gone"))[0] == 0
+    with TestClient(create_app(auth_settings.model_copy(update={"host": "0.0.0.0"}))) as client:
+        assert_error(anonymous_listing(client), 401, "unauthenticated")
+
+
+def test_upgrade_turns_enforcement_on_where_keys_were_created(
+    new_database, auth_settings: Settings
+) -> None:
+    """A deployment migrated from before the explicit mode keeps requiring keys, even if every
+    key it created is revoked by now."""
+    from alembic import command
+
+    from service.db import migrate
+
+    url = new_database("earm_enforcement_upgrade")
+    command.upgrade(migrate.alembic_config(url, 384), "0006")
+    engine = create_engine(url)
+    with engine.begin() as conn:
+        conn.execute(
+            text(
+                "INSERT INTO api_keys (name, key_hash, namespace_patterns, revoked_at) "
+                "VALUES ('old', 'x', '{*}', now())"
+            )
+        )
+    engine.dispose()
+    migrate.upgrade_to_head(url, 384)
+    with TestClient(create_app(auth_settings.model_copy(update={"database_url": url}))) as client:
+        assert_error(anonymous_listing(client), 401, "unauthenticated")

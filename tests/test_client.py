@@ -7,9 +7,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from bench.loopback import LoopbackServer
-from service.api.app import create_app
+from service.bench.loopback import LoopbackServer
 from service.client import AsyncEarmClient, EarmAPIError, EarmClient
+from service.http.app import create_app
 from service.settings import Settings
 
 MEMORIES = [

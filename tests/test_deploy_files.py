@@ -23,6 +23,9 @@ DOCKERIGNORE = ROOT / ".dockerignore"
 #: Settings that compose deliberately leaves out, with the reason.
 NOT_IN_COMPOSE = {
     "data_dir": "embedded Postgres only; compose runs a pgvector container",
+    "embedded_watch_interval_s": "embedded Postgres only",
+    "embedded_restart_attempts": "embedded Postgres only",
+    "embedded_restart_backoff_s": "embedded Postgres only",
     "host": "the image runs `earm serve --host 0.0.0.0`",
     "url": "read by `earm mcp`, the client an agent's machine launches, not by the service",
     "api_key": "read by `earm mcp`, the client an agent's machine launches, not by the service",

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from bench.loopback import LoopbackServer, chat_completions_app
-from service.api.app import create_app
-from service.observability import ACCESS_LOGGER, JsonFormatter
+from service.bench.loopback import LoopbackServer, chat_completions_app
+from service.http.app import create_app
+from service.logs import ACCESS_LOGGER, JsonFormatter
 from service.settings import Settings
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
@@ -88,7 +88,7 @@ def test_lines_logged_while_serving_a_request_carry_its_request_id(
     stream = io.StringIO()
     handler = logging.StreamHandler(stream)
     handler.setFormatter(JsonFormatter())
-    scorer_log = logging.getLogger("service.scorers")
+    scorer_log = logging.getLogger("service.providers.chat_scorer")
     scorer_log.addHandler(handler)
     try:
         with LoopbackServer(chat_completions_app(lambda prompt: "no idea")) as judge:
@@ -109,7 +109,7 @@ def test_lines_logged_while_serving_a_request_carry_its_request_id(
 
 SERVE_LOGGING = """
 import logging
-from service.observability import configure_logging
+from service.logs import configure_logging
 configure_logging(__import__("os").environ["EARM_LOG_LEVEL"])
 logging.getLogger("service.example").info("started", extra={"port": 8000})
 logging.getLogger("service.example").warning("careful")

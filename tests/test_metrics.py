@@ -14,8 +14,8 @@ import pytest
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
-from bench.loopback import LoopbackServer, chat_completions_app
-from service.api.app import create_app
+from service.bench.loopback import LoopbackServer, chat_completions_app
+from service.http.app import create_app
 from service.settings import Settings
 
 DIM = 384
@@ -161,7 +161,7 @@ def test_each_app_has_its_own_metrics(settings: Settings) -> None:
 
 WORKER = """
 import sys
-from service.observability import Metrics
+from service.metrics import Metrics
 metrics = Metrics()
 assert metrics.multiprocess
 metrics.observe_scorer_call("openai", "ok", 0.2)
@@ -169,9 +169,10 @@ metrics.observe_request("POST", "/retrieve", 200, 0.3)
 """
 
 SCRAPE = """
-from service.observability import Metrics
-from service.retrieval.budget import BudgetSchedule
-print(Metrics().render(None, BudgetSchedule.parse("0:1.0")).decode())
+from service.metrics import Metrics
+from service.settings import BudgetSchedule
+from service.providers.scorer_health import ScorerHealth
+print(Metrics().render(None, BudgetSchedule.parse("0:1.0"), ScorerHealth("openai").snapshot()).decode())
 """
 
 

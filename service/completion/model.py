@@ -14,6 +14,9 @@ side fixed, folds in a new query from its anchors ("causal" completion, DESIGN Â
 
 Everything here is pure numpy: no I/O, no database, no global random state. Bad input raises
 :class:`ModelFitError` (a ``ValueError``) with a message naming the offending argument.
+
+Over 400 lines on purpose: the input checks, the model, its ridge solves and ALS are one
+algorithm read top to bottom, and issue #13 keeps ``completion/`` unchanged (a leaf).
 """
 
 from __future__ import annotations
@@ -307,7 +310,9 @@ def solve_side(
     design[:, 1:] = f
     target = s - mu_ - b
     theta = np.linalg.solve(design.T @ design + lam * np.eye(rank + 1), design.T @ target)
-    return float(theta[0]), theta[1:].copy()
+    # astype copies (not a view of theta) and states the dtype numpy's stubs lose in
+    # linalg.solve (typed floating[Any]; float64 in, float64 out).
+    return float(theta[0]), theta[1:].astype(np.float64)
 
 
 def fold_in_query(
@@ -353,7 +358,7 @@ def leave_one_out_predictions(
     design[:, 1:] = f
     target = s - mu_ - b
     gram_inverse = np.linalg.inv(design.T @ design + lam * np.eye(rank + 1))
-    leverage = np.einsum("ij,jk,ik->i", design, gram_inverse, design)
+    leverage: NDArray[np.float64] = np.einsum("ij,jk,ik->i", design, gram_inverse, design)
     residual = target - design @ (gram_inverse @ (design.T @ target))
     # Î» > 0 keeps every leverage strictly below 1.
     left_out_residual = residual / (1.0 - leverage)
@@ -451,7 +456,9 @@ class BiasedALS:
         self.seed = _hyperparameter_int("seed", seed, minimum=0)
         if isinstance(reg, bool) or not isinstance(reg, numbers.Real) or not 0 < reg < np.inf:
             raise ValueError(f"reg must be a finite number > 0, got {reg!r}")
-        self.reg = float(reg)
+        # Annotated: numbers.Real is not in float's typeshed MRO, so mypy deems this line
+        # unreachable after the isinstance check and would not infer the attribute's type.
+        self.reg: float = float(reg)
 
     def __repr__(self) -> str:
         return (

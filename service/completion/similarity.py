@@ -106,7 +106,9 @@ def solve_content_prior(
         [[similarities @ residuals], memory_embeddings.T @ np.bincount(memory_idx, residuals, n_m)]
     )
     theta = np.linalg.solve(gram_factor.T, np.linalg.solve(gram_factor, rhs))
-    return ContentPrior(float(theta[0]), theta[1:])
+    # No copy (copy=False): only states the dtype numpy's stubs lose in linalg.solve
+    # (typed floating[Any]; float64 in, float64 out).
+    return ContentPrior(float(theta[0]), theta[1:].astype(np.float64, copy=False))
 
 
 def content_gram(
@@ -199,6 +201,8 @@ class SimilarityFactorModel:
     prior: ContentPrior
 
 
+# Over 60 lines on purpose: checks, initialisation and one ALS loop over shared arrays, read top
+# to bottom like the module (issue #13 keeps completion/ a leaf, unchanged but for this note).
 def fit_with_similarity(
     memory_idx: ArrayLike,
     query_idx: ArrayLike,

@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 from pgvector.sqlalchemy import VECTOR
 from sqlalchemy import (
+    REAL,
     BigInteger,
     Boolean,
     DateTime,
@@ -15,7 +16,7 @@ from sqlalchemy import (
     ForeignKey,
     Integer,
     MetaData,
-    REAL,
+    SmallInteger,
     Text,
     false,
     func,
@@ -30,6 +31,10 @@ NAMING_CONVENTION = {
     "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
     "pk": "pk_%(table_name)s",
 }
+
+
+# Ids are Postgres bigints: a larger number names no row (and fails as a bigint parameter).
+MAX_BIGINT = 2**63 - 1
 
 
 class Base(DeclarativeBase):
@@ -70,7 +75,7 @@ class Memory(Base):
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
     metadata_: Mapped[dict[str, Any]] = mapped_column("metadata", JSONB, server_default="{}")
     # In the HNSW index yet (a partial index, WHERE indexed)? New rows are not; the background
-    # indexer (service.indexing) sets it. Unindexed rows are found by an exact scan.
+    # indexer (service.ingest.indexer) sets it. Unindexed rows are found by an exact scan.
     indexed: Mapped[bool] = mapped_column(Boolean, server_default=false())
 
 
@@ -142,3 +147,13 @@ class ApiKey(Base):
     namespace_patterns: Mapped[list[str]] = mapped_column(ARRAY(Text))
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
     revoked_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+
+class AuthSettings(Base):
+    """The authentication mode, one row (none: key enforcement was never turned on)."""
+
+    __tablename__ = "auth_settings"
+
+    id: Mapped[int] = mapped_column(SmallInteger, primary_key=True, server_default="1")
+    key_enforcement: Mapped[bool] = mapped_column(Boolean)
+    changed_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())

@@ -2,20 +2,18 @@
 
 Each lives in its own module and imports its optional library (extras ``earm[mcp]``,
 ``earm[langchain]``, ``earm[llamaindex]``) at module level, so only code that uses an
-integration needs it. The two entry points here are what the core calls; they import nothing
-optional until used.
+integration needs it. ``mount_mcp`` is what the app factory calls (``earm mcp`` is
+``service/cli/mcp.py``); it imports nothing optional until used.
 """
 
 from __future__ import annotations
 
-import argparse
 import importlib.util
 import logging
-import sys
 
 from fastapi import FastAPI
 
-from service.settings import Settings, namespace_name
+from service.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -30,34 +28,3 @@ def mount_mcp(app: FastAPI, settings: Settings) -> None:
     from service.integrations.mcp import mount
 
     mount(app, settings)
-
-
-def add_mcp_parser(commands: argparse._SubParsersAction) -> None:
-    """``earm mcp``: the MCP tools over stdio, for clients that launch a command."""
-    mcp = commands.add_parser(
-        "mcp",
-        help="serve earm's memory tools to an MCP client over stdio",
-        description="The MCP tools over stdin/stdout, each call an HTTP request to a running earm.",
-    )
-    mcp.add_argument(
-        "--url", default=None, help="the earm service (default EARM_URL, http://127.0.0.1:8000)"
-    )
-    mcp.add_argument("--api-key", default=None, help="its API key (default EARM_API_KEY)")
-    mcp.add_argument(
-        "--namespace",
-        type=namespace_name,
-        default=None,
-        help="default namespace of the tools (default EARM_MCP_DEFAULT_NAMESPACE)",
-    )
-    mcp.set_defaults(func=_serve_mcp_stdio)
-
-
-def _serve_mcp_stdio(args: argparse.Namespace, settings: Settings) -> int:
-    if importlib.util.find_spec("mcp") is None:
-        print(f"earm mcp: {MCP_MISSING}", file=sys.stderr)
-        return 2
-    from service.integrations.mcp import serve_stdio
-
-    api_key = args.api_key or (settings.api_key.get_secret_value() if settings.api_key else None)
-    serve_stdio(args.url or settings.url, api_key, args.namespace or settings.mcp_default_namespace)
-    return 0

@@ -9,7 +9,7 @@ reranking. Both talk to a running earm over its HTTP API with :mod:`service.clie
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Generator, Iterable, Sequence
+from collections.abc import Callable, Generator, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Literal
@@ -139,7 +139,8 @@ def _drive(plan: _Plan, perform: Callable[[_Call], Any]) -> Result:
             else:
                 call = plan.send(outcome)
     except StopIteration as done:
-        return done.value
+        result: Result = done.value  # what the plan returned (typeshed types it Any)
+        return result
 
 
 async def _adrive(plan: _Plan, perform: Callable[[_Call], Any]) -> Result:
@@ -153,7 +154,8 @@ async def _adrive(plan: _Plan, perform: Callable[[_Call], Any]) -> Result:
             else:
                 call = plan.send(outcome)
     except StopIteration as done:
-        return done.value
+        result: Result = done.value
+        return result
 
 
 def _contains(value: Any, pattern: Any) -> bool:
@@ -166,7 +168,7 @@ def _contains(value: Any, pattern: Any) -> bool:
         return isinstance(value, list) and all(
             any(_contains(candidate, item) for candidate in value) for item in pattern
         )
-    return value == pattern
+    return bool(value == pattern)
 
 
 def _operators(pattern: Any) -> list[str]:
@@ -193,16 +195,16 @@ def _matches(namespace: tuple[str, ...], condition: MatchCondition) -> bool:
     if len(path) > len(namespace):
         return False
     part = namespace[: len(path)] if condition.match_type == "prefix" else namespace[-len(path) :]
-    return all(expected in ("*", label) for expected, label in zip(path, part))
+    return all(expected in ("*", label) for expected, label in zip(path, part, strict=True))
 
 
-def _field(value: dict[str, Any], path: str) -> Any:
+def _field(value: Mapping[str, Any], path: str) -> Any:
     """The value at a dotted path (``"$"``: the whole value), None where it has none."""
     if path == "$":
         return value
     current: Any = value
     for part in path.split("."):
-        if not isinstance(current, dict) or part not in current:
+        if not isinstance(current, Mapping) or part not in current:
             return None
         current = current[part]
     return current
@@ -276,7 +278,7 @@ class EarmStore(BaseStore):
         if isinstance(op, GetOp):
             return self._get(op)
         if isinstance(op, PutOp):
-            return self._put(op) if op.value is not None else self._delete(op)
+            return self._put(op, op.value) if op.value is not None else self._delete(op)
         if isinstance(op, SearchOp):
             return self._search(op)
         if isinstance(op, ListNamespacesOp):
@@ -286,7 +288,7 @@ class EarmStore(BaseStore):
     def _namespace(self, namespace: tuple[str, ...]) -> str:
         return ".".join((self.prefix, *namespace))
 
-    def _text(self, value: dict[str, Any], index: list[str] | Literal[False] | None) -> str:
+    def _text(self, value: Mapping[str, Any], index: list[str] | Literal[False] | None) -> str:
         paths = index if isinstance(index, list) else self.fields
         parts = [
             _as_text(part) for path in paths if (part := _field(value, path)) not in (None, "")
@@ -314,12 +316,12 @@ class EarmStore(BaseStore):
         item = self._item(page.memories[0], op.namespace) if page.memories else None
         return None if item is None else Item(**item)
 
-    def _put(self, op: PutOp) -> _Plan:
+    def _put(self, op: PutOp, value: Mapping[str, Any]) -> _Plan:
         namespace = self._namespace(op.namespace)
         now = datetime.now(UTC).isoformat()
-        stored = {"value": op.value, "created_at": now, "updated_at": now}
+        stored = {"value": value, "created_at": now, "updated_at": now}
         memory = {
-            "text": self._text(op.value, op.index),
+            "text": self._text(value, op.index),
             "external_id": op.key,
             "metadata": {STORE_KEY: stored},
         }
@@ -338,7 +340,7 @@ class EarmStore(BaseStore):
             if (
                 current.text == memory["text"]
                 and isinstance(earlier, dict)
-                and earlier.get("value") == op.value
+                and earlier.get("value") == value
             ):
                 return None
             if isinstance(earlier, dict) and earlier.get("created_at"):
@@ -393,7 +395,8 @@ class EarmStore(BaseStore):
         return items[op.offset :]
 
     def _list_items(self, op: SearchOp, namespace: str) -> _Plan:
-        wanted, found, cursor = op.offset + op.limit, [], None
+        wanted, cursor = op.offset + op.limit, None
+        found: list[SearchItem] = []
         while len(found) < wanted:
             page = yield _Call("list", (namespace,), {"limit": PAGE_SIZE, "cursor": cursor})
             for memory in page.memories:

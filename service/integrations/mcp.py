@@ -21,7 +21,7 @@ import importlib.metadata
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from datetime import datetime
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypeAlias
 
 import anyio
 import httpx
@@ -30,7 +30,7 @@ from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp.server.streamable_http_manager import StreamableHTTPASGIApp
 from mcp_types import ToolAnnotations
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, TypeAdapter
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -40,12 +40,15 @@ from service.client import (
     FeedbackResult,
     IngestResult,
     MemoryPage,
+    NamespaceStats,
 )
 from service.settings import Settings
 
 MCP_PATH = "/mcp"
 #: Base URL of the in-process API calls; never resolved, the ASGI transport answers them.
 IN_PROCESS_URL = "http://earm.in-process"
+#: namespace_stats answers the stats of ``GET /stats`` as a JSON object.
+_STATS_JSON = TypeAdapter(NamespaceStats)
 #: Headers of the MCP request that its API calls carry on (besides its request id).
 FORWARDED_HEADERS = ("authorization",)
 
@@ -103,16 +106,6 @@ class DeletedMemory(BaseModel):
     deleted: int = Field(description="The id of the memory that was deleted.")
 
 
-def _namespace_argument(default_namespace: str) -> Any:
-    return Annotated[
-        str | None,
-        Field(
-            description="The memory space to use (one agent's or user's memory); omit it for "
-            f"the default, {default_namespace!r}.",
-        ),
-    ]
-
-
 @asynccontextmanager
 async def _api(connect: Connector, ctx: Context) -> AsyncIterator[AsyncEarmClient]:
     """The API for one tool call; its refusals become tool errors carrying the API's code."""
@@ -135,7 +128,14 @@ def build_server(connect: Connector, default_namespace: str) -> MCPServer:
         instructions=INSTRUCTIONS,
         version=importlib.metadata.version("earm"),
     )
-    Namespace = _namespace_argument(default_namespace)
+    # The namespace argument of the tools; its description names this server's default.
+    Namespace: TypeAlias = Annotated[
+        str | None,
+        Field(
+            description="The memory space to use (one agent's or user's memory); omit it for "
+            f"the default, {default_namespace!r}.",
+        ),
+    ]
 
     @server.tool(annotations=ToolAnnotations(idempotent_hint=False, destructive_hint=False))
     async def add_memories(
@@ -232,7 +232,10 @@ def build_server(connect: Connector, default_namespace: str) -> MCPServer:
         learned (calls_saved: the share of judging calls saved by what it learned)."""
         async with _api(connect, ctx) as earm:
             stats = await earm.stats(namespace or default_namespace)
-        return stats.model_dump(mode="json")
+        # GET /stats answers one namespace's stats when it names one, never the list.
+        assert isinstance(stats, NamespaceStats)
+        as_json: dict[str, Any] = _STATS_JSON.dump_python(stats, mode="json")
+        return as_json
 
     return server
 
@@ -247,6 +250,8 @@ def in_process_connector(app: ASGIApp) -> Connector:
     @asynccontextmanager
     async def connect(ctx: Context) -> AsyncIterator[AsyncEarmClient]:
         request = ctx.request_context.request  # the HTTP request that carried this call
+        if request is None:  # only a stdio session has none, and it has its own connector
+            raise RuntimeError("an /mcp tool call came without its HTTP request")
         headers = {
             name: request.headers[name] for name in FORWARDED_HEADERS if name in request.headers
         }

@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from bench.loopback import LoopbackServer
-from service.api.app import create_app
+from service.bench.loopback import LoopbackServer
 from service.client import EarmClient
+from service.http.app import create_app
 from service.settings import Settings
 
 
@@ -53,4 +53,4 @@ def agent_memories(service: LiveService) -> list[dict[str, Any]]:
     ]
     with EarmClient(service.url, api_key=service.admin_key) as earm:
         ids = earm.add("agent-1", memories).ids
-    return [memory | {"id": memory_id} for memory, memory_id in zip(memories, ids)]
+    return [memory | {"id": memory_id} for memory, memory_id in zip(memories, ids, strict=True)]

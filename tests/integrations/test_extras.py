@@ -56,8 +56,8 @@ if sys.argv[1] == "without-mcp":
     sys.modules["mcp"] = None  # as if earm[mcp] were not installed
 logging.basicConfig(level=logging.INFO, stream=sys.stdout, format="LOG %(name)s %(message)s")
 from fastapi.routing import iter_route_contexts
-from service.api.app import create_app
-from service.cli import build_parser
+from service.http.app import create_app
+from service.cli.main import build_parser
 from service.settings import Settings
 app = create_app(Settings(_env_file=None))
 build_parser()

@@ -20,8 +20,8 @@ from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp_types import CallToolResult
 
-from service.api.app import create_app
 from service.client import EarmClient
+from service.http.app import create_app
 from service.settings import Settings
 
 if TYPE_CHECKING:
@@ -52,11 +52,11 @@ def over_http(service_url: str) -> Connect:
     @asynccontextmanager
     async def connect(key: str | None) -> AsyncIterator[Client]:
         headers = {"Authorization": f"Bearer {key}"} if key else {}
-        async with httpx2.AsyncClient(headers=headers, timeout=30) as http:
-            async with Client(
-                streamable_http_client(f"{service_url}/mcp", http_client=http)
-            ) as client:
-                yield client
+        async with (
+            httpx2.AsyncClient(headers=headers, timeout=30) as http,
+            Client(streamable_http_client(f"{service_url}/mcp", http_client=http)) as client,
+        ):
+            yield client
 
     return connect
 
@@ -308,12 +308,12 @@ def test_mcp_tool_calls_reach_the_api_with_the_callers_request_id(
 
     async def scenario() -> None:
         headers = {"Authorization": f"Bearer {service.agent_key}", "X-Request-ID": "mcp-call-42"}
-        async with httpx2.AsyncClient(headers=headers) as http:
-            async with Client(
-                streamable_http_client(f"{service.url}/mcp", http_client=http)
-            ) as client:
-                text = await refused(client, "search_memories", query="q", namespace="agent-nobody")
-                assert "not_found" in text
+        async with (
+            httpx2.AsyncClient(headers=headers) as http,
+            Client(streamable_http_client(f"{service.url}/mcp", http_client=http)) as client,
+        ):
+            text = await refused(client, "search_memories", query="q", namespace="agent-nobody")
+            assert "not_found" in text
 
     run(scenario)
     lines = [vars(r) for r in caplog.records if r.name == "earm.access"]

@@ -110,8 +110,10 @@ def test_mcp_http_config_connects_to_a_live_service(service: LiveService) -> Non
     }
 
     async def scenario() -> None:
-        async with httpx2.AsyncClient(headers=headers) as http:
-            async with Client(streamable_http_client(url, http_client=http)) as client:
-                await add_and_search(client, namespace="agent-42")
+        async with (
+            httpx2.AsyncClient(headers=headers) as http,
+            Client(streamable_http_client(url, http_client=http)) as client,
+        ):
+            await add_and_search(client, namespace="agent-42")
 
     asyncio.run(scenario())

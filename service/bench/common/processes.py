@@ -1,0 +1,175 @@
+"""The service and the judges the benchmarks drive: in this process on a loopback port, or in
+child processes (when their CPU or memory must be measured apart from the bench's own)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+#: Starting a service may include initdb and the migrations of a new embedded Postgres.
+STARTUP_TIMEOUT_S = 120.0
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+# ------------------------------------------------------------------------------ in-process
+
+
+@dataclass
+class InProcessService:
+    url: str
+    database_url: str
+    settings: Any  # service.settings.Settings
+
+
+@contextmanager
+def in_process_service(settings: Any | None = None, **options: Any) -> Iterator[InProcessService]:
+    """The service on a loopback port of this process. Without ``settings``, they are
+    ``Settings(**options)`` (and the environment) over an embedded Postgres in a temporary
+    directory unless ``options`` name a ``database_url``."""
+    from service.bench.loopback import LoopbackServer
+    from service.http.app import create_app
+    from service.settings import Settings
+
+    with tempfile.TemporaryDirectory(prefix="earm-bench-") as tmp:
+        if settings is None:
+            settings = Settings(**({"data_dir": Path(tmp) / "pgdata"} | options))
+        app = create_app(settings)
+        server = LoopbackServer(app).start(STARTUP_TIMEOUT_S)
+        try:
+            yield InProcessService(server.url, app.state.components.database.url, settings)
+        finally:
+            server.stop()
+
+
+# ------------------------------------------------------------------------- child processes
+
+
+def _serve_judge(reply: Callable[[str], Awaitable[str]], connection: Any) -> None:  # the child
+    from service.bench.loopback import LoopbackServer, chat_completions_app
+
+    # uvloop: this process only serves the judge, and the judge should cost the machine as
+    # little as a remote provider would (uvicorn's own default, not the tests' plain asyncio).
+    with LoopbackServer(chat_completions_app(reply), loop="uvloop") as server:
+        connection.send(server.url)
+        connection.recv()  # until the parent says stop (or goes away)
+
+
+@contextmanager
+def judge_process(reply: Callable[[str], Awaitable[str]]) -> Iterator[str]:
+    """URL of a chat-completions judge answering with ``reply``, served by a forked child
+    process, so serving it does not compete with the bench's clients for the GIL. Fork it
+    before this process has threads or connections; ``reply``'s state is the child's copy
+    (share what must change during the run, e.g. through ``multiprocessing.Value``)."""
+    import gc
+    import multiprocessing
+
+    context = multiprocessing.get_context("fork")
+    parent, child = context.Pipe()
+    process = context.Process(target=_serve_judge, args=(reply, child), daemon=True)
+    # Garbage the child would inherit is finalized here, where its native threads exist: an
+    # app left behind in reference cycles (say by an earlier test) holds an ONNX Runtime
+    # session, and the child's garbage collector hung for good finalizing it.
+    gc.collect()
+    process.start()
+    try:
+        if not parent.poll(60):
+            raise RuntimeError("the judge process did not start")
+        yield parent.recv()
+    finally:
+        try:
+            parent.send("stop")
+        except OSError:
+            pass
+        process.join(10)
+        if process.is_alive():
+            process.terminate()
+            process.join(5)
+
+
+@dataclass
+class ServiceProcess:
+    process: subprocess.Popen[bytes]
+    url: str
+    log_path: Path
+    settings: dict[str, str]  # its EARM_* environment, without the database URL
+
+    def rss_mb(self) -> dict[str, float | None]:
+        """Resident memory of the service process now, and its peak (Linux VmHWM)."""
+        import psutil
+
+        now = psutil.Process(self.process.pid).memory_info().rss / 2**20
+        peak = None
+        status = Path(f"/proc/{self.process.pid}/status")
+        if status.exists():
+            for line in status.read_text().splitlines():
+                if line.startswith("VmHWM:"):
+                    peak = int(line.split()[1]) / 1024
+        return {"rss_mb": round(now, 1), "peak_rss_mb": None if peak is None else round(peak, 1)}
+
+
+def wait_ready(
+    url: str, timeout_s: float, process: subprocess.Popen[bytes] | None = None
+) -> bool:
+    """Whether the service at ``url`` answers ``/readyz`` with 200 within ``timeout_s`` (its
+    database reachable, its schema current); False at once when ``process`` exits."""
+    deadline = time.monotonic() + timeout_s
+    while process is None or process.poll() is None:
+        try:
+            if httpx.get(url + "/readyz", timeout=2).status_code == 200:
+                return True
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.2)
+    return False
+
+
+def _interrupt(process: subprocess.Popen[bytes]) -> None:
+    if process.poll() is None:
+        process.send_signal(signal.SIGINT)
+        try:
+            process.wait(30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(10)
+
+
+@contextmanager
+def service_process(settings: Mapping[str, str], workdir: Path) -> Iterator[ServiceProcess]:
+    """``earm serve`` in a child process whose EARM_* environment is exactly ``settings``;
+    it runs in ``workdir`` (so no stray .env is read) and logs to ``workdir/service.log``."""
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("EARM_")} | dict(settings)
+    log_path = workdir / "service.log"
+    with open(log_path, "wb") as log:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "service", "serve", "--port", str(port)],
+            cwd=workdir, env=env, stdout=log, stderr=subprocess.STDOUT,
+        )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        if not wait_ready(url, STARTUP_TIMEOUT_S, process):
+            state = "exited" if process.poll() is not None else "did not become ready"
+            raise RuntimeError(f"the service {state}: {log_path.read_text()[-2000:]}")
+        shown = {k: v for k, v in settings.items() if k != "EARM_DATABASE_URL"}
+        yield ServiceProcess(process, url, log_path, shown)
+    finally:
+        _interrupt(process)

@@ -1,0 +1,154 @@
+"""The markdown report of ``earm bench load``, a section per phase."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from service.bench.common.markdown import table
+from service.bench.common.stats import PERCENTILES
+from service.bench.load.session import PHASES
+
+Report = dict[str, Any]
+
+
+def _p(stats: dict[str, Any]) -> str:
+    values = [stats.get(f"p{p}") for p in PERCENTILES]
+    return " / ".join("-" if v is None else f"{v:.1f}" for v in values)
+
+
+def _header(report: Report) -> list[str]:
+    config, env = report["config"], report["environment"]
+    return [
+        f"# earm bench load — {config['memories']:,} memories, "
+        f"observations {', '.join(f'{o:,}' for o in config['observations'])}",
+        "",
+        f"`{config['command']}`" if config.get("command") else "",
+        "",
+        f"Machine: {env.get('cpus')} CPUs ({env.get('cpu', '?')}), load average at start "
+        f"{env.get('load_average_at_start')}, at end {env.get('load_average_at_end')}; "
+        f"PostgreSQL {env['postgres']}, pgvector {env['pgvector']}, "
+        f"shared_buffers {env['shared_buffers']}. Index: `{env['hnsw_index']}`. "
+        f"Run took {report['duration_s']:.0f} s.",
+    ]
+
+
+def _ingest(report: Report) -> list[str]:
+    rows = [
+        (row["path"], f"{row['memories']:,}", row["batch"], row["clients"],
+         f"{row['seconds']:.2f}", f"{row['memories_per_s']:,.0f}")
+        for row in report["ingest"]
+    ]
+    head = ("path", "memories", "batch", "clients", "seconds", "memories/s")
+    return ["", "## Ingest", "", *table(head, rows, "lrrrrr")]
+
+
+def _retrieve_row(cell: dict[str, Any], floor: float | None) -> tuple[object, ...]:
+    ratio = cell["overhead_ms"]["p50"] / floor if floor else None
+    return (cell["policy"], cell["concurrency"], cell["requests"], cell["scorer_calls_mean"],
+            _p(cell["total_ms"]), _p(cell["overhead_ms"]), _p(cell["client_ms"]),
+            f"{floor:.2f}", "-" if ratio is None else f"{ratio:.2f}",
+            f"{cell['throughput_rps']:.1f}")
+
+
+def _retrieve(report: Report) -> list[str]:
+    config = report["config"]
+    floors = {f["concurrency"]: f["latency_ms"]["p50"] for f in report["floor"]}
+    head = ("policy", "conc.", "req", "scorer calls", "total", "overhead (total − score)",
+            "client", "floor p50", "overhead p50 / floor p50", "req/s")
+    phases = [
+        (cell["policy"], cell["concurrency"],
+         *("-" if cell["phases_p50_ms"][n] is None else f"{cell['phases_p50_ms'][n]:.2f}"
+           for n in PHASES))
+        for cell in report["retrieve"]
+    ]
+    return [
+        "",
+        f"## Retrieve (judge {config['latency_ms']:g} ms per call, candidates "
+        f"{config['candidates']}, k {config['k']}, {report['observations'][0]['observations']:,} "
+        "observations)",
+        "",
+        "Server-side times are the response's `timings`; overhead = `total_ms − score_ms`; "
+        "client = end to end over HTTP. p50 / p95 / p99 in ms.",
+        "",
+        *table(head, (_retrieve_row(c, floors.get(c["concurrency"])) for c in report["retrieve"]),
+               "lrrrlllrrr"),
+        "",
+        "Phase p50 (ms): embed / search / score / complete / record",
+        "",
+        *table(("policy", "conc.", "embed", "search", "score", "complete", "record"), phases,
+               "lrrrrrr"),
+    ]
+
+
+def _floor(report: Report) -> list[str]:
+    head = ("concurrency", "queries", "ef_search", "rows (min)", "p50 / p95 / p99 ms", "queries/s")
+    rows = [
+        (f["concurrency"], f["queries"], f["ef_search"], f["rows_min"], _p(f["latency_ms"]),
+         f"{f['throughput_qps']:.1f}")
+        for f in report["floor"]
+    ]
+    return ["", "## Floor: raw pgvector top-N query (psycopg, binary, one round trip)", "",
+            *table(head, rows, "rrrrlr")]
+
+
+def _slow_judge(report: Report) -> list[str]:
+    config = report["config"]
+    head = ("policy", "budget", "conc.", "req", "scorer calls", "total", "score", "overhead",
+            "client")
+    rows = [
+        (c["policy"], c["budget"], c["concurrency"], c["requests"], c["scorer_calls_mean"],
+         _p(c["total_ms"]), _p(c["score_ms"]), _p(c["overhead_ms"]), _p(c["client_ms"]))
+        for c in report["slow_judge"]
+    ]
+    return [
+        "",
+        f"## Slow judge ({config['slow_latency_ms']:g} ms per call, scorer concurrency "
+        f"{config['scorer_concurrency']})",
+        "",
+        *table(head, rows, "lrrrrllll"),
+    ]
+
+
+def _tier_row(tier: dict[str, Any]) -> tuple[object, ...]:
+    refit = tier["service_refit"]
+    return (f"{tier['observations']:,}", f"{tier['queries']:,}",
+            f"{tier['memories_with_history']:,}", f"{tier['insert']['seconds']:.1f}",
+            f"{tier['refit_s']:.2f}", _p(tier["complete_ms"]),
+            f"{tier['earm']['overhead_ms']['p50']:.2f}", f"{tier['earm']['total_ms']['p50']:.2f}",
+            refit["total_ms"] if refit["total_ms"] is not None else "-",
+            refit["rss_mb"], refit["peak_rss_mb"])
+
+
+def _completion(report: Report) -> list[str]:
+    config = report["config"]
+    head = ("observations", "queries", "memories with history", "insert s", "refit s",
+            "complete p50 / p95 / p99 ms", "overhead p50 ms", "total p50 ms",
+            "in-service refit ms", "RSS MB", "peak RSS MB")
+    return [
+        "",
+        "## Completion, refit and memory as observations grow",
+        "",
+        f"Sequential `earm` retrieves ({config['completion_requests']} per tier, judge "
+        f"{config['latency_ms']:g} ms). Refit = the pipeline's full refit, timed in the bench "
+        "process; in-service refit = the retrieve that triggered a full refit inside the "
+        "service (its total_ms). RSS = the service process after that.",
+        "",
+        *table(head, (_tier_row(t) for t in report["observations"]), "rrrrrlrrrrr"),
+        "",
+        f"Service RSS: {report['rss_start']['rss_mb']} MB at start, "
+        f"{report['rss_after_ingest']['rss_mb']} MB after ingest, {report['rss_end']['rss_mb']} MB "
+        f"at the end (peak {report['rss_end']['peak_rss_mb']} MB).",
+    ]
+
+
+def _targets(report: Report) -> list[str]:
+    rows = [
+        (t["target"], t["measured"], "yes" if t["met"] else "NO", t["margin"])
+        for t in report["targets"]
+    ]
+    return ["", "## Targets", "", *table(("target", "measured", "met", "margin"), rows)]
+
+
+def render_markdown(report: Report) -> str:
+    sections = (_header, _ingest, _retrieve, _floor, _slow_judge, _completion, _targets)
+    return "\n".join(line for section in sections for line in section(report)) + "\n"

@@ -1,0 +1,155 @@
+"""The phases of ``earm bench load`` in order, and the processes they run against."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from service.bench.common.database import migrated_database
+from service.bench.common.processes import (
+    ServiceProcess,
+    judge_process,
+    service_process,
+)
+from service.bench.common.stats import percentiles
+from service.bench.load.config import LoadConfig
+from service.bench.load.database import (
+    analyze,
+    environment,
+    observation_counts,
+    refit,
+    settle,
+)
+from service.bench.load.floor import floor
+from service.bench.load.ingest import ingest_phase
+from service.bench.load.judge import Judge
+from service.bench.load.observations import add_observations, trigger_service_refit
+from service.bench.load.session import LoadRun, drive
+from service.bench.load.targets import targets
+from service.bench.load.world import World
+
+
+def service_settings(config: LoadConfig, database_url: str, judge_url: str) -> dict[str, str]:
+    """The service's whole EARM_* environment: its scorer is the judge."""
+    return {
+        "EARM_DATABASE_URL": database_url,
+        "EARM_EMBEDDING_DIM": str(config.dim),
+        "EARM_EMBEDDER": "local",
+        "EARM_SCORER": "openai",
+        "EARM_SCORER_BASE_URL": judge_url + "/v1",
+        "EARM_SCORER_MODEL": "loopback-judge",
+        "EARM_SCORER_CONCURRENCY": str(config.scorer_concurrency),
+        # Generous: `full` at concurrency 32 queues 6,400 judge calls behind one semaphore.
+        "EARM_SCORER_TIMEOUT_S": "600",
+        "EARM_DB_POOL_SIZE": str(config.db_pool_size),
+        "EARM_MAX_CANDIDATES": str(max(1000, config.candidates)),
+        "EARM_LOG_LEVEL": "WARNING",
+        # In the request that makes it due, so that request times the refit (the service's
+        # default runs it in the background, after the response).
+        "EARM_REFIT_IN_BACKGROUND": "false",
+    }
+
+
+async def latency_matrix(run: LoadRun) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Every (policy, concurrency) cell, and the floor of each concurrency."""
+    config = run.config
+    run.judge.latency_ms = config.latency_ms
+    await drive(run, run.query_numbers(8), 1, "earm", "warm-up")
+    cells, floors = [], []
+    for concurrency in config.concurrency:
+        asked: list[int] = []
+        for policy in config.policies:
+            numbers = run.query_numbers(max(config.requests, concurrency))
+            asked += numbers
+            samples = await drive(run, numbers, concurrency, policy, f"{policy} c={concurrency}")
+            cells.append({"policy": policy, "concurrency": concurrency,
+                          "judge_latency_ms": config.latency_ms, **samples.summary()})
+        # The floor answers the very query vectors of this concurrency's cells.
+        floors.append(await floor(run, asked, concurrency))
+    return cells, floors
+
+
+async def slow_judge(run: LoadRun) -> list[dict[str, Any]]:
+    """``earm`` with a slow judge: budget = the scorer concurrency (all anchors in one round),
+    alone and with concurrent clients, and the schedule's budget."""
+    config = run.config
+    run.judge.latency_ms = config.slow_latency_ms
+    cells: list[tuple[int | None, int]] = [(config.scorer_concurrency, 1), (None, 1)]
+    if max(config.concurrency) > 1:
+        cells.insert(1, (config.scorer_concurrency, min(8, max(config.concurrency))))
+    rows = []
+    for budget, concurrency in cells:
+        numbers = run.query_numbers(max(config.slow_requests, concurrency))
+        samples = await drive(run, numbers, concurrency, "earm",
+                              f"earm {config.slow_latency_ms:g} ms judge", budget=budget)
+        rows.append({"policy": "earm", "budget": budget or "schedule", "concurrency": concurrency,
+                     "judge_latency_ms": config.slow_latency_ms, **samples.summary()})
+    run.judge.latency_ms = config.latency_ms
+    return rows
+
+
+async def observation_tier(run: LoadRun, target: int, report: dict[str, Any]) -> dict[str, Any]:
+    """Grow the namespace to ``target`` observations, refit, and measure ``earm`` there; the
+    first tier also measures the latency matrix, the floor and the slow judge."""
+    current = (await observation_counts(run))["observations"]
+    added = await add_observations(run, target, current)
+    refit_s = await refit(run)
+    await analyze(run)
+    tier: dict[str, Any] = {"target": target, **await observation_counts(run), "insert": added,
+                            "refit_s": round(refit_s, 2)}
+    if "retrieve" not in report:  # the first tier
+        report["retrieve"], report["floor"] = await latency_matrix(run)
+        report["slow_judge"] = await slow_judge(run)
+    samples = await drive(run, run.query_numbers(run.config.completion_requests), 1, "earm",
+                          f"earm @ {current} observations")
+    tier["earm"] = samples.summary()
+    tier["complete_ms"] = percentiles(samples.timing("complete_ms"))
+    tier["service_refit"] = await trigger_service_refit(run)
+    tier["rss_after"] = run.service.rss_mb()
+    return tier
+
+
+async def _run(config: LoadConfig, world: World, judge: Judge, service: ServiceProcess,
+               database_url: str) -> dict[str, Any]:
+    limits = httpx.Limits(max_connections=max(config.concurrency) + 4)
+    async with httpx.AsyncClient(base_url=service.url, timeout=900, limits=limits) as client:
+        run = LoadRun(config, world, judge, service, database_url, client)
+        report: dict[str, Any] = {"namespace": run.namespace, "rss_start": service.rss_mb()}
+        report["ingest"] = await ingest_phase(run)
+        report["rss_after_ingest"] = service.rss_mb()
+        await settle(run)
+        report["observations"] = [
+            await observation_tier(run, target, report) for target in config.observations
+        ]
+    return report
+
+
+def run_load(config: LoadConfig) -> dict[str, Any]:
+    """The whole benchmark; returns the JSON report."""
+    world = World(config)
+    judge = Judge(world, config.latency_ms)
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="earm-load-") as tmp_name:
+        tmp = Path(tmp_name)
+        # The judge is forked first, before this process has threads or connections.
+        with judge_process(judge.reply) as judge_url, migrated_database(
+            config.database_url, config.dim, tmp
+        ) as database_url, service_process(
+            service_settings(config, database_url, judge_url), tmp
+        ) as service:
+            machine = environment(database_url)
+            report = asyncio.run(_run(config, world, judge, service, database_url))
+            machine["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
+            report["rss_end"] = service.rss_mb()
+            report["service_settings"] = service.settings
+    report["environment"] = machine
+    report["config"] = config.as_json()
+    report["duration_s"] = round(time.perf_counter() - started, 1)
+    report["targets"] = targets(report)
+    return report

@@ -1,0 +1,32 @@
+"""``earm bench locomo``: replay LoCoMo through the real service and compare retrieval policies.
+
+For each conversation file and each policy, in a fresh namespace (policies never share
+experience), the runner ingests every dialogue turn as one memory and replays the
+conversation's questions (categories 1–4, in file order; ``--include-adversarial`` adds
+category 5, reported separately) through ``POST /retrieve`` with ``order="relevance"`` and
+``k = max(--k)``. The service's relevance scorer is an oracle "LLM" on loopback that answers from
+the evidence labels with a documented noise model (:mod:`service.bench.locomo.judge`), or the
+service's local offline scorer (``--judge local``).
+
+It reports evidence recall@K and hit@K per policy, overall and per category and budget stage,
+scorer calls (absolute and relative to ``full``), the share of the top-K whose score was
+estimated, and retrieve latency with and without scorer time; plus the derived rows of the
+paper (observed − semantic: what direct scores add; earm − observed: what completion adds).
+
+By default the service runs in-process on a loopback port over an embedded Postgres in a
+temporary directory. With ``--url`` an already running service is used instead: the operator
+must then point that service's scorer at the judge, i.e. start the benchmark with a fixed
+``--judge-port P`` and the service with ``EARM_SCORER=openai
+EARM_SCORER_BASE_URL=http://127.0.0.1:P/v1`` (the budget schedule is the service's own).
+"""
+
+# The package: data (LoCoMo files), judge (the oracle), metrics, config, replay (the service and
+# the replay through it), results, run, report, plot and cli. The docstring above is
+# `earm bench locomo --help`'s description.
+
+from service.bench.locomo.cli import add_locomo_parser, main
+from service.bench.locomo.config import LocomoConfig
+from service.bench.locomo.report import format_markdown
+from service.bench.locomo.run import run_locomo
+
+__all__ = ["LocomoConfig", "add_locomo_parser", "format_markdown", "main", "run_locomo"]

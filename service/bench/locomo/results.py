@@ -1,0 +1,92 @@
+"""The RESULTS of ``earm bench locomo`` from the replay's records."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from service.bench.locomo import metrics
+from service.bench.locomo.config import ADVERSARIAL, LocomoConfig
+from service.bench.locomo.data import CATEGORY_NAMES, DEFAULT_CATEGORIES, Conversation
+from service.bench.locomo.metrics import QueryRecord
+from service.bench.locomo.replay import question_stream
+
+
+def dataset_summary(conversations: Sequence[Conversation], config: LocomoConfig) -> dict[str, Any]:
+    """The ``dataset`` block: conversations, questions per category, skipped questions."""
+    per_category: dict[str, int] = {}
+    skipped: dict[str, int] = {}
+    per_conv: dict[str, Any] = {}
+    for conv in conversations:
+        stream = question_stream(conv, config)
+        per_conv[conv.sample_id] = {
+            "turns": len(conv.turns),
+            "questions": len(stream),
+            "skipped_no_evidence": sum(1 for q in stream if not q.has_evidence),
+        }
+        for q in stream:
+            per_category[str(q.category)] = per_category.get(str(q.category), 0) + 1
+            if not q.has_evidence:
+                skipped[str(q.category)] = skipped.get(str(q.category), 0) + 1
+    main = sum(v for c, v in per_category.items() if int(c) in DEFAULT_CATEGORIES)
+    return {
+        "conversations": [c.sample_id for c in conversations],
+        "per_conversation": per_conv,
+        "turns": sum(len(c.turns) for c in conversations),
+        "questions": main,
+        "questions_per_category": dict(sorted(per_category.items())),
+        "category_names": {str(c): n for c, n in CATEGORY_NAMES.items()},
+        "skipped_no_evidence": sum(v for c, v in skipped.items() if int(c) in DEFAULT_CATEGORIES),
+        "skipped_per_category": dict(sorted(skipped.items())),
+    }
+
+
+def build_results(
+    config: LocomoConfig,
+    records: dict[str, list[QueryRecord]],
+    conversations: Sequence[Conversation],
+) -> dict[str, Any]:
+    """The RESULTS dict (without settings) from the replay records."""
+    policies: dict[str, Any] = {}
+    for policy, recs in records.items():
+        policies[policy] = metrics.summarize_policy(recs, config.ks, DEFAULT_CATEGORIES)
+    full_calls = policies["full"]["scorer_calls"] if "full" in policies else None
+    for entry in policies.values():
+        entry["calls_vs_full"] = (
+            entry["scorer_calls"] / full_calls if full_calls else None
+        )
+    out: dict[str, Any] = {
+        "dataset": dataset_summary(conversations, config),
+        "policies": policies,
+        "derived": metrics.derived(policies, config.ks),
+    }
+    if config.include_adversarial:
+        out["adversarial"] = {
+            policy: metrics.quality([r for r in recs if r.category == ADVERSARIAL], config.ks)
+            for policy, recs in records.items()
+        }
+    if config.per_query:
+        out["per_query"] = {
+            policy: [
+                {
+                    "sample_id": r.sample_id,
+                    "qa_index": r.qa_index,
+                    "t": r.query_index,
+                    "category": r.category,
+                    "stage": r.stage,
+                    "budget": r.budget,
+                    "scorer_calls": r.scorer_calls,
+                    **{
+                        f"recall@{k}": metrics.recall_at_k(r.ranked, r.evidence, k)
+                        for k in config.ks
+                    },
+                    "estimated@%d" % max(config.ks): sum(
+                        1 for s in r.sources[: max(config.ks)] if s == "estimated"
+                    ),
+                }
+                for r in recs
+            ]
+            for policy, recs in records.items()
+        }
+    return out
+

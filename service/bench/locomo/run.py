@@ -1,0 +1,72 @@
+"""``earm bench locomo`` from start to end: judge, services, replay, RESULTS, outputs."""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import time
+from datetime import datetime, timezone
+from typing import Any, cast
+
+from service.bench.common.cli import progress, write_json
+from service.bench.locomo.config import LocomoConfig
+from service.bench.locomo.data import load_conversations
+from service.bench.locomo.judge import JudgeKind, NoiseModel, start_judge
+from service.bench.locomo.metrics import QueryRecord
+from service.bench.locomo.plot import plot_results
+from service.bench.locomo.replay import question_stream, replay, service_for
+from service.bench.locomo.results import build_results
+
+logger = logging.getLogger(__name__)
+
+
+def run_locomo(config: LocomoConfig) -> dict[str, Any]:
+    """Run the benchmark; returns the RESULTS dict (also written/plotted if configured)."""
+    started = time.perf_counter()
+    started_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    conversations = load_conversations(
+        config.data_dir, config.conversations, max_sessions=config.max_sessions
+    )
+    run_id = secrets.token_hex(3)
+    noise = NoiseModel(
+        miss=config.judge_miss, false=config.judge_false, noise=config.judge_noise, seed=config.seed
+    )
+    judge_kind = cast(JudgeKind, config.judge)  # LocomoConfig.__post_init__ checked it
+    total = sum(len(question_stream(c, config)) for c in conversations) * len(config.policies)
+    records: dict[str, list[QueryRecord]] = {}
+    shared_service = bool(config.url or config.database_url)
+    # One service (and empty database) per policy in-process, so policies never share
+    # experience yet replay identical namespaces; one shared service otherwise.
+    policy_groups = [config.policies] if shared_service else [(p,) for p in config.policies]
+    with start_judge(judge_kind, conversations, noise, port=config.judge_port) as judge, progress(
+        total, "locomo", config.progress, unit="q"
+    ) as bar:
+        for policies in policy_groups:
+            with service_for(config, judge) as (base_url, service_settings):
+                records |= replay(config, base_url, conversations, judge, run_id, policies, bar)
+        judge_block = judge.describe()
+        if judge.oracle is not None:
+            judge_block["stats"] = judge.oracle.stats()
+    results = build_results(config, records, conversations)
+    results = {
+        "settings": {
+            **config.as_json(),
+            "run_id": run_id,
+            "started_at": started_at,
+            "duration_s": round(time.perf_counter() - started, 1),
+            "judge_model": judge_block,
+            "service": service_settings,
+        },
+        **results,
+    }
+    if judge.oracle is not None and judge.oracle.unknown:
+        logger.warning("the oracle judge could not identify %d prompts (answered 0)",
+                       judge.oracle.unknown)
+    if config.out is not None:
+        write_json(config.out, results)
+        logger.info("wrote %s", config.out)
+    if config.plot is not None:
+        plot_results(records, results, config.plot, config.ks, config.rolling_window)
+        logger.info("wrote %s", config.plot)
+    return results
+

@@ -1,0 +1,157 @@
+"""The ``earm`` command: serve, migrate, keys, mcp, bench."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from collections.abc import Sequence
+
+from pydantic import ValidationError
+
+from service.errors import ConfigurationError, SchemaOutOfDate
+from service.settings import Settings
+
+#: Commands whose output is their result: what they log while starting (Alembic, the embedded
+#: Postgres) is shown only with EARM_LOG_LEVEL=DEBUG (warnings and errors always).
+RESULT_COMMANDS = frozenset({"keys", "migrate"})
+
+
+def _serve(args: argparse.Namespace, settings: Settings) -> int:
+    import uvicorn
+
+    from service.logs import configure_logging
+    from service.metrics import multiprocess_directory
+
+    # JSON lines on stderr (before the app's imports log anything); our one line per request
+    # replaces uvicorn's access log.
+    configure_logging(settings.log_level)
+    from service.http import server
+    from service.http.app import create_app
+
+    host = args.host or settings.host
+    port = args.port if args.port is not None else settings.port
+    # The app sees the real bind address: without key enforcement it refuses a non-loopback one.
+    settings = settings.model_copy(update={"host": host, "port": port})
+    if args.workers > 1:
+        if not settings.database_url:
+            raise ConfigurationError(
+                "earm serve --workers needs EARM_DATABASE_URL (an external Postgres)"
+            )
+        server.check_start_up(create_app(settings))
+        # Each worker builds its app from the environment: hand the bind address on, and
+        # share one metrics directory so /metrics adds up every worker.
+        os.environ.update({"EARM_HOST": host, "EARM_PORT": str(port)})
+        with multiprocess_directory():
+            uvicorn.run(
+                "service.http.app:create_app",
+                factory=True,
+                workers=args.workers,
+                **server.uvicorn_options(settings),
+            )
+        return 0
+    server.run(create_app(settings), settings)
+    return 0
+
+
+def _migrate(args: argparse.Namespace, settings: Settings) -> int:
+    from service.db import migrate
+    from service.db.engine import EmbeddedPostgres
+
+    embedded = None
+    url = settings.database_url
+    if not url:
+        embedded = EmbeddedPostgres(settings.data_dir)
+        url = embedded.start()
+    try:
+        migrate.upgrade_to_head(url, settings.embedding_dim)
+    finally:
+        if embedded is not None:
+            embedded.stop()
+    print(f"schema at {migrate.head_revision()}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="earm", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    serve = commands.add_parser("serve", help="run the HTTP service")
+    serve.add_argument("--host", default=None, help="bind address (default EARM_HOST, 127.0.0.1)")
+    serve.add_argument("--port", type=int, default=None, help="port (default EARM_PORT, 8000)")
+    serve.add_argument(
+        "--workers", type=int, default=1, help="worker processes (> 1 needs EARM_DATABASE_URL)"
+    )
+    serve.set_defaults(func=_serve)
+
+    migrate = commands.add_parser(
+        "migrate", help="bring the database schema to the current version (Alembic upgrade head)"
+    )
+    migrate.set_defaults(func=_migrate)
+
+    from service.cli.keys import add_keys_parser
+
+    add_keys_parser(commands)
+    from service.cli.mcp import add_mcp_parser
+
+    add_mcp_parser(commands)
+
+    bench = commands.add_parser("bench", help="benchmarks")
+    bench_commands = bench.add_subparsers(dest="bench", required=True)
+    _add_benchmarks(bench_commands)
+    return parser
+
+
+def _add_benchmarks(
+    bench_commands: argparse._SubParsersAction[argparse.ArgumentParser],
+) -> None:
+    # Imported here, not at module level: `earm serve` should not load benchmark code.
+    from service.bench.load_mix import add_load_mix_parser
+    from service.bench.locomo import add_locomo_parser
+
+    add_locomo_parser(bench_commands)
+    add_load_mix_parser(bench_commands)
+    from service.bench.hnsw import add_hnsw_parser
+    from service.bench.load import add_load_parser
+
+    add_load_parser(bench_commands)
+    add_hnsw_parser(bench_commands)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        settings = Settings()
+    except ValidationError as error:
+        return _configuration_error(_describe_invalid_settings(error))
+    level = settings.log_level.upper()
+    if args.command in RESULT_COMMANDS:
+        from service.logs import startup_detail_level
+
+        level = startup_detail_level(level)
+    logging.basicConfig(level=level, stream=sys.stderr)
+    try:
+        if args.command == "bench":
+            return int(args.func(args) or 0)
+        return int(args.func(args, settings) or 0)
+    except (ConfigurationError, SchemaOutOfDate) as error:
+        return _configuration_error(str(error))
+
+
+def _configuration_error(message: str) -> int:
+    """What is wrong and how to fix it, as one line: no traceback to read through."""
+    print(f"earm: {message}", file=sys.stderr)
+    return 2
+
+
+def _describe_invalid_settings(error: ValidationError) -> str:
+    # Names the variable, never echoes its value (it may be a key).
+    first = error.errors()[0]
+    name = "EARM_" + "_".join(str(part) for part in first["loc"]).upper()
+    more = f" (and {error.error_count() - 1} more invalid settings)" if error.error_count() > 1 else ""
+    return f"invalid setting {name}: {first['msg']}{more}; see README, Configuration"
+
+
+if __name__ == "__main__":
+    sys.exit(main())

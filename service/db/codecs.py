@@ -1,0 +1,142 @@
+"""How numbers travel to and from Postgres: metadata floats in JSONB, ``real`` values and
+arrays, cosine distances, stored factor rows, and binary COPY streams (built and parsed in
+numpy, with no per-row Python)."""
+
+from __future__ import annotations
+
+import json
+import re
+import struct
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import psycopg
+
+# A JSON string, or a number in exponent form with a positive exponent: json.dumps writes
+# every float from 1e16 up (and no int) that way.
+_STRING_OR_LARGE_FLOAT = re.compile(r'"(?:[^"\\]|\\.)*"|-?[0-9]+(?:\.[0-9]+)?e\+[0-9]+')
+
+
+def metadata_json(metadata: dict[str, Any]) -> str:
+    """JSON text of a metadata object in which every float reads back from JSONB as a float.
+
+    JSONB stores numbers as numeric, which prints 1e308 (from json.dumps's "1e+308") as a
+    309-digit integer, so it read back as an int. Such floats are written out in full with a
+    ".0", which numeric keeps; the decimal is exact, so it reads back as the same float."""
+    text = json.dumps(metadata)
+    if "e+" not in text:
+        return text
+    return _STRING_OR_LARGE_FLOAT.sub(
+        lambda match: match[0] if match[0].startswith('"') else f"{float(match[0]):.1f}", text
+    )
+
+
+def real_values(values: np.ndarray) -> np.ndarray:
+    """Values for a Postgres ``real`` column: float32, with magnitudes below float32's smallest
+    normal flushed to zero (Postgres rejects subnormal ``real`` input as out of range, and ALS
+    can drive an unused factor arbitrarily close to zero)."""
+    single = np.asarray(values, dtype=np.float32)
+    return np.where(np.abs(single) < np.finfo(np.float32).tiny, np.float32(0.0), single)
+
+
+def as_real(values: np.ndarray) -> list[float]:
+    """:func:`real_values` as a list of Python floats."""
+    return [float(x) for x in real_values(values)]
+
+
+def real_array_literals(rows: np.ndarray) -> list[str]:
+    """Rows of a 2-D array as ``'{...}'`` literals for a ``real[]`` column (Postgres has no
+    ragged 2-D arrays, so each row travels as text)."""
+    return ["{" + ",".join(repr(x) for x in as_real(row)) + "}" for row in rows]
+
+
+def cosine_similarities(distances: Sequence[float]) -> np.ndarray:
+    """1 - pgvector's cosine distances, 0 (orthogonal) where a distance is NaN: pgvector's
+    answer for a vector of zero length (or one whose float32 squared length overflows), which
+    ingest refuses but older rows may have."""
+    similarities = 1.0 - np.asarray(distances, dtype=np.float64)
+    return np.where(np.isnan(similarities), 0.0, similarities)
+
+
+def factor_matrix(factor_lists: Sequence[Sequence[float] | None], rank: int) -> np.ndarray:
+    """Stored factor arrays as an (n, rank) matrix; missing or other-rank rows become zeros
+    (a changed EARM_RANK is healed by the next full refit)."""
+    matrix = np.zeros((len(factor_lists), rank))
+    for row, factors in enumerate(factor_lists):
+        if factors is not None and len(factors) == rank:
+            matrix[row] = factors
+    return matrix
+
+
+# Binary COPY framing (https://www.postgresql.org/docs/current/sql-copy.html#id-1.9.3.55.9.4).
+_COPY_SIGNATURE = b"PGCOPY\n\xff\r\n\x00"
+_COPY_HEADER = _COPY_SIGNATURE + struct.pack(">ii", 0, 0)
+_COPY_TRAILER = struct.pack(">h", -1)
+_FLOAT4_OID = 700
+
+
+def parse_binary_copy(data: bytes, row: np.dtype) -> np.ndarray:
+    """Rows of a binary COPY whose every field is fixed-size and non-NULL."""
+    if not data.startswith(_COPY_SIGNATURE):
+        raise ValueError("not a binary COPY stream")
+    extension = struct.unpack_from(">i", data, len(_COPY_SIGNATURE) + 4)[0]
+    start = len(_COPY_SIGNATURE) + 8 + extension
+    body = data[start : len(data) - len(_COPY_TRAILER)]
+    rows = np.frombuffer(body, dtype=row)
+    assert row.fields is not None and row.names is not None, "row is a structured dtype"
+    sizes = [row.fields[name][0].itemsize for name in row.names[2::2]]
+    lengths = [row.names[i] for i in range(1, len(row.names), 2)]
+    if len(body) % row.itemsize or np.any(rows["fields"] != len(sizes)) or any(
+        np.any(rows[name] != size) for name, size in zip(lengths, sizes)
+    ):
+        raise ValueError("unexpected row layout in a binary COPY stream")
+    return rows
+
+
+def binary_copy(columns: Sequence[tuple[str, Any]], n_rows: int) -> bytes:
+    """A binary COPY stream of ``n_rows`` rows, built in numpy (no per-row Python).
+
+    Columns are (kind, values): ``int8``, ``int4``, ``float8`` (arrays of ``n_rows``), ``text``
+    (one ``str`` for every row) or ``real[]`` (an (n_rows, r) array, written as float32).
+    """
+    fields: list[tuple[Any, ...]] = [("fields", ">i2")]
+    for i, (kind, values) in enumerate(columns):
+        fields.append((f"l{i}", ">i4"))
+        if kind == "int8":
+            fields.append((f"v{i}", ">i8"))
+        elif kind == "int4":
+            fields.append((f"v{i}", ">i4"))
+        elif kind == "float8":
+            fields.append((f"v{i}", ">f8"))
+        elif kind == "text":
+            fields.append((f"v{i}", f"S{len(values.encode())}"))
+        elif kind == "real[]":
+            rank = values.shape[1]
+            fields.append((f"h{i}", ">i4", (5,)))  # ndim, has-nulls, element oid, size, lbound
+            fields.append((f"v{i}", [("length", ">i4"), ("value", ">f4")], (rank,)))
+        else:  # pragma: no cover - programming error
+            raise ValueError(f"unknown column kind {kind!r}")
+    rows = np.zeros(n_rows, dtype=np.dtype(fields))
+    rows["fields"] = len(columns)
+    for i, (kind, values) in enumerate(columns):
+        if kind == "text":
+            encoded = values.encode()
+            rows[f"l{i}"] = len(encoded)
+            rows[f"v{i}"] = encoded
+        elif kind == "real[]":
+            rank = values.shape[1]
+            rows[f"l{i}"] = 20 + 8 * rank
+            rows[f"h{i}"] = (1, 0, _FLOAT4_OID, rank, 1)
+            rows[f"v{i}"]["length"] = 4
+            rows[f"v{i}"]["value"] = real_values(values)
+        else:
+            rows[f"l{i}"] = rows.dtype[f"v{i}"].itemsize
+            rows[f"v{i}"] = values
+    return _COPY_HEADER + rows.tobytes() + _COPY_TRAILER
+
+
+async def copy_in(conn: psycopg.AsyncConnection[Any], statement: str, data: bytes) -> None:
+    async with conn.cursor() as cursor:
+        async with cursor.copy(statement) as copy:
+            await copy.write(data)

@@ -1,0 +1,233 @@
+"""The completion model's state: per-memory rows (``memory_factors``), per-query parameters
+(columns of ``queries``) and the namespace's content prior and running mean, written online
+after each query or feedback and replaced wholesale by a full refit (binary COPY).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import numpy as np
+import psycopg
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from service.completion.similarity import ContentPrior
+from service.db.codecs import binary_copy, copy_in, real_array_literals
+from service.db.engine import driver_connection
+from service.db.namespaces import namespace_state
+
+
+def content_sql(embedding: str, weights: str) -> str:
+    """The content prior's e_m·w in SQL, e_m the unit embedding (<#> is the negated inner
+    product); NULL while the namespace has no weights (before its first refit), and for an
+    embedding of zero length, which has no unit vector (ingest refuses them, but rows stored
+    before it checked vectors as float32 may have one; dividing by its norm failed every
+    search of the namespace)."""
+    return f"-({embedding} <#> {weights}) / nullif(vector_norm({embedding}), 0)"
+
+
+async def add_feedback_to_mean(
+    session: AsyncSession, namespace: str, scores: np.ndarray
+) -> None:
+    await session.execute(
+        text(
+            "UPDATE namespaces SET score_sum = score_sum + :total, score_count = score_count + :n "
+            "WHERE name = :namespace"
+        ),
+        {"namespace": namespace, "total": float(np.sum(scores)), "n": len(scores)},
+    )
+
+
+_UPSERT_FACTORS_SQL = """
+    INSERT INTO memory_factors (memory_id, namespace, bias, factors, observation_count)
+    SELECT m, %(namespace)s::text, b, f::real[], n
+    FROM unnest(%(ids)s::bigint[], %(bias)s::float8[], %(factors)s::text[], %(counts)s::int[])
+        AS t(m, b, f, n)
+    ON CONFLICT (memory_id) DO UPDATE SET
+        bias = EXCLUDED.bias, factors = EXCLUDED.factors,
+        observation_count = EXCLUDED.observation_count
+"""
+
+
+async def upsert_memory_factors(
+    session: AsyncSession,
+    namespace: str,
+    memory_ids: np.ndarray,
+    bias: np.ndarray,
+    factors: np.ndarray,
+    observation_count: np.ndarray,
+    *,
+    commit: bool = False,
+) -> None:
+    """The online update of a few memory rows (a full refit writes with :func:`replace_model`).
+    ``commit``: also commit the transaction, in the same round trip."""
+    conn = await driver_connection(session)
+    async with conn.pipeline():
+        if len(memory_ids):
+            await conn.execute(
+                _UPSERT_FACTORS_SQL,
+                {
+                    "namespace": namespace,
+                    "ids": [int(m) for m in memory_ids],
+                    "bias": [float(b) for b in bias],
+                    "factors": real_array_literals(factors),
+                    "counts": [int(n) for n in observation_count],
+                },
+            )
+        if commit:
+            await conn.commit()
+
+
+async def update_query_factors(
+    session: AsyncSession,
+    query_ids: np.ndarray,
+    bias: np.ndarray,
+    slope: np.ndarray,
+    factors: np.ndarray,
+) -> None:
+    if len(query_ids) == 0:
+        return
+    await session.execute(
+        text(
+            """
+            UPDATE queries q SET bias = t.b, slope = t.s, factors = CAST(t.f AS real[])
+            FROM unnest(CAST(:ids AS bigint[]), CAST(:bias AS float8[]), CAST(:slope AS float8[]),
+                        CAST(:factors AS text[])) AS t(id, b, s, f)
+            WHERE q.id = t.id
+            """
+        ),
+        {
+            "ids": [int(q) for q in query_ids],
+            "bias": [float(b) for b in bias],
+            "slope": [float(s) for s in slope],
+            "factors": real_array_literals(factors),
+        },
+    )
+
+
+async def _still_existing(
+    conn: psycopg.AsyncConnection[Any], memory_ids: np.ndarray
+) -> np.ndarray:
+    """A mask of the ``memory_ids`` not deleted. Run under the namespace's lock, which a
+    delete takes too: no delete is under way, and this statement sees every one committed."""
+    cursor = await conn.execute(
+        "SELECT t.id FROM unnest(%(ids)s::bigint[]) AS t(id) "
+        "WHERE NOT EXISTS (SELECT FROM memories m WHERE m.id = t.id)",
+        {"ids": [int(m) for m in memory_ids]},
+    )
+    deleted = [row[0] for row in await cursor.fetchall()]
+    return np.isin(memory_ids, deleted, invert=True)
+
+
+@dataclass(frozen=True)
+class RefittedModel:
+    """A namespace's model from a full refit, as :func:`replace_model` writes it: one entry per
+    observed memory (ids ascending) and one per observed query (ids ascending)."""
+
+    memory_ids: np.ndarray
+    memory_bias: np.ndarray
+    memory_factors: np.ndarray
+    observation_count: np.ndarray  # observations per memory
+    query_ids: np.ndarray
+    query_bias: np.ndarray
+    query_slope: np.ndarray
+    query_factors: np.ndarray
+    prior: ContentPrior
+
+
+async def replace_model(
+    session: AsyncSession, namespace: str, model: RefittedModel, refitted_at: datetime
+) -> None:
+    """Write a full refit: every memory row and query column of the namespace, and reset the
+    counter. Rows travel by binary COPY (the memory side straight into ``memory_factors``,
+    emptied for the namespace first; the query side through a temporary table). Memories
+    deleted since the observations were read get no row."""
+    await namespace_state(session, namespace, for_update=True)
+    conn = await driver_connection(session)
+    await _replace_memory_rows(conn, namespace, model)
+    if len(model.query_ids):
+        await _update_query_columns(conn, model)
+    await _reset_after_refit(session, namespace, model.prior, refitted_at)
+
+
+async def _replace_memory_rows(
+    conn: psycopg.AsyncConnection[Any], namespace: str, model: RefittedModel
+) -> None:
+    existing = await _still_existing(conn, model.memory_ids)
+    memory_ids, memory_bias, memory_factors, observation_count = (
+        np.asarray(values)[existing]
+        for values in (
+            model.memory_ids, model.memory_bias, model.memory_factors, model.observation_count
+        )
+    )
+    await conn.execute("DELETE FROM memory_factors WHERE namespace = %s", (namespace,))
+    if len(memory_ids):
+        await copy_in(
+            conn,
+            "COPY memory_factors (memory_id, namespace, bias, factors, observation_count) "
+            "FROM STDIN (FORMAT BINARY)",
+            binary_copy(
+                [("int8", memory_ids), ("text", namespace), ("float8", memory_bias),
+                 ("real[]", np.asarray(memory_factors)), ("int4", observation_count)],
+                len(memory_ids),
+            ),
+        )
+
+
+async def _update_query_columns(conn: psycopg.AsyncConnection[Any], model: RefittedModel) -> None:
+    await conn.execute(
+        "CREATE TEMPORARY TABLE earm_refit_queries "
+        "(id bigint, bias float8, slope float8, factors real[]) ON COMMIT DROP"
+    )
+    await copy_in(
+        conn,
+        "COPY earm_refit_queries (id, bias, slope, factors) FROM STDIN (FORMAT BINARY)",
+        binary_copy(
+            [("int8", model.query_ids), ("float8", model.query_bias),
+             ("float8", model.query_slope), ("real[]", np.asarray(model.query_factors))],
+            len(model.query_ids),
+        ),
+    )
+    await conn.execute(
+        "UPDATE queries q SET bias = t.bias, slope = t.slope, factors = t.factors "
+        "FROM earm_refit_queries t WHERE q.id = t.id"
+    )
+    await conn.execute("DROP TABLE earm_refit_queries")
+
+
+async def _reset_after_refit(
+    session: AsyncSession, namespace: str, prior: ContentPrior, refitted_at: datetime
+) -> None:
+    """The namespace row after a refit: its content prior, the refit counter reset, and the
+    running mean recomputed."""
+    await session.execute(
+        text(
+            """
+            UPDATE namespaces SET queries_since_refit = 0, last_refit_at = :at,
+                content_slope = :content_slope,
+                content_weights = CAST(:content_weights AS vector),
+                score_sum = (SELECT coalesce(sum(score::text::float8), 0) FROM scores
+                             WHERE namespace = :namespace),
+                score_count = (SELECT count(*) FROM scores WHERE namespace = :namespace)
+            WHERE name = :namespace
+            """
+        ),
+        # The running mean is recomputed from the data under the namespace lock: it heals drift
+        # from deleted memories and counts observations recorded while the fit ran. The sum is
+        # of the numbers the fit reads (see namespace_observations), in double precision: sum()
+        # of `real` adds in float32, whose rounding depends on the rows' physical order, so a
+        # replay of the same requests could get another mean.
+        {
+            "namespace": namespace,
+            "at": refitted_at,
+            "content_slope": prior.slope if len(prior.weights) else None,
+            "content_weights": (
+                "[" + ",".join(repr(float(x)) for x in prior.weights) + "]"
+                if len(prior.weights)
+                else None
+            ),
+        },
+    )

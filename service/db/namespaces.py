@@ -1,0 +1,87 @@
+"""The ``namespaces`` rows: their counters (the completion model's running mean and the query
+index), their creation, the writers' row lock and the refit's advisory lock."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import text
+from sqlalchemy.dialects.postgresql import insert
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from service.db.models import Namespace
+from service.errors import NotFound
+
+
+@dataclass(frozen=True)
+class NamespaceState:
+    next_query_index: int
+    mean_score: float  # μ of the completion model
+    score_count: int
+    queries_since_refit: int
+    content_slope: float  # γ of the content prior (0 before the first refit)
+
+
+# What state_from_row reads, in its order; one list for the SQLAlchemy and psycopg readers.
+_STATE_COLUMNS = (
+    "next_query_index, score_sum, score_count, queries_since_refit, coalesce(content_slope, 0)"
+)
+
+
+async def namespace_state(
+    session: AsyncSession, namespace: str, for_update: bool = False
+) -> NamespaceState:
+    """The namespace's counters; ``for_update`` locks its row first, which every writer of
+    model state does, so writers of one namespace queue instead of deadlocking. The lock is
+    FOR NO KEY UPDATE (what the record's UPDATE of the counters takes): it queues those writers
+    but not an ingest, whose new memories only check that the namespace exists (FOR KEY
+    SHARE), so a refit writing its model does not hold up ingests."""
+    row = (
+        await session.execute(
+            text(
+                f"SELECT {_STATE_COLUMNS} FROM namespaces WHERE name = :namespace"
+                + (" FOR NO KEY UPDATE" if for_update else "")
+            ),
+            {"namespace": namespace},
+        )
+    ).first()
+    return state_from_row(row, namespace)
+
+
+#: The same read for the psycopg connection (pipelined by the search).
+STATE_SQL = f"SELECT {_STATE_COLUMNS} FROM namespaces WHERE name = %(namespace)s"
+
+
+def state_from_row(row: Sequence[Any] | None, namespace: str) -> NamespaceState:
+    if row is None:
+        raise NotFound(f"namespace {namespace!r} has no memories")
+    next_index, score_sum, score_count, since_refit, content_slope = row
+    mean = float(score_sum) / score_count if score_count else 0.0
+    return NamespaceState(
+        int(next_index), mean, int(score_count), int(since_refit), float(content_slope)
+    )
+
+
+async def ensure_namespace(session: AsyncSession, namespace: str) -> None:
+    await session.execute(insert(Namespace).values(name=namespace).on_conflict_do_nothing())
+
+
+async def try_lock_namespace_refit(session: AsyncSession, namespace: str) -> bool:
+    """Only one process refits a namespace at a time; the others skip. A session-level lock,
+    held across the read, the fit and the write transactions; release with
+    :func:`unlock_namespace_refit`."""
+    return bool(
+        await session.scalar(
+            text("SELECT pg_try_advisory_lock(hashtextextended(:key, 0))"),
+            {"key": f"earm-refit:{namespace}"},
+        )
+    )
+
+
+async def unlock_namespace_refit(session: AsyncSession, namespace: str) -> None:
+    await session.execute(
+        text("SELECT pg_advisory_unlock(hashtextextended(:key, 0))"),
+        {"key": f"earm-refit:{namespace}"},
+    )

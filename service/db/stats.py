@@ -1,0 +1,231 @@
+"""SQL behind ``GET /stats`` and the database gauges of ``GET /metrics``.
+
+Both read the per-namespace counters the pipeline keeps (``namespaces``: queries recorded,
+scorer calls, calls full reranking would have made, last refit), so they cost little:
+
+- ``/stats`` adds exact counts through the namespace indexes (memories by
+  ``ix_memories_namespace_id``, observations by ``ix_scores_namespace``), the returned-memory
+  sums over the namespace's queries, and the completion error over its last
+  :data:`PREQUENTIAL_WINDOW` queries (``uq_queries_namespace_query_index``, read backwards).
+- ``/metrics`` reads the ``namespaces`` table only (one row per namespace): never memories,
+  queries or scores, so a scrape costs the same however much has been learned.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Annotated, Any
+
+from pydantic import Field
+from sqlalchemy import Row, text
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from service.errors import NotFound
+from service.settings import BudgetSchedule
+
+#: Completion quality is measured over this many most recent queries of a namespace.
+PREQUENTIAL_WINDOW = 100
+
+
+@dataclass(frozen=True)
+class NamespaceStats:
+    """One namespace's counts, budget, savings and completion quality."""
+
+    # Also the body of GET /stats (see README "Operations"): the descriptions are the API's.
+
+    namespace: str
+    memories: int
+    memories_unindexed: Annotated[
+        int,
+        Field(
+            description="Memories not in the HNSW index yet (the background indexer's backlog); "
+            "searches find them by an exact scan meanwhile."
+        ),
+    ]
+    queries: Annotated[int, Field(description="Queries recorded (the next query's index).")]
+    observations: Annotated[int, Field(description="Observed cells: scorer scores and feedback.")]
+    # The observed share of the experience matrix as it stands (current memories × recorded
+    # queries).
+    density: Annotated[
+        float, Field(description="observations / (memories × queries); 0 while either is 0.")
+    ]
+    stage: Annotated[int, Field(description="Budget stage of the next query.")]
+    next_budget: Annotated[
+        int,
+        Field(
+            description="Anchors the next default request will score: the schedule's ratio times "
+            "min(default candidates, memories)."
+        ),
+    ]
+    next_budget_ratio: float
+    scorer_calls: Annotated[int, Field(description="Scorer calls made by recorded queries.")]
+    full_rerank_calls: Annotated[
+        int, Field(description="Calls full reranking would have made for them.")
+    ]
+    # None before any query scored anything.
+    calls_saved: Annotated[
+        float | None, Field(description="1 − scorer_calls / full_rerank_calls.")
+    ]
+    estimated_share: Annotated[
+        float | None,
+        Field(description="Share of returned memories whose score came from the completion model."),
+    ]
+    # Each anchor predicted before it was folded in (leave-one-out).
+    prequential_error: Annotated[
+        float | None,
+        Field(
+            description="Mean absolute error of the completion on anchors with history over the "
+            f"last {PREQUENTIAL_WINDOW} queries, each predicted before it was learned from "
+            "(null: none yet)."
+        ),
+    ]
+    prequential_anchors: Annotated[int, Field(description="Anchors that error is measured on.")]
+    last_refit_at: datetime | None
+
+
+_STATS_SQL = f"""
+SELECT n.name, n.next_query_index, n.scorer_calls, n.full_rerank_calls, n.last_refit_at,
+       (SELECT count(*) FROM memories m WHERE m.namespace = n.name) AS memories,
+       (SELECT count(*) FROM memories m WHERE m.namespace = n.name AND NOT m.indexed)
+           AS memories_unindexed,
+       (SELECT count(*) FROM scores s WHERE s.namespace = n.name) AS observations,
+       r.returned, r.estimated, p.error, p.anchors
+FROM namespaces n
+CROSS JOIN LATERAL (
+    SELECT coalesce(sum(q.returned_count), 0) AS returned,
+           coalesce(sum(q.returned_estimated), 0) AS estimated
+    FROM queries q WHERE q.namespace = n.name
+) r
+CROSS JOIN LATERAL (
+    SELECT sum(w.prequential_abs_error * w.prequential_count)
+               / nullif(sum(w.prequential_count), 0) AS error,
+           coalesce(sum(w.prequential_count), 0) AS anchors
+    FROM (
+        SELECT q.prequential_abs_error, q.prequential_count FROM queries q
+        WHERE q.namespace = n.name ORDER BY q.query_index DESC LIMIT {PREQUENTIAL_WINDOW}
+    ) w
+    WHERE w.prequential_count > 0
+) p
+"""
+
+
+def _ratio(numerator: float, denominator: float) -> float | None:
+    return float(numerator) / float(denominator) if denominator else None
+
+
+def _namespace_stats(
+    row: Row[Any], schedule: BudgetSchedule, default_candidates: int
+) -> NamespaceStats:
+    queries, memories, observations = int(row.next_query_index), int(row.memories), int(row.observations)
+    stage = schedule.stage_for(queries)
+    saved = _ratio(row.scorer_calls, row.full_rerank_calls)
+    return NamespaceStats(
+        namespace=row.name,
+        memories=memories,
+        memories_unindexed=int(row.memories_unindexed),
+        queries=queries,
+        observations=observations,
+        density=observations / (memories * queries) if memories and queries else 0.0,
+        stage=stage,
+        # What the next default request would score: the namespace may hold fewer memories
+        # than the default number of candidates.
+        next_budget=schedule.budget_for_query(queries, min(default_candidates, memories)),
+        next_budget_ratio=schedule.stages[stage][1],
+        scorer_calls=int(row.scorer_calls),
+        full_rerank_calls=int(row.full_rerank_calls),
+        calls_saved=None if saved is None else 1.0 - saved,
+        estimated_share=_ratio(row.estimated, row.returned),
+        prequential_error=None if row.error is None else float(row.error),
+        prequential_anchors=int(row.anchors),
+        last_refit_at=row.last_refit_at,
+    )
+
+
+async def namespace_stats(
+    session: AsyncSession, namespace: str, schedule: BudgetSchedule, default_candidates: int
+) -> NamespaceStats:
+    row = (
+        await session.execute(text(_STATS_SQL + " WHERE n.name = :namespace"), {"namespace": namespace})
+    ).first()
+    if row is None:
+        raise NotFound(f"namespace {namespace!r} does not exist")
+    return _namespace_stats(row, schedule, default_candidates)
+
+
+async def all_namespace_stats(
+    session: AsyncSession, schedule: BudgetSchedule, default_candidates: int
+) -> list[NamespaceStats]:
+    """Every namespace, by name. Its cost grows with the data (it counts every namespace's
+    memories and observations through the indexes); poll ``/metrics`` for monitoring."""
+    rows = (await session.execute(text(_STATS_SQL + " ORDER BY n.name"))).all()
+    return [_namespace_stats(row, schedule, default_candidates) for row in rows]
+
+
+# ------------------------------------------------------------------------- /metrics gauges
+
+
+@dataclass(frozen=True)
+class NamespaceCounters:
+    namespace: str
+    queries: int
+    observations: int  # the running count kept for the model's mean (healed at each refit)
+    scorer_calls: int
+    full_rerank_calls: int
+    last_refit_at: datetime | None
+
+
+@dataclass(frozen=True)
+class CounterSnapshot:
+    namespaces: int
+    queries: int
+    observations: int
+    scorer_calls: int
+    full_rerank_calls: int
+    busiest: Sequence[NamespaceCounters]  # at most `limit`, most queries first
+
+
+async def counter_snapshot(session: AsyncSession, limit: int) -> CounterSnapshot:
+    """Totals over every namespace plus the ``limit`` namespaces with the most queries, in one
+    statement over the ``namespaces`` table (window sums are taken before the LIMIT)."""
+    rows = (
+        await session.execute(
+            text(
+                """
+                SELECT name, next_query_index, score_count, scorer_calls, full_rerank_calls,
+                       last_refit_at,
+                       count(*) OVER () AS total_namespaces,
+                       sum(next_query_index) OVER () AS total_queries,
+                       sum(score_count) OVER () AS total_observations,
+                       sum(scorer_calls) OVER () AS total_scorer_calls,
+                       sum(full_rerank_calls) OVER () AS total_full_rerank_calls
+                FROM namespaces
+                ORDER BY next_query_index DESC, name
+                LIMIT :limit
+                """
+            ),
+            {"limit": limit},
+        )
+    ).all()
+    if not rows:
+        return CounterSnapshot(0, 0, 0, 0, 0, [])
+    first = rows[0]
+    return CounterSnapshot(
+        namespaces=int(first.total_namespaces),
+        queries=int(first.total_queries),
+        observations=int(first.total_observations),
+        scorer_calls=int(first.total_scorer_calls),
+        full_rerank_calls=int(first.total_full_rerank_calls),
+        busiest=[
+            NamespaceCounters(
+                namespace=r.name,
+                queries=int(r.next_query_index),
+                observations=int(r.score_count),
+                scorer_calls=int(r.scorer_calls),
+                full_rerank_calls=int(r.full_rerank_calls),
+                last_refit_at=r.last_refit_at,
+            )
+            for r in rows
+        ],
+    )

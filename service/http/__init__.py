@@ -1,0 +1,2 @@
+"""FastAPI only: the app factory, middleware, dependencies, schemas, error handlers and routes.
+Nothing below this package knows about HTTP."""

@@ -1,0 +1,101 @@
+"""The app factory: one FastAPI app per ``Settings``, its resources owned by the lifespan."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+
+from fastapi import Depends, FastAPI
+
+from service.auth import Authenticator
+from service.db.engine import open_database, supervised
+from service.http.deps import Components, authenticate
+from service.http.error_handlers import install_error_handlers
+from service.http.middleware import BodyLimits, RequestObservabilityMiddleware
+from service.http.routes import health, memories, retrieve, stats
+from service.ingest.indexer import BackgroundIndexer
+from service.integrations import mount_mcp
+from service.metrics import Metrics
+from service.providers.embedders import LocalEmbedder
+from service.providers.factory import build_embedder, build_scorer
+from service.providers.scorer_health import ScorerHealth
+from service.providers.scorers import observe_all
+from service.retrieve.pipeline import RetrievalPipeline
+from service.settings import Settings
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    """Build the app; without ``settings`` they are read from the environment (``EARM_*``),
+    which is what ``uvicorn --factory service.http.app:create_app`` relies on."""
+    settings = settings or Settings()
+    metrics = Metrics()
+    app = FastAPI(
+        title="earm",
+        version="1",
+        summary="Retrieval for long-term agent memory that learns from its own reranking.",
+        lifespan=_lifespan(settings, metrics),
+        # Every route needs a key once key enforcement is on, except deps.PUBLIC_PATHS
+        # (docs/security.md).
+        dependencies=[Depends(authenticate)],
+    )
+    app.add_middleware(
+        BodyLimits, max_bytes=settings.max_body_bytes, timeout_s=settings.body_timeout_s
+    )
+    app.state.metrics = metrics
+    app.add_middleware(RequestObservabilityMiddleware, metrics=metrics)
+    install_error_handlers(app)
+    app.include_router(health.router)
+    app.include_router(memories.router)
+    app.include_router(retrieve.router)
+    app.include_router(stats.router)
+    mount_mcp(app, settings)
+    return app
+
+
+def _lifespan(
+    settings: Settings, metrics: Metrics
+) -> Callable[[FastAPI], AbstractAsyncContextManager[None]]:
+    """The app's resources: opened before it serves, closed once it has stopped."""
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        # In embedded mode, the server is restarted whenever it dies (service.db.engine).
+        async with open_database(settings) as database, supervised(database, settings):
+            # Seeds EARM_API_KEYS; refuses a non-loopback EARM_HOST without key enforcement.
+            app.state.authenticator = Authenticator.from_settings(settings, database.sessions)
+            await app.state.authenticator.start(bind_host=settings.host)
+            embedder = build_embedder(settings)
+            if isinstance(embedder, LocalEmbedder):
+                # Load the ONNX model now, not on the first request (~0.4 s).
+                await asyncio.to_thread(embedder.load)
+            scorer_health = ScorerHealth(settings.scorer)
+            scorer = build_scorer(
+                settings, observer=observe_all(metrics.observe_scorer_call, scorer_health)
+            )
+            pipeline = RetrievalPipeline(database.sessions, embedder, scorer, settings)
+            # Started now: memories left unindexed by an earlier run are indexed first.
+            indexer = BackgroundIndexer(
+                database.sessions, settings.index_batch_size, settings.index_poll_interval_s
+            )
+            indexer.start()
+            app.state.components = Components(
+                settings=settings,
+                database=database,
+                embedder=embedder,
+                scorer=scorer,
+                scorer_health=scorer_health,
+                pipeline=pipeline,
+                indexer=indexer,
+                metrics=metrics,
+            )
+            try:
+                yield
+            finally:
+                await indexer.stop()
+                await pipeline.drain()  # a refit in flight finishes while the database is up
+                await scorer.aclose()
+                if embedder is not None:
+                    await embedder.aclose()
+
+    return lifespan

@@ -1,0 +1,114 @@
+"""FastAPI dependencies: everything a handler needs comes from the app's lifespan state, and
+the caller's principal from the bearer key (the key logic is ``service.auth``)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Annotated, Any
+
+from fastapi import Depends, Request
+from fastapi.security import HTTPBearer
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from service.auth import ANONYMOUS, Authenticator, Principal
+from service.db.engine import Database
+from service.http.middleware import annotate
+from service.http.schemas import ErrorResponse
+from service.ingest.indexer import BackgroundIndexer
+from service.metrics import Metrics
+from service.providers.embedders import Embedder
+from service.providers.scorer_health import ScorerHealth
+from service.providers.scorers import RelevanceScorer
+from service.retrieve.pipeline import RetrievalPipeline
+from service.settings import Settings
+
+
+@dataclass
+class Components:
+    """What the lifespan builds once per process and releases at shutdown."""
+
+    settings: Settings
+    database: Database
+    embedder: Embedder | None
+    scorer: RelevanceScorer
+    scorer_health: ScorerHealth
+    pipeline: RetrievalPipeline
+    indexer: BackgroundIndexer
+    # Built by create_app before the lifespan (the middleware needs it); one per app.
+    metrics: Metrics = field(default_factory=Metrics)
+
+
+def get_components(request: Request) -> Components:
+    components: Components = request.app.state.components  # app.state's attributes are Any
+    return components
+
+
+ComponentsDep = Annotated[Components, Depends(get_components)]
+
+
+def get_settings_dep(components: ComponentsDep) -> Settings:
+    return components.settings
+
+
+async def get_session(components: ComponentsDep) -> AsyncIterator[AsyncSession]:
+    """One session per request; handlers commit explicitly, anything else is rolled back."""
+    async with components.database.sessions() as session:
+        yield session
+
+
+def get_pipeline(components: ComponentsDep) -> RetrievalPipeline:
+    return components.pipeline
+
+
+def get_metrics(components: ComponentsDep) -> Metrics:
+    return components.metrics
+
+
+SettingsDep = Annotated[Settings, Depends(get_settings_dep)]
+PipelineDep = Annotated[RetrievalPipeline, Depends(get_pipeline)]
+MetricsDep = Annotated[Metrics, Depends(get_metrics)]
+SessionDep = Annotated[AsyncSession, Depends(get_session)]
+
+
+# ---------------------------------------------------------------------------- authentication
+
+#: Routes that answer without a key: probes and metrics (the docs are not API routes).
+PUBLIC_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
+
+#: Declares the bearer scheme in the OpenAPI document (and the docs' "Authorize" button) for
+#: the routers that use it; the checking itself is :func:`authenticate`.
+bearer_scheme = HTTPBearer(
+    auto_error=False,
+    description="An API key from `earm keys create` (required once key enforcement is on).",
+)
+
+
+async def authenticate(request: Request) -> Principal:
+    """App-level dependency: every route but :data:`PUBLIC_PATHS` needs a principal.
+
+    FastAPI caches a dependency per request, so handlers that declare ``PrincipalDep`` get the
+    principal resolved here without a second lookup."""
+    route = request.scope.get("route")
+    if getattr(route, "path", request.url.path) in PUBLIC_PATHS:
+        return ANONYMOUS
+    authenticator: Authenticator = request.app.state.authenticator  # set by the lifespan
+    peer = request.client.host if request.client else None
+    principal = await authenticator.authenticate(request.headers.get("authorization"), peer)
+    request.state.principal = principal
+    if principal.key_id is not None:
+        # the access log names the key, never shows it
+        annotate(request, api_key_id=principal.key_id)
+    return principal
+
+
+PrincipalDep = Annotated[Principal, Depends(authenticate)]
+
+#: Router-level dependency that documents the bearer scheme in OpenAPI (checks nothing).
+DOCUMENT_BEARER = Depends(bearer_scheme)
+
+#: The error responses every protected route can give, for its OpenAPI entry.
+AUTH_RESPONSES: dict[int | str, dict[str, Any]] = {
+    401: {"model": ErrorResponse, "description": "No API key, or an unknown or revoked one."},
+    403: {"model": ErrorResponse, "description": "The namespace is outside the key's patterns."},
+}

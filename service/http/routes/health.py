@@ -1,0 +1,31 @@
+"""Liveness and readiness."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+
+from service.db import migrate
+from service.errors import DatabaseUnavailable, SchemaOutOfDate
+from service.http.deps import ComponentsDep
+from service.http.schemas import ErrorResponse, HealthOut, ReadyOut
+
+router = APIRouter(tags=["health"])
+
+
+@router.get("/healthz", response_model=HealthOut)
+async def healthz() -> HealthOut:
+    """The process is up (it does not touch the database)."""
+    return HealthOut(status="ok")
+
+
+@router.get("/readyz", response_model=ReadyOut, responses={503: {"model": ErrorResponse}})
+async def readyz(components: ComponentsDep) -> ReadyOut:
+    """The database answers and its schema is at the head this code expects."""
+    try:
+        async with components.database.engine.connect() as conn:
+            revision = await conn.run_sync(migrate.current_revision)
+    except Exception as exc:  # any failure to reach the database means "not ready"
+        raise DatabaseUnavailable(f"database unreachable: {type(exc).__name__}") from exc
+    if revision != migrate.head_revision():
+        raise SchemaOutOfDate(f"schema at {revision}, expected {migrate.head_revision()}: run `earm migrate`")
+    return ReadyOut(status="ready", schema_revision=revision)

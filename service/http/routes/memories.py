@@ -1,0 +1,140 @@
+"""/memories: batch ingest, lookup, listing, deletion."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Query, Request, Response, status
+
+from service.auth import require_namespace
+from service.errors import LimitExceeded
+from service.http.deps import (
+    AUTH_RESPONSES,
+    DOCUMENT_BEARER,
+    ComponentsDep,
+    PrincipalDep,
+    SessionDep,
+    SettingsDep,
+)
+from service.http.middleware import FastJSONRoute, annotate
+from service.http.schemas import (
+    ErrorResponse,
+    ExternalId,
+    IngestRequest,
+    MemoryId,
+    NamespaceName,
+)
+from service.ingest import memories
+from service.ingest.memories import IngestResult, MemoryPage, StoredMemory
+from service.ingest.validation import check_metadata
+
+router = APIRouter(
+    tags=["memories"],
+    route_class=FastJSONRoute,
+    dependencies=[DOCUMENT_BEARER],
+    responses={
+        **AUTH_RESPONSES,
+        400: {"model": ErrorResponse},
+        413: {"model": ErrorResponse},
+        422: {"model": ErrorResponse},
+        503: {"model": ErrorResponse},
+    },
+)
+
+
+def check_text_length(text: str, max_chars: int, what: str) -> None:
+    if len(text) > max_chars:
+        raise LimitExceeded(f"{what} has {len(text)} characters; the limit is {max_chars}")
+
+
+@router.post("/memories", status_code=status.HTTP_201_CREATED, response_model=IngestResult)
+async def ingest_memories(
+    request: Request,
+    body: IngestRequest,
+    components: ComponentsDep,
+    session: SessionDep,
+    settings: SettingsDep,
+    principal: PrincipalDep,
+) -> IngestResult:
+    annotate(request, namespace=body.namespace)
+    require_namespace(principal, body.namespace)
+    if len(body.memories) > settings.max_batch:
+        raise LimitExceeded(
+            f"{len(body.memories)} memories in one request; the limit is {settings.max_batch}"
+        )
+    for position, item in enumerate(body.memories):
+        check_text_length(item.text, settings.max_text_chars, f"memories[{position}].text")
+        check_metadata(
+            item.metadata,
+            settings.max_metadata_bytes,
+            settings.max_metadata_depth,
+            f"memories[{position}].metadata",
+        )
+    result = await memories.ingest(
+        session,
+        components.embedder,
+        settings.embedding_dim,
+        body.namespace,
+        [
+            memories.NewMemory(
+                text=item.text,
+                embedding=item.embedding,
+                external_id=item.external_id,
+                occurred_at=item.occurred_at,
+                metadata=item.metadata,
+            )
+            for item in body.memories
+        ],
+    )
+    await session.commit()
+    if result.created:
+        components.indexer.notify()
+    return result
+
+
+@router.get(
+    "/memories/{memory_id}", response_model=StoredMemory, responses={404: {"model": ErrorResponse}}
+)
+async def read_memory(
+    request: Request, memory_id: MemoryId, session: SessionDep, principal: PrincipalDep
+) -> StoredMemory:
+    memory = await memories.get_memory(session, memory_id)
+    annotate(request, namespace=memory.namespace)
+    require_namespace(principal, memory.namespace)
+    return memory
+
+
+@router.get("/memories", response_model=MemoryPage)
+async def list_memories(
+    namespace: Annotated[NamespaceName, Query()],
+    session: SessionDep,
+    settings: SettingsDep,
+    principal: PrincipalDep,
+    request: Request,
+    limit: Annotated[int, Query(ge=1)] = 100,
+    cursor: Annotated[str | None, Query(max_length=64)] = None,
+    external_id: Annotated[
+        ExternalId | None, Query(description="Only the memory stored under this external_id.")
+    ] = None,
+) -> MemoryPage:
+    annotate(request, namespace=namespace)
+    require_namespace(principal, namespace)
+    if limit > settings.max_page_size:
+        raise LimitExceeded(f"limit {limit} exceeds the page size limit {settings.max_page_size}")
+    return await memories.list_memories(session, namespace, limit, cursor, external_id)
+
+
+@router.delete(
+    "/memories/{memory_id}",
+    status_code=status.HTTP_204_NO_CONTENT,
+    responses={404: {"model": ErrorResponse}},
+)
+async def delete_memory(
+    request: Request, memory_id: MemoryId, session: SessionDep, principal: PrincipalDep
+) -> Response:
+    namespace = (await memories.get_memory(session, memory_id)).namespace
+    annotate(request, namespace=namespace)
+    require_namespace(principal, namespace)
+    await memories.delete_memory(session, memory_id, namespace)
+    await session.commit()
+    return Response(status_code=status.HTTP_204_NO_CONTENT)

@@ -1,0 +1,77 @@
+"""/retrieve and /feedback: translate JSON to the pipeline and back."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+
+from service.auth import require_namespace
+from service.errors import LimitExceeded
+from service.http.deps import (
+    AUTH_RESPONSES,
+    DOCUMENT_BEARER,
+    MetricsDep,
+    PipelineDep,
+    PrincipalDep,
+    SettingsDep,
+)
+from service.http.middleware import FastJSONRoute, annotate
+from service.http.schemas import ErrorResponse, FeedbackIn, RetrieveIn
+from service.ingest.validation import check_metadata
+from service.retrieve.learning import FeedbackResult
+from service.retrieve.pipeline import RetrieveRequest, RetrieveResult
+
+router = APIRouter(
+    tags=["retrieval"],
+    route_class=FastJSONRoute,
+    dependencies=[DOCUMENT_BEARER],
+    responses={
+        **AUTH_RESPONSES,
+        400: {"model": ErrorResponse},
+        404: {"model": ErrorResponse},
+        413: {"model": ErrorResponse},
+        422: {"model": ErrorResponse},
+        503: {"model": ErrorResponse},
+    },
+)
+
+
+@router.post("/retrieve", response_model=RetrieveResult)
+async def retrieve(
+    request: Request,
+    body: RetrieveIn,
+    pipeline: PipelineDep,
+    settings: SettingsDep,
+    principal: PrincipalDep,
+    metrics: MetricsDep,
+) -> RetrieveResult:
+    """Semantic candidates, a budget of them scored, the rest completed, top-k returned."""
+    annotate(request, namespace=body.namespace, policy=body.policy)
+    require_namespace(principal, body.namespace)
+    check_metadata(
+        body.filters, settings.max_metadata_bytes, settings.max_metadata_depth, "filters"
+    )
+    result = await pipeline.retrieve(RetrieveRequest(**body.model_dump()))
+    annotate(request, scorer_calls=result.scorer_calls, degraded=result.degraded)
+    metrics.observe_retrieve(result)
+    return result
+
+
+@router.post("/feedback", response_model=FeedbackResult)
+async def feedback(
+    request: Request,
+    body: FeedbackIn,
+    pipeline: PipelineDep,
+    settings: SettingsDep,
+    principal: PrincipalDep,
+) -> FeedbackResult:
+    """Client observations for a past query; later queries learn from them."""
+    annotate(request, namespace=body.namespace)
+    require_namespace(principal, body.namespace)
+    if len(body.scores) > settings.max_batch:
+        raise LimitExceeded(f"{len(body.scores)} scores; the limit is {settings.max_batch}")
+    return await pipeline.feedback(
+        body.namespace,
+        body.query_id,
+        [item.memory_id for item in body.scores],
+        [item.score for item in body.scores],
+    )

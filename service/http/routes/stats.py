@@ -1,0 +1,77 @@
+"""/stats (per-namespace health of the learning loop) and /metrics (Prometheus exposition)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import asdict
+from typing import Annotated
+
+from fastapi import APIRouter, Query, Request, Response
+
+from service.auth import require_namespace
+from service.db import stats as stats_sql
+from service.http.deps import (
+    AUTH_RESPONSES,
+    DOCUMENT_BEARER,
+    ComponentsDep,
+    PrincipalDep,
+    SessionDep,
+)
+from service.http.middleware import annotate
+from service.http.schemas import ErrorResponse, NamespaceName, NamespaceReportOut, StatsListOut
+from service.metrics import CONTENT_TYPE_LATEST
+
+log = logging.getLogger(__name__)
+
+router = APIRouter(tags=["operations"])
+
+#: Namespaces that get their own labelled gauges in /metrics (the ones with most queries).
+METRICS_MAX_NAMESPACES = 100
+#: A scrape does not wait longer than this for the database gauges.
+METRICS_DATABASE_TIMEOUT_S = 2.0
+
+
+@router.get(
+    "/stats",
+    response_model=NamespaceReportOut | StatsListOut,
+    dependencies=[DOCUMENT_BEARER],
+    responses={**AUTH_RESPONSES, 404: {"model": ErrorResponse}, 422: {"model": ErrorResponse}},
+)
+async def read_stats(
+    request: Request,
+    components: ComponentsDep,
+    session: SessionDep,
+    principal: PrincipalDep,
+    namespace: Annotated[NamespaceName | None, Query()] = None,
+) -> NamespaceReportOut | StatsListOut:
+    """One namespace's counts, budget, savings and completion quality; without `namespace`,
+    those of every namespace the API key may use. Both carry the scorer's health."""
+    settings, schedule = components.settings, components.pipeline.schedule
+    scorer = components.scorer_health.snapshot()
+    if namespace is None:
+        rows = await stats_sql.all_namespace_stats(session, schedule, settings.default_candidates)
+        return StatsListOut(
+            namespaces=[r for r in rows if principal.allows(r.namespace)], scorer=scorer
+        )
+    annotate(request, namespace=namespace)
+    require_namespace(principal, namespace)
+    row = await stats_sql.namespace_stats(session, namespace, schedule, settings.default_candidates)
+    return NamespaceReportOut(**asdict(row), scorer=scorer)
+
+
+@router.get("/metrics", response_class=Response, responses={200: {"content": {CONTENT_TYPE_LATEST: {}}}})
+async def metrics(components: ComponentsDep) -> Response:
+    """Prometheus exposition: HTTP, retrieve, scorer metrics, the scorer's health and gauges
+    from the namespace counters (which read the `namespaces` table only)."""
+    snapshot = None
+    try:
+        async with asyncio.timeout(METRICS_DATABASE_TIMEOUT_S):
+            async with components.database.sessions() as session:
+                snapshot = await stats_sql.counter_snapshot(session, METRICS_MAX_NAMESPACES)
+    except Exception as exc:  # the process metrics are still worth serving
+        log.warning("metrics: database gauges unavailable: %s", type(exc).__name__)
+    body = components.metrics.render(
+        snapshot, components.pipeline.schedule, components.scorer_health.snapshot()
+    )
+    return Response(content=body, media_type=CONTENT_TYPE_LATEST)

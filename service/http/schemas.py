@@ -1,0 +1,171 @@
+"""Request and response bodies of the HTTP API (v1).
+
+Most response bodies are the domain's own result dataclasses, served as they are (FastAPI takes
+dataclasses as response models): ``IngestResult``, ``StoredMemory``, ``MemoryPage``
+(``service.ingest.memories``), ``RetrieveResult`` (``service.retrieve.pipeline``),
+``FeedbackResult`` (``service.retrieve.learning``), ``NamespaceStats`` (``service.db.stats``),
+``ScorerHealthSnapshot`` (``service.providers.scorer_health``). Only the envelopes of
+``/stats`` are declared here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Annotated, Any, Literal
+
+from fastapi import Path
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
+
+from service.db.models import MAX_BIGINT
+from service.ingest.validation import storable_text_problem
+from service.db.stats import NamespaceStats
+from service.providers.scorer_health import ScorerHealthSnapshot
+from service.settings import NAMESPACE_PATTERN
+
+NamespaceName = Annotated[
+    str,
+    Field(
+        pattern=NAMESPACE_PATTERN,
+        description="Letters, digits, '.', '_', ':', '-'; starts with a letter or digit; ≤ 128 chars.",
+        examples=["agent-42"],
+    ),
+]
+# Ids beyond MAX_BIGINT can name nothing, so they are refused at the edge (422) instead of
+# reaching SQL.
+DatabaseId = Annotated[int, Field(ge=1, le=MAX_BIGINT)]
+MemoryId = Annotated[int, Path(ge=1, le=MAX_BIGINT, description="A memory id.")]
+# NaN and infinities are legal in Python's JSON parser; refuse them at the edge.
+FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
+Embedding = Annotated[list[FiniteFloat], Field(min_length=1)]
+
+
+def _storable(value: str) -> str:
+    # Postgres text cannot hold NUL characters or lone surrogates: refuse them (422).
+    if problem := storable_text_problem(value):
+        raise ValueError(problem)
+    return value
+
+
+def _not_blank(value: str) -> str:
+    # Only whitespace says nothing to embed or to score, and a scorer would see an empty text.
+    if not value.strip():
+        raise ValueError("is only whitespace")
+    return value
+
+
+def _iso_8601_only(value: Any) -> Any:
+    # pydantic also reads a number, or a string of one, as Unix time: in seconds, or in
+    # milliseconds past 2e10 (so -62135596801, meant as year 1, was a date in 1968). Only an
+    # ISO-8601 string says which instant it means.
+    if not isinstance(value, str) or _is_number(value):
+        raise ValueError("must be an ISO-8601 date-time string, e.g. 2023-05-08T13:56:00Z")
+    return value
+
+
+def _is_number(value: str) -> bool:
+    try:
+        float(value)
+    except ValueError:
+        return False
+    return True
+
+
+def _representable(value: datetime) -> datetime:
+    # A time Postgres and Python can both give back: within years 1..9999 once in UTC. It is
+    # passed on in UTC (the same instant): Postgres rejects UTC offsets beyond ±15:59, which
+    # Python accepts (found by the fuzz test: -21:13 was a 500).
+    if value.tzinfo is not None:
+        try:
+            return value.astimezone(UTC)
+        except OverflowError:
+            raise ValueError("is out of range once converted to UTC") from None
+    return value
+
+
+NonEmptyText = Annotated[
+    str, Field(min_length=1), AfterValidator(_storable), AfterValidator(_not_blank)
+]
+ExternalId = Annotated[str, Field(min_length=1, max_length=256), AfterValidator(_storable)]
+Timestamp = Annotated[
+    datetime, BeforeValidator(_iso_8601_only), AfterValidator(_representable)
+]
+
+
+class StrictModel(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class MemoryIn(StrictModel):
+    text: NonEmptyText
+    embedding: Embedding | None = None
+    external_id: ExternalId | None = None
+    occurred_at: Timestamp | None = None
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+
+class IngestRequest(StrictModel):
+    namespace: NamespaceName
+    memories: Annotated[list[MemoryIn], Field(min_length=1)]
+
+
+class ErrorBody(BaseModel):
+    code: str
+    message: str
+
+
+class ErrorResponse(BaseModel):
+    error: ErrorBody
+
+
+class HealthOut(BaseModel):
+    status: Literal["ok"]
+
+
+class ReadyOut(BaseModel):
+    status: Literal["ready"]
+    schema_revision: str | None
+
+
+class RetrieveIn(StrictModel):
+    namespace: NamespaceName
+    query: NonEmptyText
+    query_embedding: Embedding | None = None
+    k: Annotated[int, Field(ge=1, description="Memories to return.")] = 10
+    candidates: Annotated[int, Field(ge=1, description="Semantic candidates (N).")] = 200
+    policy: Literal["earm", "semantic", "full", "observed"] = "earm"
+    budget: Annotated[
+        int | None,
+        Field(ge=0, description="Anchors to score; overrides the schedule (earm/observed)."),
+    ] = None
+    seed: int = 0
+    order: Literal["chronological", "relevance"] = "chronological"
+    filters: dict[str, Any] | None = Field(
+        default=None, description="Only memories whose metadata contains this JSON object."
+    )
+
+
+class FeedbackScore(StrictModel):
+    memory_id: DatabaseId
+    score: Annotated[float, Field(ge=0.0, le=1.0, allow_inf_nan=False)]
+
+
+class FeedbackIn(StrictModel):
+    namespace: NamespaceName
+    query_id: DatabaseId
+    scores: Annotated[list[FeedbackScore], Field(min_length=1)]
+
+
+@dataclass(frozen=True)
+class NamespaceReportOut(NamespaceStats):
+    """One namespace's stats and the scorer's health."""
+
+    scorer: ScorerHealthSnapshot
+
+
+@dataclass(frozen=True)
+class StatsListOut:
+    """The stats of every namespace the API key may use, and the scorer's health."""
+
+    namespaces: list[NamespaceStats]
+    scorer: ScorerHealthSnapshot

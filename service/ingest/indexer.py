@@ -1,0 +1,96 @@
+"""Deferred vector indexing: an ingest commits its memories unindexed; this moves them into the
+HNSW index in the background.
+
+Inserting into the HNSW index is most of an ingest's cost (at 100k memories of 384 dimensions,
+about 300 rows/s on 2 cores, against thousands of rows/s for the rows themselves), so the ingest
+does not wait for it. A new memory has ``indexed = false``; the HNSW index is partial
+(``WHERE indexed``), and :class:`BackgroundIndexer` sets the flag in batches, which inserts
+those rows into the index. Until then the search finds the memory by an exact scan of its
+namespace's unindexed rows (``service.db.search``), so an acknowledged memory is searchable at once
+and nothing waits for the index but the index itself.
+
+Each batch is one short transaction that takes its rows ``FOR NO KEY UPDATE SKIP LOCKED``, so
+the indexers of several worker processes share the backlog instead of queueing on it, and an
+interrupted batch (shutdown, lost connection) just leaves its rows unindexed for the next one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from service.db.memories import mark_indexed
+
+log = logging.getLogger(__name__)
+
+
+async def index_batch(sessions: async_sessionmaker[AsyncSession], batch_size: int) -> int:
+    """Move up to ``batch_size`` unindexed memories (by namespace, oldest first) into the HNSW
+    index, in one committed transaction; returns how many."""
+    async with sessions() as session:
+        indexed = await mark_indexed(session, batch_size)
+        await session.commit()
+    return indexed
+
+
+async def index_all(sessions: async_sessionmaker[AsyncSession], batch_size: int) -> int:
+    """Index the whole backlog now; returns how many memories were indexed."""
+    total = 0
+    while (done := await index_batch(sessions, batch_size)) > 0:
+        total += done
+    return total
+
+
+class BackgroundIndexer:
+    """One task per process that drains the backlog: woken by :meth:`notify` after an ingest
+    of this process commits, and every ``poll_interval_s`` for ingests of other processes."""
+
+    def __init__(
+        self,
+        sessions: async_sessionmaker[AsyncSession],
+        batch_size: int,
+        poll_interval_s: float,
+    ) -> None:
+        self.sessions = sessions
+        self.batch_size = batch_size
+        self.poll_interval_s = poll_interval_s
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.create_task(self._run(), name="earm-indexer")
+
+    @property
+    def running(self) -> bool:
+        return self._task is not None and not self._task.done()
+
+    def notify(self) -> None:
+        """New unindexed memories are committed."""
+        self._wake.set()
+
+    async def stop(self) -> None:
+        """Cancel the task; a batch in flight rolls back and its rows stay for the next start."""
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+            self._task = None
+
+    async def _run(self) -> None:
+        while True:
+            self._wake.clear()
+            try:
+                await index_all(self.sessions, self.batch_size)
+            except Exception:  # not CancelledError (a BaseException): stop() ends the loop
+                # The database is down or the batch failed: the rows stay unindexed (and
+                # searchable by the exact scan); try again after the interval.
+                log.warning("background indexing failed; retrying", exc_info=True)
+            try:
+                await asyncio.wait_for(self._wake.wait(), timeout=self.poll_interval_s)
+            except TimeoutError:
+                pass

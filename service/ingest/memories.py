@@ -1,0 +1,260 @@
+"""Memory storage: idempotent batch ingest, lookup, keyset listing and deletion. No HTTP here."""
+
+from __future__ import annotations
+
+import base64
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field, fields
+from datetime import datetime
+from typing import Any
+
+import numpy as np
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from service.db import memories as memory_table
+from service.db.models import MAX_BIGINT, Memory
+from service.db.namespaces import ensure_namespace, namespace_state
+from service.errors import InvalidInput, NotFound
+from service.ingest.validation import repeats
+from service.providers.embedders import Embedder, check_embedding, embed_texts
+
+
+@dataclass(frozen=True)
+class NewMemory:
+    text: str
+    embedding: Sequence[float] | None = None
+    external_id: str | None = None
+    occurred_at: datetime | None = None
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+
+# The results below are also the API's response bodies (service.http serves them as they are).
+
+
+@dataclass(frozen=True)
+class IngestResult:
+    ids: list[int]
+    created: int
+    existing: int
+
+
+@dataclass(frozen=True)
+class StoredMemory:
+    """A stored memory, as lookup and listing return it (the embedding is not returned)."""
+
+    id: int
+    namespace: str
+    external_id: str | None
+    text: str
+    occurred_at: datetime | None
+    created_at: datetime
+    metadata: dict[str, Any]
+    embedding_model: str
+
+    @classmethod
+    def of(cls, row: Memory) -> StoredMemory:
+        return cls(
+            id=row.id,
+            namespace=row.namespace,
+            external_id=row.external_id,
+            text=row.text,
+            occurred_at=row.occurred_at,
+            created_at=row.created_at,
+            metadata=row.metadata_,
+            embedding_model=row.embedding_model,
+        )
+
+
+@dataclass(frozen=True)
+class MemoryPage:
+    memories: list[StoredMemory]
+    next_cursor: str | None
+
+
+async def ingest(
+    session: AsyncSession,
+    embedder: Embedder | None,
+    embedding_dim: int,
+    namespace: str,
+    items: Sequence[NewMemory],
+) -> IngestResult:
+    """Store a batch; a retry with the same external ids returns the same ids and creates nothing.
+
+    Existing external ids are looked up first so a retried batch costs no embedder calls. An
+    external id repeated within the batch is one memory, so its items must be the same.
+    """
+    _check_repeated_external_ids(items)
+    external_ids = [item.external_id for item in items if item.external_id is not None]
+    known: dict[str, int] = {}
+    if external_ids:
+        known = await memory_table.ids_by_external_id(session, namespace, external_ids)
+    pending, new_external_ids = _pending(items, known)
+
+    vectors = await _vectors_for(embedder, embedding_dim, [items[p] for p in pending], pending)
+    await ensure_namespace(session, namespace)
+
+    created = 0
+    anonymous_ids: dict[int, int] = {}  # request position -> id
+    if pending:
+        inserted = await _insert(session, embedder, namespace, items, pending, vectors)
+        created = len(inserted)
+        known.update({ext: mid for mid, ext in inserted if ext is not None})
+        anonymous_ids = _anonymous_ids(items, pending, inserted)
+        # A concurrent request may have inserted one of our external ids between our lookup
+        # and our insert (ON CONFLICT DO NOTHING skipped it): fetch those ids now.
+        missing = [ext for ext in new_external_ids if ext not in known]
+        if missing:
+            known.update(await memory_table.ids_by_external_id(session, namespace, missing))
+    ids = [
+        known[item.external_id] if item.external_id is not None else anonymous_ids[position]
+        for position, item in enumerate(items)
+    ]
+    return IngestResult(ids=[int(i) for i in ids], created=created, existing=len(items) - created)
+
+
+def _check_repeated_external_ids(items: Sequence[NewMemory]) -> None:
+    for first, position in repeats(item.external_id for item in items):
+        if differing := _differing_fields(items[first], items[position]):
+            raise InvalidInput(
+                f"memories[{first}] and memories[{position}] share external_id "
+                f"{items[first].external_id!r} but differ in {', '.join(differing)}: "
+                "one of them would be lost"
+            )
+
+
+def _pending(items: Sequence[NewMemory], known: dict[str, int]) -> tuple[list[int], set[str]]:
+    """Positions of the items to insert: new external ids (first occurrence only) and all
+    anonymous items; and those new external ids."""
+    pending: list[int] = []
+    seen: set[str] = set()
+    for position, item in enumerate(items):
+        if item.external_id is None:
+            pending.append(position)
+        elif item.external_id not in known and item.external_id not in seen:
+            seen.add(item.external_id)
+            pending.append(position)
+    return pending, seen
+
+
+async def _insert(
+    session: AsyncSession,
+    embedder: Embedder | None,
+    namespace: str,
+    items: Sequence[NewMemory],
+    pending: Sequence[int],
+    vectors: Sequence[np.ndarray],
+) -> list[tuple[int, str | None]]:
+    batch = [items[p] for p in pending]
+    return await memory_table.insert_memories(
+        session,
+        namespace,
+        [item.external_id for item in batch],
+        [item.text for item in batch],
+        vectors,
+        _model_ids(embedder, items, pending),
+        [item.occurred_at for item in batch],
+        [item.metadata for item in batch],
+    )
+
+
+def _anonymous_ids(
+    items: Sequence[NewMemory], pending: Sequence[int], inserted: Sequence[tuple[int, str | None]]
+) -> dict[int, int]:
+    """The ids of the inserted items without an external id, by request position."""
+    # The INSERT draws identity values in request order (ORDER BY ordinality), so the
+    # sorted ids of the anonymous rows line up with their request positions.
+    anonymous_ids = iter(sorted(mid for mid, ext in inserted if ext is None))
+    return {p: next(anonymous_ids) for p in pending if items[p].external_id is None}
+
+
+def _differing_fields(one: NewMemory, other: NewMemory) -> list[str]:
+    return [f.name for f in fields(NewMemory) if getattr(one, f.name) != getattr(other, f.name)]
+
+
+def _model_ids(
+    embedder: Embedder | None, items: Sequence[NewMemory], pending: Sequence[int]
+) -> list[str]:
+    return [
+        "client" if items[p].embedding is not None else (embedder.model_id if embedder else "")
+        for p in pending
+    ]
+
+
+async def _vectors_for(
+    embedder: Embedder | None,
+    embedding_dim: int,
+    items: Sequence[NewMemory],
+    positions: Sequence[int],
+) -> list[np.ndarray]:
+    """Client vectors checked as given; the rest embedded in one batched call."""
+    vectors: list[np.ndarray | None] = [
+        check_embedding(item.embedding, embedding_dim, f"memories[{position}].embedding")
+        if item.embedding is not None
+        else None
+        for item, position in zip(items, positions)
+    ]
+    to_embed = [i for i, vector in enumerate(vectors) if vector is None]
+    if to_embed:
+        computed = await embed_texts(embedder, [items[i].text for i in to_embed])
+        for i, vector in zip(to_embed, computed):
+            vectors[i] = vector
+    filled = [vector for vector in vectors if vector is not None]
+    assert len(filled) == len(vectors), "the embedder returns a vector for every text"
+    return filled
+
+
+async def get_memory(session: AsyncSession, memory_id: int) -> StoredMemory:
+    memory = await memory_table.get_memory(session, memory_id)
+    if memory is None:
+        raise NotFound(f"memory {memory_id} does not exist")
+    return StoredMemory.of(memory)
+
+
+_CURSOR = re.compile(r"m[1-9][0-9]{0,18}")
+
+
+def encode_cursor(last_id: int) -> str:
+    return base64.urlsafe_b64encode(f"m{last_id}".encode()).decode().rstrip("=")
+
+
+def decode_cursor(cursor: str) -> int:
+    """The id :func:`encode_cursor` wrote, or InvalidInput for anything it cannot have written:
+    int() also reads signs, spaces and underscores, and an id past bigint failed in SQL (500)."""
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
+    except ValueError:  # not ASCII, not base64 (binascii.Error) or not UTF-8 underneath
+        raw = ""
+    if not _CURSOR.fullmatch(raw) or int(raw[1:]) > MAX_BIGINT:
+        raise InvalidInput("cursor is not one this service returned")
+    return int(raw[1:])
+
+
+async def list_memories(
+    session: AsyncSession,
+    namespace: str,
+    limit: int,
+    cursor: str | None,
+    external_id: str | None = None,
+) -> MemoryPage:
+    """Keyset pagination by id: stable under concurrent inserts, O(limit) per page. With
+    ``external_id``, the one memory the client stored under it."""
+    after_id = decode_cursor(cursor) if cursor is not None else None
+    found = await memory_table.memories_after(
+        session, namespace, after_id, limit + 1, external_id
+    )
+    page = found[:limit]
+    next_cursor = encode_cursor(page[-1].id) if len(found) > limit else None
+    return MemoryPage([StoredMemory.of(row) for row in page], next_cursor)
+
+
+async def delete_memory(session: AsyncSession, memory_id: int, namespace: str) -> None:
+    """Delete a memory; its observations and model parameters go with it (FK cascade).
+
+    The namespace's row is locked first, with the lock every writer of model state takes
+    (:func:`service.db.namespaces.namespace_state`): a refit rewrites ``memory_factors`` under
+    that lock, and a delete that took the memory's row first deadlocked with it (the delete
+    waiting for the memory's parameters, the refit waiting to reference the memory)."""
+    await namespace_state(session, namespace, for_update=True)
+    if not await memory_table.delete_memory(session, memory_id):
+        raise NotFound(f"memory {memory_id} does not exist")

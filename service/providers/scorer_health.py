@@ -1,0 +1,100 @@
+"""Health of the relevance scorer: how many of its recent calls succeeded.
+
+A failing scorer does not fail requests: ``/retrieve`` answers ``degraded`` with semantic
+scores, and the namespaces learn only from the calls that still succeed. :class:`ScorerHealth` makes
+that visible. It hears every scored pair (it is a :class:`service.providers.scorers.ScorerObserver`),
+keeps the outcomes of the last :data:`WINDOW_CALLS` calls younger than :data:`MAX_AGE_S`, and
+logs a warning, at most once per :data:`WARN_INTERVAL_S`, while most of them fail. ``/stats``
+and ``/metrics`` report its :meth:`ScorerHealth.snapshot`. ``/readyz`` stays about the
+database: a service whose scorer is down still answers.
+
+One per app (built by the lifespan), so per worker process.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Annotated
+
+from pydantic import Field
+
+from service.providers.scorers import Outcome
+
+__all__ = ["MAX_AGE_S", "MIN_CALLS", "WARN_INTERVAL_S", "WINDOW_CALLS", "ScorerHealth", "ScorerHealthSnapshot"]
+
+logger = logging.getLogger(__name__)
+
+#: The health is judged on at most this many most recent calls...
+WINDOW_CALLS = 100
+#: ...none older than this: a scorer not called for a while has no recent calls.
+MAX_AGE_S = 300.0
+#: Fewer recent calls than this are too few to call the scorer unhealthy.
+MIN_CALLS = 10
+#: While unhealthy, the warning is logged at most once per this many seconds.
+WARN_INTERVAL_S = 60.0
+
+
+@dataclass(frozen=True)
+class ScorerHealthSnapshot:
+    """Health of the relevance scorer of the process that answered (not per namespace)."""
+
+    # What /stats (`scorer`) returns as is and /metrics (`earm_scorer_*` gauges) reports; the
+    # descriptions are the API's.
+    name: Annotated[str, Field(description="The scorer (`EARM_SCORER`): `local` or `openai`.")]
+    recent_calls: Annotated[
+        int,
+        Field(
+            description=f"Scorer calls in the health window: the last {WINDOW_CALLS}, none older "
+            f"than {MAX_AGE_S:g} s."
+        ),
+    ]
+    recent_success_rate: Annotated[
+        float | None,
+        Field(description="Share of those calls that returned a score (null: no recent calls)."),
+    ]
+    healthy: Annotated[
+        bool,
+        Field(
+            description=f"false once at least {MIN_CALLS} recent calls were made and fewer than "
+            "half succeeded: retrieves answer degraded and learning stalls."
+        ),
+    ]
+
+
+class ScorerHealth:
+    """Rolling window of the scorer's recent call outcomes; ``clock`` is injectable for tests."""
+
+    def __init__(self, name: str, clock: Callable[[], float] = time.monotonic) -> None:
+        self.name = name
+        self.clock = clock
+        # (time, succeeded) of each recent call, oldest first.
+        self._calls: collections.deque[tuple[float, bool]] = collections.deque(maxlen=WINDOW_CALLS)
+        self._warned_at: float | None = None
+
+    def __call__(self, scorer: str, outcome: Outcome, duration_s: float) -> None:
+        """Record one call (the :class:`~service.providers.scorers.ScorerObserver` signature)."""
+        now = self.clock()
+        self._calls.append((now, outcome == "ok"))
+        health = self.snapshot()
+        if health.healthy or (self._warned_at is not None and now - self._warned_at < WARN_INTERVAL_S):
+            return
+        self._warned_at = now
+        logger.warning(
+            "relevance scorer %s is failing: %.0f%% of its last %d calls succeeded; retrieves "
+            "answer degraded and learning stalls until it recovers",
+            self.name, 100.0 * (health.recent_success_rate or 0.0), health.recent_calls,
+        )
+
+    def snapshot(self) -> ScorerHealthSnapshot:
+        now = self.clock()
+        while self._calls and now - self._calls[0][0] > MAX_AGE_S:
+            self._calls.popleft()
+        calls = len(self._calls)
+        if calls == 0:
+            return ScorerHealthSnapshot(self.name, 0, None, healthy=True)
+        rate = sum(succeeded for _, succeeded in self._calls) / calls
+        return ScorerHealthSnapshot(self.name, calls, rate, healthy=calls < MIN_CALLS or rate >= 0.5)

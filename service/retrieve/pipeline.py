@@ -1,0 +1,328 @@
+"""The retrieve pipeline (DESIGN §2): embed, search, budget, score anchors, complete, rerank,
+then record and learn (``service.retrieve.learning``, which also takes client feedback and runs
+the full refit). No HTTP here."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+import numpy as np
+from numpy.typing import NDArray
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from service.completion.similarity import content_offsets
+from service.db.namespaces import NamespaceState
+from service.db.search import Candidates, memory_embeddings, search
+from service.errors import InvalidInput, LimitExceeded
+from service.providers.embedders import Embedder, check_embedding, embed_texts
+from service.providers.scorers import RelevanceScorer
+from service.retrieve.budget import anchor_seed, sample_anchors
+from service.retrieve.learning import FeedbackResult, Learner
+from service.retrieve.rerank import (
+    ESTIMATED,
+    CandidateState,
+    Policy,
+    Ranking,
+    Source,
+    rank_candidates,
+)
+from service.settings import BudgetSchedule, Settings
+
+Order = Literal["chronological", "relevance"]
+
+
+@dataclass(frozen=True)
+class RetrieveRequest:
+    namespace: str
+    query: str
+    query_embedding: Sequence[float] | None = None
+    k: int = 10
+    candidates: int = 200
+    policy: Policy = "earm"
+    budget: int | None = None
+    seed: int = 0
+    order: Order = "chronological"
+    filters: dict[str, Any] | None = None
+
+
+# The results below are also the API's response body (service.http serves them as they are).
+
+
+@dataclass(frozen=True)
+class RetrievedMemory:
+    id: int
+    external_id: str | None
+    text: str
+    occurred_at: datetime | None
+    metadata: dict[str, Any]
+    score: float
+    source: Source
+    similarity: float
+    rank: int
+
+
+@dataclass(frozen=True)
+class Timings:
+    """Milliseconds per phase of one retrieve."""
+
+    embed_ms: float
+    search_ms: float
+    score_ms: float
+    complete_ms: float
+    record_ms: float
+    total_ms: float
+
+
+@dataclass(frozen=True)
+class RetrieveResult:
+    query_id: int
+    query_index: int
+    policy: str  # the request's Policy, documented as a plain string in the API
+    stage: int
+    budget: int
+    scorer_calls: int
+    degraded: bool
+    memories: list[RetrievedMemory]
+    timings: Timings
+
+
+class _Stopwatch:
+    def __init__(self) -> None:
+        self.start = time.perf_counter()
+        self.timings: dict[str, float] = {}
+
+    def lap(self, name: str, since: float) -> float:
+        now = time.perf_counter()
+        self.timings[name] = round((now - since) * 1000, 3)
+        return now
+
+    def total(self) -> Timings:
+        self.timings["total_ms"] = round((time.perf_counter() - self.start) * 1000, 3)
+        return Timings(**self.timings)
+
+
+@dataclass(frozen=True)
+class _Search:
+    """What the search step of one retrieve found."""
+
+    state: NamespaceState
+    candidates: Candidates
+    budget: int
+    anchors: np.ndarray  # candidate positions to score
+    anchor_embeddings: np.ndarray  # theirs, for a scorer that reads embeddings (else 0 columns)
+
+
+def _candidate_state(found: _Search) -> CandidateState:
+    candidates = found.candidates
+    return CandidateState(
+        candidates.similarities,
+        candidates.memory_bias,
+        candidates.memory_factors,
+        candidates.observation_count,
+        content_offsets(
+            found.state.content_slope, candidates.similarities, candidates.content_scores
+        ),
+    )
+
+
+class RetrievalPipeline:
+    def __init__(
+        self,
+        sessions: async_sessionmaker[AsyncSession],
+        embedder: Embedder | None,
+        scorer: RelevanceScorer,
+        settings: Settings,
+    ) -> None:
+        self.sessions = sessions
+        self.embedder = embedder
+        self.scorer = scorer
+        self.settings = settings
+        self.schedule = BudgetSchedule.parse(settings.budget_schedule)
+        self.learner = Learner(sessions, settings)
+
+    # ----------------------------------------------------------------------------- retrieve
+
+    def _check_limits(self, request: RetrieveRequest) -> None:
+        settings = self.settings
+        if not 1 <= request.k <= settings.max_k:
+            raise LimitExceeded(f"k={request.k} is outside 1..{settings.max_k}")
+        if not 1 <= request.candidates <= settings.max_candidates:
+            raise LimitExceeded(
+                f"candidates={request.candidates} is outside 1..{settings.max_candidates}"
+            )
+        if request.budget is not None and not 0 <= request.budget <= request.candidates:
+            raise InvalidInput(
+                f"budget={request.budget} must be between 0 and candidates={request.candidates}"
+            )
+        if len(request.query) > settings.max_text_chars:
+            raise LimitExceeded(
+                f"query has {len(request.query)} characters; the limit is {settings.max_text_chars}"
+            )
+
+    async def _query_vector(self, request: RetrieveRequest) -> NDArray[np.float32]:
+        if request.query_embedding is not None:
+            return check_embedding(
+                request.query_embedding, self.settings.embedding_dim, "query_embedding"
+            )
+        # Annotated: numpy types an integer index of an array as Any.
+        query_vector: NDArray[np.float32] = (await embed_texts(self.embedder, [request.query]))[0]
+        return query_vector
+
+    def _budget(self, request: RetrieveRequest, query_index: int, n_candidates: int) -> int:
+        if request.policy == "semantic":
+            return 0
+        if request.policy == "full":
+            return n_candidates
+        if request.budget is not None:
+            return min(request.budget, n_candidates)
+        return self.schedule.budget_for_query(query_index, n_candidates)
+
+    async def retrieve(self, request: RetrieveRequest) -> RetrieveResult:
+        self._check_limits(request)
+        watch = _Stopwatch()
+        query_vector = await self._query_vector(request)
+        since = watch.lap("embed_ms", watch.start)
+
+        found = await self._search(request, query_vector)
+        since = watch.lap("search_ms", since)
+
+        anchor_scores = await self._score(
+            request.query, query_vector, found.candidates, found.anchors, found.anchor_embeddings
+        )
+        since = watch.lap("score_ms", since)
+
+        succeeded = ~np.isnan(anchor_scores)
+        observed_positions = found.anchors[succeeded]
+        observed_scores = anchor_scores[succeeded]
+        ranking = await asyncio.to_thread(
+            rank_candidates,
+            request.policy,
+            _candidate_state(found),
+            observed_positions,
+            observed_scores,
+            found.state.mean_score,
+            self.settings.reg,
+        )
+        memories = self._top_k(request, found.candidates, ranking)
+        since = watch.lap("complete_ms", since)
+
+        recorded = await self.learner.record_and_learn(
+            request.namespace,
+            request.query,
+            query_vector,
+            request.policy,
+            len(found.candidates),
+            found.budget,
+            len(found.anchors),
+            ranking,
+            len(memories),
+            sum(m.source == ESTIMATED for m in memories),
+            found.candidates.ids[observed_positions],
+            found.candidates.similarities[observed_positions],
+            observed_scores,
+            found.state.mean_score,
+        )
+        watch.lap("record_ms", since)
+        return RetrieveResult(
+            query_id=recorded.query_id,
+            query_index=recorded.query_index,
+            policy=request.policy,
+            stage=self.schedule.stage_for(found.state.next_query_index),
+            budget=found.budget,
+            scorer_calls=len(found.anchors),
+            degraded=bool(np.any(~succeeded)),
+            memories=memories,
+            timings=watch.total(),
+        )
+
+    async def _search(self, request: RetrieveRequest, query_vector: np.ndarray) -> _Search:
+        """The candidates, the namespace's state and the anchors to score among them."""
+        async with self.sessions() as session:
+            state, candidates = await search(
+                session,
+                request.namespace,
+                query_vector,
+                request.candidates,
+                self.settings.rank,
+                request.filters,
+            )
+            # Stage, budget and anchors follow the index this query expects; under concurrent
+            # requests the recorded index can be a few higher, never lower.
+            budget = self._budget(request, state.next_query_index, len(candidates))
+            anchors = sample_anchors(
+                len(candidates),
+                budget,
+                anchor_seed(request.namespace, state.next_query_index, request.seed),
+            )
+            anchor_embeddings = (
+                await memory_embeddings(
+                    session, candidates.ids[anchors], self.settings.embedding_dim
+                )
+                if self.scorer.reads_embeddings
+                else np.zeros((len(anchors), 0), dtype=np.float32)
+            )
+            await session.commit()
+        return _Search(state, candidates, budget, anchors, anchor_embeddings)
+
+    async def _score(
+        self,
+        query_text: str,
+        query_vector: np.ndarray,
+        candidates: Candidates,
+        anchors: np.ndarray,
+        anchor_embeddings: np.ndarray,
+    ) -> np.ndarray:
+        """Scores of the anchors, NaN where the scorer failed for that pair."""
+        if len(anchors) == 0:
+            return np.zeros(0)
+        scores = await self.scorer.score(
+            query_text,
+            query_vector,
+            [candidates.rows[p]["text"] for p in anchors],
+            anchor_embeddings,
+        )
+        return np.array([np.nan if s is None else s for s in scores], dtype=np.float64)
+
+    def _top_k(
+        self, request: RetrieveRequest, candidates: Candidates, ranking: Ranking
+    ) -> list[RetrievedMemory]:
+        top = [
+            RetrievedMemory(
+                id=candidates.rows[p]["id"],
+                external_id=candidates.rows[p]["external_id"],
+                text=candidates.rows[p]["text"],
+                occurred_at=candidates.rows[p]["occurred_at"],
+                metadata=json.loads(candidates.rows[p]["metadata_json"]),
+                score=float(ranking.scores[p]),
+                source=ranking.sources[p],
+                similarity=float(candidates.similarities[p]),
+                rank=rank,
+            )
+            for rank, p in enumerate(ranking.order[: request.k], start=1)
+        ]
+        if request.order == "chronological":
+            # Undated memories sort after dated ones; creation order (id) breaks ties.
+            top.sort(key=lambda m: (m.occurred_at is None, m.occurred_at or datetime.min.replace(tzinfo=UTC), m.id))
+        return top
+
+    # ------------------------------------------------------------------- learning (delegated)
+
+    async def feedback(
+        self, namespace: str, query_id: int, memory_ids: Sequence[int], scores: Sequence[float]
+    ) -> FeedbackResult:
+        """Record client observations for a past query."""
+        return await self.learner.feedback(namespace, query_id, memory_ids, scores)
+
+    async def refit(self, namespace: str) -> bool:
+        """Full refit of a namespace's model; False when another process holds its lock."""
+        return await self.learner.refit(namespace)
+
+    async def drain(self) -> None:
+        """Wait for the background refits started so far."""
+        await self.learner.drain()

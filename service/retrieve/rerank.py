@@ -1,0 +1,177 @@
+"""Mixed reranking: observed scores are authoritative, the rest are estimated. Pure numpy.
+
+Runs in a worker thread (it is CPU work); knows nothing of HTTP or the database.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+
+from service.completion import calibrate_similarity, solve_rows_batch
+from service.completion.similarity import (
+    QueryParameters,
+    fold_in_with_similarity,
+    leave_one_out_with_similarity,
+    predict_with_similarity,
+)
+
+Policy = Literal["earm", "semantic", "full", "observed"]
+POLICIES: tuple[Policy, ...] = ("earm", "semantic", "full", "observed")
+
+#: Where a returned score came from.
+Source = Literal["observed", "estimated", "semantic"]
+OBSERVED, ESTIMATED, SEMANTIC = "observed", "estimated", "semantic"
+
+
+@dataclass(frozen=True)
+class CandidateState:
+    """What reranking needs of the candidates, most similar first."""
+
+    similarities: np.ndarray  # (n,)
+    memory_bias: np.ndarray  # (n,)
+    memory_factors: np.ndarray  # (n, rank)
+    observation_count: np.ndarray  # (n,) observations before this query
+    # (n,) the namespace's content prior γ·cos + w·e_m per candidate; zeros before the first
+    # refit, when the namespace has no prior yet
+    prior_offsets: np.ndarray
+
+
+@dataclass(frozen=True)
+class Ranking:
+    order: np.ndarray  # candidate positions, best first
+    scores: np.ndarray  # final score of each candidate position
+    sources: list[str]  # "observed" | "estimated" | "semantic" per candidate position
+    query: QueryParameters | None  # this query's solved parameters (None: nothing observed)
+    # |estimate - observed| for the observed anchors that had history, each estimated as if
+    # it had not been scored (leave-one-out fold-in): the completion's prequential error.
+    prequential_errors: np.ndarray
+
+
+def rank_candidates(
+    policy: Policy,
+    candidates: CandidateState,
+    observed_positions: np.ndarray,
+    observed_scores: np.ndarray,
+    mean_score: float,
+    reg: float,
+) -> Ranking:
+    """Final scores for every candidate and their order.
+
+    - observed cells keep their score (every policy);
+    - ``earm``: every unobserved memory gets the completion estimate from the model fitted on
+      earlier queries with this query folded in from its anchors; for a memory without history
+      that estimate is its similarity calibrated on this query's anchors (source "semantic")
+      unless the namespace has learned a content prior, which then adds what the judge's
+      scores of similar memories taught it (source "estimated"); for a memory with history it
+      adds what the memory side learned (source "estimated");
+    - ``observed`` / ``full``: unobserved memories get the calibrated similarity only;
+    - ``semantic``, or nothing observed: the cosine similarity itself.
+    """
+    n = len(candidates.similarities)
+    scores = candidates.similarities.astype(np.float64).copy()
+    sources = [SEMANTIC] * n
+    query: QueryParameters | None = None
+    prequential_errors = np.zeros(0)
+
+    if len(observed_positions):
+        # Every policy that observed something solves the query's parameters, so the model
+        # learns from all traffic, not only from earm requests.
+        # The content prior is a known offset per cell, like the memory bias it sits beside.
+        memory_offsets = candidates.memory_bias + candidates.prior_offsets
+        query, prequential_errors = _fold_in_query(
+            candidates, memory_offsets, observed_positions, observed_scores, mean_score, reg
+        )
+        if policy == "earm":
+            scores = predict_with_similarity(
+                mean_score,
+                memory_offsets,
+                candidates.memory_factors,
+                candidates.similarities,
+                query,
+            )
+            learned = (candidates.observation_count > 0) | (candidates.prior_offsets != 0)
+            for position in np.flatnonzero(learned):
+                sources[position] = ESTIMATED
+        else:
+            calibration = calibrate_similarity(
+                candidates.similarities[observed_positions], observed_scores
+            )
+            scores = calibration.estimate(candidates.similarities)
+        scores[observed_positions] = observed_scores
+        for position in observed_positions:
+            sources[position] = OBSERVED
+
+    # Ties (e.g. equal observed scores) keep the semantic order: the candidates arrive most
+    # similar first and the sort is stable.
+    order = np.argsort(-scores, kind="stable")
+    return Ranking(order, scores, sources, query, prequential_errors)
+
+
+def _fold_in_query(
+    candidates: CandidateState,
+    memory_offsets: np.ndarray,
+    observed_positions: np.ndarray,
+    observed_scores: np.ndarray,
+    mean_score: float,
+    reg: float,
+) -> tuple[QueryParameters, np.ndarray]:
+    """This query's parameters solved from its observed anchors, and the prequential errors of
+    the anchors that had history."""
+    anchors = (
+        mean_score,
+        memory_offsets[observed_positions],
+        candidates.memory_factors[observed_positions],
+        candidates.similarities[observed_positions],
+        observed_scores,
+        reg,
+    )
+    query = fold_in_with_similarity(*anchors)
+    prequential_errors = np.zeros(0)
+    had_history = candidates.observation_count[observed_positions] > 0
+    if np.any(had_history):
+        left_out = leave_one_out_with_similarity(*anchors)
+        prequential_errors = np.abs(left_out - observed_scores)[had_history]
+    return query, prequential_errors
+
+
+@dataclass(frozen=True)
+class MemoryRowUpdate:
+    memory_ids: np.ndarray
+    bias: np.ndarray
+    factors: np.ndarray
+    observation_count: np.ndarray
+
+
+def resolve_memory_rows(
+    mean_score: float,
+    memory_ids: np.ndarray,
+    similarities: np.ndarray,
+    scores: np.ndarray,
+    query_bias: np.ndarray,
+    query_slope: np.ndarray,
+    query_factors: np.ndarray,
+    prior_offsets: np.ndarray,
+    reg: float,
+) -> MemoryRowUpdate:
+    """Online update: re-solve each touched memory row from all of its observations.
+
+    Inputs are one entry per observation (the memory observed, the cell's similarity and score,
+    the observing query's parameters and the cell's content-prior offset); the query side stays
+    fixed, so each cell's c_q + β_q·cos(q, m) + p(q, m) is a known offset.
+    """
+    rows, compact = np.unique(memory_ids, return_inverse=True)
+    bias, factors = solve_rows_batch(
+        mean_score,
+        compact,
+        np.arange(len(scores)),
+        scores,
+        query_bias + query_slope * similarities + prior_offsets,
+        query_factors,
+        reg,
+        n_rows=len(rows),
+    )
+    counts = np.bincount(compact, minlength=len(rows))
+    return MemoryRowUpdate(rows, bias, factors, counts)

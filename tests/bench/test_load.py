@@ -1,0 +1,92 @@
+"""A small `earm bench load` (500 memories, 2k observations): every section of the report is
+there and its values are sane. Nothing about speed is asserted: targets live in the report."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from sqlalchemy import create_engine, text
+
+from service.bench.load import LoadConfig, plot, render_markdown, run_load
+
+
+@pytest.fixture(scope="module")
+def report(postgres_server: str) -> dict:
+    # A database of its own (the run leaves its namespaces behind); the bench migrates it.
+    engine = create_engine(postgres_server, isolation_level="AUTOCOMMIT")
+    with engine.connect() as conn:
+        conn.execute(text('DROP DATABASE IF EXISTS "earm_bench_load" WITH (FORCE)'))
+        conn.execute(text('CREATE DATABASE "earm_bench_load"'))
+    engine.dispose()
+    url = postgres_server.replace("/postgres?", "/earm_bench_load?")
+    config = LoadConfig(
+        memories=500,
+        observations=(1_000, 2_000),
+        embed_memories=20,
+        copy_memories=100,
+        concurrency=(1, 4),
+        requests=4,
+        completion_requests=3,
+        slow_requests=2,
+        slow_latency_ms=20,
+        topics=8,
+        obs_per_query=20,
+        ingest_batch=200,
+        database_url=url,
+        progress=False,
+    )
+    return json.loads(json.dumps(run_load(config)))  # what --out writes
+
+
+def test_report_has_every_section(report: dict) -> None:
+    for section in ("ingest", "retrieve", "floor", "slow_judge", "observations", "targets",
+                    "environment", "rss_start", "rss_end", "service_settings"):
+        assert report[section], section
+    assert [row["path"].split(",")[0] for row in report["ingest"]] == [
+        "POST /memories", "POST /memories", "floor: raw binary COPY", "POST /memories"
+    ]
+    assert report["ingest"][1]["path"].endswith("until all are in the HNSW index")
+    cells = {(c["policy"], c["concurrency"]) for c in report["retrieve"]}
+    assert cells == {(p, c) for p in ("semantic", "observed", "earm", "full") for c in (1, 4)}
+    assert [f["concurrency"] for f in report["floor"]] == [1, 4]
+    assert len(report["observations"]) == 2
+    assert len(report["targets"]) == 4
+    markdown = render_markdown(report)
+    for heading in ("## Ingest", "## Retrieve", "## Floor", "## Slow judge",
+                    "## Completion, refit and memory", "## Targets"):
+        assert heading in markdown
+
+
+def test_report_values_are_sane(report: dict) -> None:
+    assert report["ingest"][0]["memories"] == 500
+    assert all(row["memories_per_s"] > 0 for row in report["ingest"])
+    for cell in report["retrieve"]:
+        assert cell["errors"] == 0 and cell["degraded"] == 0
+        assert cell["requests"] == 4
+        total, overhead = cell["total_ms"], cell["overhead_ms"]
+        assert 0 < overhead["p50"] <= total["p50"] <= total["p99"]
+        assert cell["throughput_rps"] > 0
+        expected_calls = {"semantic": 0, "full": 200}.get(cell["policy"])
+        if expected_calls is not None:
+            assert cell["scorer_calls_mean"] == expected_calls
+    for floor in report["floor"]:
+        assert floor["rows_min"] == 200 and floor["latency_ms"]["p50"] > 0
+    for cell in report["slow_judge"]:
+        # Every scored call waited at least the judge's latency.
+        assert cell["score_ms"]["p50"] >= cell["judge_latency_ms"]
+    first, second = report["observations"]
+    assert 1_000 <= first["observations"] < second["observations"]
+    assert second["observations"] >= 2_000
+    for tier in report["observations"]:
+        assert tier["refit_s"] > 0 and tier["memories_with_history"] > 0
+        assert 0 < tier["complete_ms"]["p50"] < tier["earm"]["total_ms"]["p50"]
+        assert tier["service_refit"]["rss_mb"] > 0
+    assert report["rss_end"]["rss_mb"] > 0
+
+
+def test_report_plots_latency_against_size(report: dict, tmp_path: Path) -> None:
+    path = tmp_path / "load.png"
+    plot([report], path)
+    assert path.read_bytes().startswith(b"\x89PNG")

@@ -1,0 +1,120 @@
+"""The `earm` command as an operator meets it: a configuration error is one plain line on stderr
+that says how to fix it (no traceback, non-zero exit); `keys` and `migrate` print their result,
+not the start-up chatter of Alembic and Postgres."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+
+import pytest
+
+CommandRunner = Callable[..., subprocess.CompletedProcess]
+
+
+@pytest.fixture
+def run_earm(clean_database: str) -> CommandRunner:
+    """Runs `earm ARGV...` as a subprocess against the test database, with extra EARM_* env."""
+
+    def run(*argv: str, **env: str) -> subprocess.CompletedProcess:
+        environment = {k: v for k, v in os.environ.items() if not k.startswith("EARM_")} | {
+            "EARM_DATABASE_URL": clean_database,
+            "EARM_EMBEDDER": "none",
+            **{f"EARM_{name.upper()}": value for name, value in env.items()},
+        }
+        return subprocess.run(
+            [sys.executable, "-m", "service", *argv],
+            env=environment,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+
+    return run
+
+
+def assert_one_plain_line(result: subprocess.CompletedProcess, *hints: str) -> None:
+    assert result.returncode != 0
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert "Traceback" not in result.stderr and not lines[0].startswith("{")
+    for hint in hints:
+        assert hint in lines[0]
+
+
+@pytest.mark.parametrize(
+    ("argv", "env", "hints"),
+    [
+        pytest.param(
+            ("serve", "--port", "0"),
+            {"scorer": "openai"},
+            ("EARM_SCORER_BASE_URL",),
+            id="scorer-without-url",
+        ),
+        pytest.param(
+            ("serve", "--port", "0"),
+            {"embedding_dim": "8"},
+            ("384-dimensional", "EARM_EMBEDDING_DIM=8"),
+            id="dimension-mismatch",
+        ),
+        pytest.param(
+            ("serve", "--host", "0.0.0.0", "--port", "0"),
+            {},
+            ("refusing to serve on 0.0.0.0", "earm keys create", "EARM_ALLOW_ANONYMOUS"),
+            id="public-address-without-keys",
+        ),
+        pytest.param(
+            ("serve", "--port", "0"),
+            {"api_keys": "short=*"},
+            ("EARM_API_KEYS", "shorter than"),
+            id="bad-seed-key",
+        ),
+        pytest.param(("serve",), {"port": "eighty"}, ("EARM_PORT",), id="unparseable-setting"),
+        pytest.param(
+            ("keys", "create", "--namespaces", ""),
+            {},
+            ("--namespaces", "'agent-*'"),
+            id="key-without-namespaces",
+        ),
+    ],
+)
+def test_a_configuration_error_is_one_plain_line_with_the_fix(
+    run_earm: CommandRunner, argv: tuple[str, ...], env: dict[str, str], hints: tuple[str, ...]
+) -> None:
+    assert_one_plain_line(run_earm(*argv, **env), *hints)
+
+
+def test_keys_commands_print_their_result_and_no_log_lines(run_earm: CommandRunner) -> None:
+    created = run_earm("keys", "create", "--namespaces", "agent-*", "--name", "ci")
+    assert created.returncode == 0, created.stderr
+    assert created.stdout.startswith("earm_") and len(created.stdout.splitlines()) == 1
+    assert created.stderr.strip().splitlines() == [
+        "created key 1 (ci) for namespaces agent-*; store it now, it cannot be shown again:"
+    ]
+    listed = run_earm("keys", "list")
+    assert listed.returncode == 0 and listed.stderr == ""
+    assert [line.split()[:3] for line in listed.stdout.splitlines()] == [
+        ["id", "name", "status"],
+        ["1", "ci", "active"],
+    ]
+
+
+def test_migrate_prints_the_schema_revision_and_no_log_lines(
+    run_earm: CommandRunner, new_database: Callable[[str], str]
+) -> None:
+    from service.db import migrate
+
+    result = run_earm("migrate", database_url=new_database("earm_cli_migrate"))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == f"schema at {migrate.head_revision()}"
+    assert result.stderr == ""
+
+
+def test_debug_log_level_shows_the_start_up_details(
+    run_earm: CommandRunner, new_database: Callable[[str], str]
+) -> None:
+    result = run_earm("migrate", database_url=new_database("earm_cli_debug"), log_level="DEBUG")
+    assert result.returncode == 0, result.stderr
+    assert "Running upgrade" in result.stderr

@@ -1,0 +1,397 @@
+"""Relevance scorers: the offline cosine mapping, and the LLM judge against a real loopback
+chat-completions server."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import re
+import socket
+import time
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+
+from service.bench.loopback import HTTPFault, LoopbackServer, chat_completions_app
+from service.providers.chat_scorer import OpenAIChatScorer, parse_score
+from service.providers.factory import build_scorer
+from service.providers.scorers import LOCAL_CENTER, LOCAL_TEMPERATURE, LocalScorer, cosine_to_score
+from service.settings import Settings
+
+DIM = 4
+QUERY_EMBEDDING = np.zeros(DIM, dtype=np.float32)
+
+
+# --- local scorer -----------------------------------------------------------------------------
+
+
+def unit_vectors_with_cosines(cosines: list[float]) -> tuple[np.ndarray, np.ndarray]:
+    """A query e0 and memories whose cosine with it is exactly each given value."""
+    query = np.array([1.0, 0.0, 0.0], dtype=np.float32)
+    memories = np.array([[c, math.sqrt(1 - c * c), 0.0] for c in cosines], dtype=np.float32)
+    return query, memories
+
+
+def test_local_scorer_maps_cosine_through_the_documented_sigmoid() -> None:
+    cosines = [-1.0, -0.2, 0.0, 0.2, 0.35, 0.5, 0.69, 0.9, 1.0]
+    query, memories = unit_vectors_with_cosines(cosines)
+    scores = asyncio.run(LocalScorer().score("q", query, ["m"] * len(cosines), memories))
+    reference = [1 / (1 + math.exp(-(c - 0.35) / 0.08)) for c in cosines]
+    assert scores == pytest.approx(reference, abs=1e-6)
+    assert (LOCAL_CENTER, LOCAL_TEMPERATURE) == (0.35, 0.08)
+    assert scores[cosines.index(0.35)] == pytest.approx(0.5)
+
+
+def test_local_scorer_is_monotone_and_bounded() -> None:
+    cosines = np.linspace(-1, 1, 201)
+    scores = cosine_to_score(cosines)
+    assert np.all(np.diff(scores) >= 0)
+    assert np.all((scores >= 0) & (scores <= 1))
+    assert np.isfinite(scores).all()
+
+
+def test_local_scorer_does_not_need_normalised_or_nonzero_vectors() -> None:
+    query = np.array([2.0, 0.0, 0.0])
+    memories = np.array([[5.0, 0.0, 0.0], [0.0, 0.0, 0.0]])
+    scores = asyncio.run(LocalScorer().score("q", query, ["a", "b"], memories))
+    assert scores[0] == pytest.approx(float(cosine_to_score(1.0)))
+    assert scores[1] == pytest.approx(float(cosine_to_score(0.0)))
+
+
+def test_local_scorer_with_no_memories_returns_nothing() -> None:
+    assert asyncio.run(LocalScorer().score("q", QUERY_EMBEDDING, [], np.zeros((0, DIM)))) == []
+
+
+def test_local_scorer_rejects_mismatched_shapes() -> None:
+    with pytest.raises(ValueError):
+        asyncio.run(LocalScorer().score("q", QUERY_EMBEDDING, ["a", "b"], np.ones((3, DIM))))
+
+
+# --- reply parsing ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("reply", "score"),
+    [
+        ("0.8", 0.8),
+        ("Score: 0.35", 0.35),
+        ("1", 1.0),
+        ("1.0", 1.0),
+        ("0", 0.0),
+        ("The relevance is .9 out of 1", 0.9),
+        ("0,7", 0.7),
+        ("**0.25**\n", 0.25),
+        ("I cannot", None),
+        ("", None),
+        ("7", None),
+        ("80%", None),
+        ("8/10", None),
+        ("-0.2", None),
+        ("1.5e-1", None),
+    ],
+)
+def test_parse_score_takes_the_first_number_and_requires_it_in_unit_interval(
+    reply: str, score: float | None
+) -> None:
+    assert parse_score(reply) == (pytest.approx(score) if score is not None else None)
+
+
+# --- OpenAI chat scorer over loopback HTTP ------------------------------------------------------
+
+MEMORY_IN_PROMPT = re.compile(r"Memory:\n(.*)\n\nRelevance \(0 to 1\):", re.S)
+
+
+def memory_of(prompt: str) -> str:
+    match = MEMORY_IN_PROMPT.search(prompt)
+    assert match is not None, "prompt does not follow the documented layout"
+    return match.group(1)
+
+
+@pytest.fixture
+def serve() -> Iterator[list[LoopbackServer]]:
+    servers: list[LoopbackServer] = []
+    yield servers
+    for server in servers:
+        server.stop()
+
+
+def start(servers: list[LoopbackServer], app: object) -> LoopbackServer:
+    server = LoopbackServer(app).start()
+    servers.append(server)
+    return server
+
+
+def make_scorer(url: str, **kwargs: object) -> OpenAIChatScorer:
+    options: dict[str, object] = {"timeout_s": 2.0, "backoff_base_s": 0.01}
+    options.update(kwargs)
+    return OpenAIChatScorer(base_url=url + "/v1", model="judge", **options)  # type: ignore[arg-type]
+
+
+async def score_with(scorer: OpenAIChatScorer, query: str, memories: list[str]) -> list[float | None]:
+    try:
+        return await scorer.score(query, QUERY_EMBEDDING, memories, np.zeros((len(memories), DIM)))
+    finally:
+        await scorer.aclose()
+
+
+def test_openai_scorer_parses_scores_from_typical_replies(serve: list[LoopbackServer]) -> None:
+    replies = {
+        "m-a": "0.8",
+        "m-b": "Score: 0.35",
+        "m-c": "1",
+        "m-d": "The relevance is .9 out of 1",
+    }
+    app = chat_completions_app(lambda prompt: replies[memory_of(prompt)])
+    server = start(serve, app)
+    scorer = make_scorer(server.url)
+    scores = asyncio.run(score_with(scorer, "q", list(replies)))
+    assert scores == pytest.approx([0.8, 0.35, 1.0, 0.9])
+    assert scorer.outcomes["ok"] == 4 and scorer.calls_failed == 0
+
+
+def test_openai_scorer_makes_exactly_one_call_per_pair(serve: list[LoopbackServer]) -> None:
+    app = chat_completions_app(lambda prompt: "0.5")
+    server = start(serve, app)
+    scores = asyncio.run(score_with(make_scorer(server.url), "q", [f"m{i}" for i in range(25)]))
+    assert len(scores) == 25
+    assert app.state.calls == 25
+
+
+def test_openai_scorer_with_no_memories_makes_no_call(serve: list[LoopbackServer]) -> None:
+    app = chat_completions_app(lambda prompt: "0.5")
+    server = start(serve, app)
+    assert asyncio.run(score_with(make_scorer(server.url), "q", [])) == []
+    assert app.state.calls == 0
+
+
+def test_openai_scorer_prompt_contains_query_and_memory_verbatim(
+    serve: list[LoopbackServer],
+) -> None:
+    query = 'What did Anna say about {the trip}?\n  (Paris, "2019") %s'
+    memory = "Anna: Paris was great 🎉 — ünïcode, {braces} and\nnewlines\n\tindented"
+    prompts: list[str] = []
+
+    def reply(prompt: str) -> str:
+        prompts.append(prompt)
+        return "0.6"
+
+    app = chat_completions_app(reply)
+    server = start(serve, app)
+    asyncio.run(score_with(make_scorer(server.url), query, [memory]))
+    assert f"Query:\n{query}\n\nMemory:\n{memory}\n\nRelevance (0 to 1):" in prompts[0]
+    body = app.state.last_request["json"]
+    assert body["temperature"] == 0
+    assert 0 < body["max_tokens"] <= 32
+    assert [m["role"] for m in body["messages"]] == ["system", "user"]
+    assert "between 0 and 1" in body["messages"][0]["content"]
+
+
+def test_openai_scorer_gives_none_for_garbage_and_out_of_range_replies(
+    serve: list[LoopbackServer],
+) -> None:
+    replies = {"good": "0.4", "garbage": "I cannot", "range": "7"}
+    app = chat_completions_app(lambda prompt: replies[memory_of(prompt)])
+    server = start(serve, app)
+    scorer = make_scorer(server.url)
+    scores = asyncio.run(score_with(scorer, "q", list(replies)))
+    assert scores == [pytest.approx(0.4), None, None]
+    assert scorer.outcomes["unparseable"] == 2
+    assert app.state.calls == 3  # a deterministic judge is not asked again
+
+
+def test_openai_scorer_retries_500_then_gives_none(serve: list[LoopbackServer]) -> None:
+    def reply(prompt: str) -> str:
+        raise HTTPFault(500, "internal")
+
+    app = chat_completions_app(reply)
+    server = start(serve, app)
+    scorer = make_scorer(server.url, max_retries=2)
+    assert asyncio.run(score_with(scorer, "q", ["m"])) == [None]
+    assert app.state.calls == 3
+    assert scorer.outcomes == {"http_error": 1}
+
+
+def test_openai_scorer_does_not_retry_a_400(serve: list[LoopbackServer]) -> None:
+    def reply(prompt: str) -> str:
+        raise HTTPFault(400, "bad model")
+
+    app = chat_completions_app(reply)
+    server = start(serve, app)
+    scorer = make_scorer(server.url, max_retries=2)
+    assert asyncio.run(score_with(scorer, "q", ["m"])) == [None]
+    assert app.state.calls == 1
+
+
+def test_openai_scorer_scores_after_a_429(serve: list[LoopbackServer]) -> None:
+    def reply(prompt: str) -> str:
+        if app.state.calls == 1:
+            raise HTTPFault(429, "rate limited", headers={"Retry-After": "0.05"})
+        return "0.7"
+
+    app = chat_completions_app(reply)
+    server = start(serve, app)
+    scorer = make_scorer(server.url)
+    assert asyncio.run(score_with(scorer, "q", ["m"])) == [pytest.approx(0.7)]
+    assert app.state.calls == 2
+    assert scorer.outcomes == {"ok": 1}
+
+
+def test_openai_scorer_gives_up_when_retry_after_exceeds_the_time_budget(
+    serve: list[LoopbackServer],
+) -> None:
+    def reply(prompt: str) -> str:
+        raise HTTPFault(429, "rate limited", headers={"Retry-After": "30"})
+
+    app = chat_completions_app(reply)
+    server = start(serve, app)
+    started = time.perf_counter()
+    assert asyncio.run(score_with(make_scorer(server.url, timeout_s=1.0), "q", ["m"])) == [None]
+    assert time.perf_counter() - started < 0.5
+    assert app.state.calls == 1
+
+
+def test_openai_scorer_times_out_slow_server_and_returns_promptly(
+    serve: list[LoopbackServer],
+) -> None:
+    async def reply(prompt: str) -> str:
+        await asyncio.sleep(2.0)
+        return "0.5"
+
+    app = chat_completions_app(reply)
+    server = start(serve, app)
+    scorer = make_scorer(server.url, timeout_s=0.3, max_retries=3)
+    started = time.perf_counter()
+    scores = asyncio.run(score_with(scorer, "q", ["a", "b", "c"]))
+    elapsed = time.perf_counter() - started
+    assert scores == [None, None, None]
+    assert elapsed < 0.3 + 0.6  # one budget for all pairs (one wave), not 4 attempts x 0.3 s
+    assert scorer.outcomes == {"timeout": 3}
+
+
+def test_openai_scorer_deadline_covers_pairs_queued_behind_a_hung_endpoint(
+    serve: list[LoopbackServer],
+) -> None:
+    async def reply(prompt: str) -> str:
+        await asyncio.sleep(5.0)
+        return "0.5"
+
+    server = start(serve, chat_completions_app(reply))
+    scorer = make_scorer(server.url, timeout_s=0.4, concurrency=2)
+    started = time.perf_counter()
+    scores = asyncio.run(score_with(scorer, "q", [f"m{i}" for i in range(10)]))
+    elapsed = time.perf_counter() - started
+    assert scores == [None] * 10
+    assert elapsed < 0.4 + 0.6  # one deadline for the request, not five waves of 0.4 s
+    assert scorer.outcomes == {"timeout": 10}
+
+
+def test_openai_scorer_respects_its_concurrency_limit(serve: list[LoopbackServer]) -> None:
+    async def reply(prompt: str) -> str:
+        await asyncio.sleep(0.05)
+        return "0.5"
+
+    app = chat_completions_app(reply)
+    server = start(serve, app)
+    scores = asyncio.run(
+        score_with(make_scorer(server.url, concurrency=4), "q", [f"m{i}" for i in range(20)])
+    )
+    assert scores == [0.5] * 20
+    assert app.state.max_in_flight == 4
+
+
+def test_openai_scorer_concurrent_requests_share_one_limit(serve: list[LoopbackServer]) -> None:
+    async def reply(prompt: str) -> str:
+        await asyncio.sleep(0.05)
+        return "0.5"
+
+    app = chat_completions_app(reply)
+    server = start(serve, app)
+
+    async def two_requests() -> None:
+        scorer = make_scorer(server.url, concurrency=3)
+        try:
+            memories = [f"m{i}" for i in range(9)]
+            zeros = np.zeros((9, DIM))
+            await asyncio.gather(
+                scorer.score("q1", QUERY_EMBEDDING, memories, zeros),
+                scorer.score("q2", QUERY_EMBEDDING, memories, zeros),
+            )
+        finally:
+            await scorer.aclose()
+
+    asyncio.run(two_requests())
+    assert app.state.calls == 18
+    assert app.state.max_in_flight == 3
+
+
+def test_openai_scorer_slots_survive_a_cancellation_at_any_point_of_a_call(
+    serve: list[LoopbackServer],
+) -> None:
+    """Wherever a cancellation lands (waiting for a slot, connecting, sending, reading or
+    closing the response), every slot still serves the next call."""
+    server = start(serve, chat_completions_app(lambda prompt: "0.5"))
+    concurrency = 4
+    memories = [f"m{i}" for i in range(concurrency)]
+    embeddings = np.zeros((concurrency, DIM))
+
+    async def cancel_at_every_step_then_score() -> list[float | None]:
+        scorer = make_scorer(server.url, timeout_s=0.5, concurrency=concurrency, max_retries=0)
+        try:
+            for steps in range(50):
+                call = asyncio.create_task(scorer.score("q", QUERY_EMBEDDING, memories, embeddings))
+                for _ in range(steps):  # one event-loop iteration each
+                    await asyncio.sleep(0)
+                call.cancel()
+                await asyncio.gather(call, return_exceptions=True)
+            return await scorer.score("q", QUERY_EMBEDDING, memories, embeddings)
+        finally:
+            await scorer.aclose()
+
+    assert asyncio.run(cancel_at_every_step_then_score()) == [0.5] * concurrency
+
+
+def test_openai_scorer_gives_none_when_nothing_listens() -> None:
+    with socket.socket() as sock:  # bound but not listening: connections are refused
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+        scorer = make_scorer(f"http://127.0.0.1:{port}", max_retries=1)
+        assert asyncio.run(score_with(scorer, "q", ["a", "b"])) == [None, None]
+        assert scorer.outcomes == {"transport_error": 2}
+
+
+def test_openai_scorer_sends_bearer_api_key(serve: list[LoopbackServer]) -> None:
+    app = chat_completions_app(lambda prompt: "0.5")
+    server = start(serve, app)
+    scorer = make_scorer(server.url, api_key="sk-judge-1")
+    asyncio.run(score_with(scorer, "q", ["m"]))
+    assert app.state.last_request["headers"]["authorization"] == "Bearer sk-judge-1"
+    assert "sk-judge-1" not in repr(scorer)
+
+
+# --- factory ----------------------------------------------------------------------------------
+
+
+def test_build_scorer_defaults_to_the_local_scorer() -> None:
+    scorer = build_scorer(Settings(scorer="local"))
+    assert isinstance(scorer, LocalScorer) and scorer.name == "local"
+
+
+def test_build_scorer_openai_requires_base_url() -> None:
+    with pytest.raises(ValueError, match="EARM_SCORER_BASE_URL"):
+        build_scorer(Settings(scorer="openai", scorer_base_url=None))
+
+
+def test_build_scorer_openai_uses_settings() -> None:
+    settings = Settings(
+        scorer="openai",
+        scorer_base_url="http://127.0.0.1:9/v1/",
+        scorer_model="judge-1",
+        scorer_concurrency=5,
+        scorer_timeout_s=1.5,
+    )
+    scorer = build_scorer(settings)
+    assert isinstance(scorer, OpenAIChatScorer)
+    assert scorer.url == "http://127.0.0.1:9/v1/chat/completions"
+    assert (scorer.model, scorer.concurrency, scorer.timeout_s, scorer.name) == ("judge-1", 5, 1.5, "openai")
+    asyncio.run(scorer.aclose())
