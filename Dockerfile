@@ -15,11 +15,14 @@ RUN groupadd --gid 10001 earm \
 
 WORKDIR /app
 
-# Dependencies first, so editing the code does not reinstall them.
+# Dependencies first, so editing the code does not reinstall them. With the mcp extra, the
+# service also serves the MCP tools at /mcp (README "Use it from an agent"); pyproject.toml
+# bounds its versions, which hadolint cannot see in '.[mcp]'.
 COPY pyproject.toml README.md ./
+# hadolint ignore=DL3013
 RUN mkdir -p service \
     && touch service/__init__.py \
-    && pip install --no-cache-dir . \
+    && pip install --no-cache-dir '.[mcp]' \
     && pip uninstall --yes earm \
     && rm -rf service build ./*.egg-info
 

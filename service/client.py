@@ -42,6 +42,7 @@ __all__ = [
     "IngestResult",
     "Memory",
     "MemoryPage",
+    "NamespaceStats",
     "RetrieveResult",
 ]
 
@@ -117,10 +118,14 @@ def _stats_params(namespace: str | None) -> dict[str, str] | None:
     return {"namespace": namespace} if namespace is not None else None
 
 
-def _list_params(namespace: str, limit: int, cursor: str | None) -> dict[str, Any]:
+def _list_params(
+    namespace: str, limit: int, cursor: str | None, external_id: str | None
+) -> dict[str, Any]:
     params: dict[str, Any] = {"namespace": namespace, "limit": limit}
     if cursor is not None:
         params["cursor"] = cursor
+    if external_id is not None:
+        params["external_id"] = external_id
     return params
 
 
@@ -197,9 +202,16 @@ class EarmClient:
     def get(self, memory_id: int) -> Memory:
         return self._parse(Memory, "GET", f"/memories/{int(memory_id)}")
 
-    def list(self, namespace: str, limit: int = 100, cursor: str | None = None) -> MemoryPage:
-        """One page of a namespace's memories by id; pass ``page.next_cursor`` for the next."""
-        params = _list_params(namespace, limit, cursor)
+    def list(
+        self,
+        namespace: str,
+        limit: int = 100,
+        cursor: str | None = None,
+        external_id: str | None = None,
+    ) -> MemoryPage:
+        """One page of a namespace's memories by id; pass ``page.next_cursor`` for the next.
+        With ``external_id``: the memory stored under it, if any."""
+        params = _list_params(namespace, limit, cursor, external_id)
         return self._parse(MemoryPage, "GET", "/memories", params=params)
 
     def delete(self, memory_id: int) -> None:
@@ -262,8 +274,14 @@ class AsyncEarmClient:
     async def get(self, memory_id: int) -> Memory:
         return await self._parse(Memory, "GET", f"/memories/{int(memory_id)}")
 
-    async def list(self, namespace: str, limit: int = 100, cursor: str | None = None) -> MemoryPage:
-        params = _list_params(namespace, limit, cursor)
+    async def list(
+        self,
+        namespace: str,
+        limit: int = 100,
+        cursor: str | None = None,
+        external_id: str | None = None,
+    ) -> MemoryPage:
+        params = _list_params(namespace, limit, cursor, external_id)
         return await self._parse(MemoryPage, "GET", "/memories", params=params)
 
     async def delete(self, memory_id: int) -> None:

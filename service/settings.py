@@ -6,6 +6,7 @@ the environment and tests build their own ``Settings(...)`` instead of patching 
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -15,6 +16,17 @@ from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 DEFAULT_BUDGET_SCHEDULE = "0:1.0,5:0.5,15:0.3,30:0.175"
+#: The namespace names the API accepts. Declared here, at the bottom of the dependency rule,
+#: because a setting (``mcp_default_namespace``) names a namespace too; ``service.http.schemas``
+#: builds its ``NamespaceName`` from it.
+NAMESPACE_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$"
+
+
+def namespace_name(namespace: str) -> str:
+    """``namespace`` if the API accepts it as a namespace name, else ValueError."""
+    if not re.match(NAMESPACE_PATTERN, namespace):
+        raise ValueError(f"{namespace!r} is not a namespace name ({NAMESPACE_PATTERN})")
+    return namespace
 
 
 def default_data_dir() -> Path:
@@ -154,6 +166,20 @@ class Settings(BaseSettings):
         default=2.0, ge=0, le=60, description="Key lookups are cached this long (revocation delay)."
     )
 
+    # --- agent integrations (service/integrations/) ---------------------------------------
+    mcp_default_namespace: str = Field(
+        default="default",
+        description="Namespace of the MCP tools when a call names none (/mcp and `earm mcp`).",
+    )
+    url: str = Field(
+        default="http://127.0.0.1:8000",
+        description="The earm service `earm mcp` talks to (its --url flag overrides it).",
+    )
+    api_key: SecretStr | None = Field(
+        default=None,
+        description="The API key `earm mcp` sends (its --api-key flag overrides it).",
+    )
+
     # --- serving --------------------------------------------------------------------------
     host: str = "127.0.0.1"
     port: int = Field(default=8000, ge=0, le=65535)
@@ -177,6 +203,11 @@ class Settings(BaseSettings):
     def _parseable_schedule(cls, schedule: str) -> str:
         BudgetSchedule.parse(schedule)  # raises ValueError naming the bad entry
         return schedule
+
+    @field_validator("mcp_default_namespace")
+    @classmethod
+    def _namespace_name(cls, namespace: str) -> str:
+        return namespace_name(namespace)
 
     @field_validator("embedder_base_url", "scorer_base_url")
     @classmethod

@@ -56,6 +56,7 @@ def test_client_round_trip_add_retrieve_feedback_stats(service_url: str) -> None
         assert [
             m.id for m in earm.list("agent-1", cursor=page.next_cursor).memories
         ] == added.ids[2:]
+        assert [m.id for m in earm.list("agent-1", external_id="job").memories] == [added.ids[1]]
         earm.delete(added.ids[2])
         with pytest.raises(EarmAPIError) as deleted:
             earm.get(added.ids[2])

@@ -27,6 +27,8 @@ NOT_IN_COMPOSE = {
     "embedded_restart_attempts": "embedded Postgres only",
     "embedded_restart_backoff_s": "embedded Postgres only",
     "host": "the image runs `earm serve --host 0.0.0.0`",
+    "url": "read by `earm mcp`, the client an agent's machine launches, not by the service",
+    "api_key": "read by `earm mcp`, the client an agent's machine launches, not by the service",
 }
 
 

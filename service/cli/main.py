@@ -1,4 +1,4 @@
-"""The ``earm`` command: serve, migrate, bench."""
+"""The ``earm`` command: serve, migrate, keys, mcp, bench."""
 
 from __future__ import annotations
 
@@ -93,6 +93,9 @@ def build_parser() -> argparse.ArgumentParser:
     from service.cli.keys import add_keys_parser
 
     add_keys_parser(commands)
+    from service.cli.mcp import add_mcp_parser
+
+    add_mcp_parser(commands)
 
     bench = commands.add_parser("bench", help="benchmarks")
     bench_commands = bench.add_subparsers(dest="bench", required=True)

@@ -78,10 +78,17 @@ async def get_memory(session: AsyncSession, memory_id: int) -> Memory | None:
 
 
 async def memories_after(
-    session: AsyncSession, namespace: str, after_id: int | None, limit: int
+    session: AsyncSession,
+    namespace: str,
+    after_id: int | None,
+    limit: int,
+    external_id: str | None = None,
 ) -> list[Memory]:
-    """Up to ``limit`` memories of the namespace by id, after ``after_id`` when given."""
+    """Up to ``limit`` memories of the namespace by id, after ``after_id`` when given; with
+    ``external_id``, only the one stored under it (the unique index answers)."""
     statement = select(Memory).where(Memory.namespace == namespace)
+    if external_id is not None:
+        statement = statement.where(Memory.external_id == external_id)
     if after_id is not None:
         statement = statement.where(Memory.id > after_id)
     return list((await session.scalars(statement.order_by(Memory.id).limit(limit))).all())

@@ -15,6 +15,7 @@ from service.http.error_handlers import install_error_handlers
 from service.http.middleware import BodyLimits, RequestObservabilityMiddleware
 from service.http.routes import health, memories, retrieve, stats
 from service.ingest.indexer import BackgroundIndexer
+from service.integrations import mount_mcp
 from service.metrics import Metrics
 from service.providers.embedders import LocalEmbedder
 from service.providers.factory import build_embedder, build_scorer
@@ -48,6 +49,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(memories.router)
     app.include_router(retrieve.router)
     app.include_router(stats.router)
+    mount_mcp(app, settings)
     return app
 
 

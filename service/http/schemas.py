@@ -21,8 +21,7 @@ from service.db.models import MAX_BIGINT
 from service.db.stats import NamespaceStats
 from service.ingest.validation import storable_text_problem
 from service.providers.scorer_health import ScorerHealthSnapshot
-
-NAMESPACE_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$"
+from service.settings import NAMESPACE_PATTERN
 
 NamespaceName = Annotated[
     str,

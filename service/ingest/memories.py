@@ -231,11 +231,18 @@ def decode_cursor(cursor: str) -> int:
 
 
 async def list_memories(
-    session: AsyncSession, namespace: str, limit: int, cursor: str | None
+    session: AsyncSession,
+    namespace: str,
+    limit: int,
+    cursor: str | None,
+    external_id: str | None = None,
 ) -> MemoryPage:
-    """Keyset pagination by id: stable under concurrent inserts, O(limit) per page."""
+    """Keyset pagination by id: stable under concurrent inserts, O(limit) per page. With
+    ``external_id``, the one memory the client stored under it."""
     after_id = decode_cursor(cursor) if cursor is not None else None
-    found = await memory_table.memories_after(session, namespace, after_id, limit + 1)
+    found = await memory_table.memories_after(
+        session, namespace, after_id, limit + 1, external_id
+    )
     page = found[:limit]
     next_cursor = encode_cursor(page[-1].id) if len(found) > limit else None
     return MemoryPage([StoredMemory.of(row) for row in page], next_cursor)

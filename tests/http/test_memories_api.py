@@ -155,6 +155,23 @@ def test_listing_pages_through_every_memory_once(client: TestClient) -> None:
     assert seen == sorted(ids)
 
 
+def test_listing_by_external_id_finds_that_memory_of_the_namespace_only(
+    client: TestClient,
+) -> None:
+    ids = ingest(
+        client,
+        "agent-1",
+        [{"text": f"m{i}", "embedding": vector(i), "external_id": f"e{i}"} for i in range(5)],
+    )["ids"]
+    ingest(client, "agent-2", [{"text": "elsewhere", "embedding": vector(9), "external_id": "e3"}])
+    found = client.get("/memories", params={"namespace": "agent-1", "external_id": "e3"}).json()
+    assert [m["id"] for m in found["memories"]] == [ids[3]] and found["next_cursor"] is None
+    missing = client.get("/memories", params={"namespace": "agent-1", "external_id": "e9"})
+    assert missing.status_code == 200 and missing.json()["memories"] == []
+    too_long = client.get("/memories", params={"namespace": "agent-1", "external_id": "x" * 257})
+    assert too_long.status_code == 422 and error_code(too_long) == "validation_error"
+
+
 def test_delete_removes_memory_and_its_observations(client: TestClient, settings) -> None:
     ids = ingest(client, "agent-1", [{"text": "m", "embedding": vector(1)}])["ids"]
     engine = create_engine(settings.database_url)

@@ -85,11 +85,16 @@ def judge_process(reply: Callable[..., Awaitable[Any]], protocol: str = "chat") 
     process, so serving it does not compete with the bench's clients for the GIL. Fork it
     before this process has threads or connections; ``reply``'s state is the child's copy
     (share what must change during the run, e.g. through ``multiprocessing.Value``)."""
+    import gc
     import multiprocessing
 
     context = multiprocessing.get_context("fork")
     parent, child = context.Pipe()
     process = context.Process(target=_serve_judge, args=(reply, child, protocol), daemon=True)
+    # Garbage the child would inherit is finalized here, where its native threads exist: an
+    # app left behind in reference cycles (say by an earlier test) holds an ONNX Runtime
+    # session, and the child's garbage collector hung for good finalizing it.
+    gc.collect()
     process.start()
     try:
         if not parent.poll(60):

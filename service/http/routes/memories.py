@@ -17,7 +17,13 @@ from service.http.deps import (
     SettingsDep,
 )
 from service.http.middleware import FastJSONRoute, annotate
-from service.http.schemas import ErrorResponse, IngestRequest, MemoryId, NamespaceName
+from service.http.schemas import (
+    ErrorResponse,
+    ExternalId,
+    IngestRequest,
+    MemoryId,
+    NamespaceName,
+)
 from service.ingest import memories
 from service.ingest.memories import IngestResult, MemoryPage, StoredMemory
 from service.ingest.validation import check_metadata
@@ -107,12 +113,15 @@ async def list_memories(
     request: Request,
     limit: Annotated[int, Query(ge=1)] = 100,
     cursor: Annotated[str | None, Query(max_length=64)] = None,
+    external_id: Annotated[
+        ExternalId | None, Query(description="Only the memory stored under this external_id.")
+    ] = None,
 ) -> MemoryPage:
     annotate(request, namespace=namespace)
     require_namespace(principal, namespace)
     if limit > settings.max_page_size:
         raise LimitExceeded(f"limit {limit} exceeds the page size limit {settings.max_page_size}")
-    return await memories.list_memories(session, namespace, limit, cursor)
+    return await memories.list_memories(session, namespace, limit, cursor, external_id)
 
 
 @router.delete(
