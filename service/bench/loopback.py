@@ -13,6 +13,9 @@ Typical use::
         scorer = OpenAIChatScorer(base_url=server.url + "/v1", model="judge")
         ...
     assert app.state.calls == 3
+
+Over 400 lines on purpose: the stand-ins of the three provider protocols (chat completions,
+embeddings, rerank) share one request handler, fault injection and call counters here.
 """
 
 from __future__ import annotations

@@ -4,6 +4,10 @@
 ``POST /retrieve``; ``EarmStore`` is a LangGraph ``BaseStore``, so a LangGraph agent's long-term
 memory (``graph.compile(store=EarmStore(...))``) lives in earm and its searches learn from earm's
 reranking. Both talk to a running earm over its HTTP API with :mod:`service.client`.
+
+Over 400 lines on purpose: LangGraph's ``BaseStore`` contract (batched get/put/search/delete/
+list_namespaces ops, sync and async) is one adapter, and splitting it would scatter the mapping
+of namespace tuples and keys onto earm namespaces and external ids across modules.
 """
 
 from __future__ import annotations
