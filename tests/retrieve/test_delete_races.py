@@ -12,7 +12,8 @@ import logging
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Coroutine, Iterator
+from typing import Any, TypeVar
 
 import httpx
 import numpy as np
@@ -30,6 +31,8 @@ from service.ingest.memories import NewMemory, delete_memory, ingest
 from service.providers.scorers import LocalScorer
 from service.retrieve.pipeline import RetrievalPipeline, RetrieveRequest
 from service.settings import Settings
+
+T = TypeVar("T")
 
 DIM = 384
 NAMESPACE = "agent-1"
@@ -162,16 +165,19 @@ async def wait_until_waiting_for_a_lock(database: Database) -> None:
 
 
 async def delete_while_blocked(
-    database: Database, memory_id: int, request: asyncio.Task
-) -> None:
-    """Hold the namespace lock (as DELETE /memories/{id} takes it) until ``request`` waits for
-    it, then delete the memory and commit, so the request resumes after the delete."""
+    database: Database, memory_id: int, start_request: Callable[[], Coroutine[Any, Any, T]]
+) -> asyncio.Task[T]:
+    """Take the namespace lock (as DELETE /memories/{id} does), only then start the request
+    (so it cannot take the lock first), wait until it waits for the lock, then delete the
+    memory and commit, so the request resumes after the delete; the request's task."""
     async with database.sessions() as deleter:
         await namespace_state(deleter, NAMESPACE, for_update=True)
+        request = asyncio.create_task(start_request())
         await wait_until_waiting_for_a_lock(database)
         assert not request.done()
         await delete_memory(deleter, memory_id, NAMESPACE)
         await deleter.commit()
+    return request
 
 
 def test_a_refit_skips_a_memory_deleted_while_it_fitted_and_completes(
@@ -185,8 +191,9 @@ def test_a_refit_skips_a_memory_deleted_while_it_fitted_and_completes(
             ids = await observed_namespace(database, pipeline)
             # The refit reads the observations, fits, then waits for the namespace row to
             # write the model: the delete commits in between.
-            refit = asyncio.create_task(pipeline.refit(NAMESPACE))
-            await delete_while_blocked(database, ids[0], refit)
+            refit = await delete_while_blocked(
+                database, ids[0], lambda: pipeline.refit(NAMESPACE)
+            )
             refitted = await refit  # raised ForeignKeyViolation (the COPY) before the fix
             async with database.engine.connect() as conn:
                 with_parameters = set((await conn.execute(
@@ -215,10 +222,11 @@ def test_feedback_on_a_memory_deleted_meanwhile_is_not_found(clean_database: str
                 namespace=NAMESPACE, query="rated", query_embedding=vector(7), candidates=20,
                 policy="semantic",
             ))
-            feedback = asyncio.create_task(
-                pipeline.feedback(NAMESPACE, result.query_id, [ids[0]], [1.0])
+            feedback = await delete_while_blocked(
+                database,
+                ids[0],
+                lambda: pipeline.feedback(NAMESPACE, result.query_id, [ids[0]], [1.0]),
             )
-            await delete_while_blocked(database, ids[0], feedback)
             with pytest.raises(NotFound):  # was IntegrityError (ForeignKeyViolation): a 500
                 await feedback
 
