@@ -6,7 +6,7 @@ import asyncio
 import socket
 import time
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable
 
 import httpx
 import numpy as np
@@ -17,6 +17,8 @@ from service.providers.embedders import LOCAL_DIM, LOCAL_MODEL_ID, EmbedderError
 from service.providers.factory import build_embedder
 from service.providers.openai_embedder import OpenAIEmbedder
 from service.settings import Settings
+
+Serve = Callable[[object], LoopbackServer]  # the `serve` fixture (conftest.py)
 
 DIM = 8
 
@@ -106,25 +108,11 @@ async def embed_once(embedder: OpenAIEmbedder, texts: list[str]) -> np.ndarray:
         await embedder.aclose()
 
 
-@pytest.fixture
-def serve() -> Iterator[list[LoopbackServer]]:
-    servers: list[LoopbackServer] = []
-    yield servers
-    for server in servers:
-        server.stop()
-
-
-def start(servers: list[LoopbackServer], app: object) -> LoopbackServer:
-    server = LoopbackServer(app).start()
-    servers.append(server)
-    return server
-
-
 def test_openai_embedder_returns_normalised_vectors_in_request_order_when_server_shuffles(
-    serve: list[LoopbackServer],
+    serve: Serve,
 ) -> None:
     app = embeddings_app(lambda texts: [fake_vector(t) for t in texts], out_of_order=True)
-    server = start(serve, app)
+    server = serve(app)
     texts = [f"text number {i}" for i in range(5)]
     vectors = asyncio.run(embed_once(make_embedder(server), texts))
     assert vectors.dtype == np.float32 and vectors.shape == (5, DIM)
@@ -133,7 +121,7 @@ def test_openai_embedder_returns_normalised_vectors_in_request_order_when_server
 
 
 def test_openai_embedder_splits_150_texts_into_batches_of_64_64_22(
-    serve: list[LoopbackServer],
+    serve: Serve,
 ) -> None:
     sizes: list[int] = []
 
@@ -142,7 +130,7 @@ def test_openai_embedder_splits_150_texts_into_batches_of_64_64_22(
         return [fake_vector(t) for t in texts]
 
     app = embeddings_app(embed)
-    server = start(serve, app)
+    server = serve(app)
     texts = [f"t{i}" for i in range(150)]
     vectors = asyncio.run(embed_once(make_embedder(server, batch_size=64), texts))
     assert sizes == [64, 64, 22]
@@ -150,27 +138,27 @@ def test_openai_embedder_splits_150_texts_into_batches_of_64_64_22(
     np.testing.assert_allclose(vectors, expected(texts), atol=1e-6)
 
 
-def test_openai_embedder_retries_after_503_then_succeeds(serve: list[LoopbackServer]) -> None:
+def test_openai_embedder_retries_after_503_then_succeeds(serve: Serve) -> None:
     def embed(texts: list[str]) -> list[list[float]]:
         if app.state.calls == 1:
             raise HTTPFault(503, "overloaded")
         return [fake_vector(t) for t in texts]
 
     app = embeddings_app(embed)
-    server = start(serve, app)
+    server = serve(app)
     vectors = asyncio.run(embed_once(make_embedder(server), ["a", "b"]))
     assert app.state.calls == 2
     np.testing.assert_allclose(vectors, expected(["a", "b"]), atol=1e-6)
 
 
-def test_openai_embedder_honours_retry_after_on_429(serve: list[LoopbackServer]) -> None:
+def test_openai_embedder_honours_retry_after_on_429(serve: Serve) -> None:
     def embed(texts: list[str]) -> list[list[float]]:
         if app.state.calls == 1:
             raise HTTPFault(429, "slow down", headers={"Retry-After": "0.4"})
         return [fake_vector(t) for t in texts]
 
     app = embeddings_app(embed)
-    server = start(serve, app)
+    server = serve(app)
     started = time.perf_counter()
     asyncio.run(embed_once(make_embedder(server, backoff_base_s=0.001), ["a"]))
     assert time.perf_counter() - started >= 0.4
@@ -178,13 +166,13 @@ def test_openai_embedder_honours_retry_after_on_429(serve: list[LoopbackServer])
 
 
 def test_openai_embedder_fails_fast_when_retry_after_is_too_long(
-    serve: list[LoopbackServer],
+    serve: Serve,
 ) -> None:
     def embed(texts: list[str]) -> list[list[float]]:
         raise HTTPFault(429, "quota", headers={"Retry-After": "3600"})
 
     app = embeddings_app(embed)
-    server = start(serve, app)
+    server = serve(app)
     started = time.perf_counter()
     with pytest.raises(EmbedderError, match="429"):
         asyncio.run(embed_once(make_embedder(server), ["a"]))
@@ -192,49 +180,49 @@ def test_openai_embedder_fails_fast_when_retry_after_is_too_long(
     assert app.state.calls == 1
 
 
-def test_openai_embedder_raises_after_persistent_500(serve: list[LoopbackServer]) -> None:
+def test_openai_embedder_raises_after_persistent_500(serve: Serve) -> None:
     def embed(texts: list[str]) -> list[list[float]]:
         raise HTTPFault(500, "boom")
 
     app = embeddings_app(embed)
-    server = start(serve, app)
+    server = serve(app)
     with pytest.raises(EmbedderError, match="500"):
         asyncio.run(embed_once(make_embedder(server, max_retries=2), ["a"]))
     assert app.state.calls == 3
 
 
-def test_openai_embedder_does_not_retry_a_400(serve: list[LoopbackServer]) -> None:
+def test_openai_embedder_does_not_retry_a_400(serve: Serve) -> None:
     def embed(texts: list[str]) -> list[list[float]]:
         raise HTTPFault(400, "input too long")
 
     app = embeddings_app(embed)
-    server = start(serve, app)
+    server = serve(app)
     with pytest.raises(EmbedderError, match="input too long"):
         asyncio.run(embed_once(make_embedder(server), ["a"]))
     assert app.state.calls == 1
 
 
-def test_openai_embedder_rejects_wrong_dimension(serve: list[LoopbackServer]) -> None:
+def test_openai_embedder_rejects_wrong_dimension(serve: Serve) -> None:
     app = embeddings_app(lambda texts: [[1.0] * (DIM + 1) for _ in texts])
-    server = start(serve, app)
+    server = serve(app)
     with pytest.raises(EmbedderError, match="dimension"):
         asyncio.run(embed_once(make_embedder(server), ["a", "b"]))
 
 
-def test_openai_embedder_rejects_missing_vectors(serve: list[LoopbackServer]) -> None:
+def test_openai_embedder_rejects_missing_vectors(serve: Serve) -> None:
     app = embeddings_app(lambda texts: [fake_vector(t) for t in texts[:-1]])
-    server = start(serve, app)
+    server = serve(app)
     with pytest.raises(EmbedderError, match="2 embeddings for 3 inputs"):
         asyncio.run(embed_once(make_embedder(server), ["a", "b", "c"]))
 
 
-def test_openai_embedder_raises_on_timeout(serve: list[LoopbackServer]) -> None:
+def test_openai_embedder_raises_on_timeout(serve: Serve) -> None:
     async def embed(texts: list[str]) -> list[list[float]]:
         await asyncio.sleep(1.0)
         return [fake_vector(t) for t in texts]
 
     app = embeddings_app(embed)
-    server = start(serve, app)
+    server = serve(app)
     started = time.perf_counter()
     with pytest.raises(EmbedderError, match="timed out"):
         asyncio.run(embed_once(make_embedder(server, timeout_s=0.2, max_retries=1), ["a"]))
@@ -257,9 +245,9 @@ def test_openai_embedder_raises_when_nothing_listens() -> None:
             asyncio.run(embed_once(embedder, ["a"]))
 
 
-def test_openai_embedder_sends_bearer_api_key(serve: list[LoopbackServer]) -> None:
+def test_openai_embedder_sends_bearer_api_key(serve: Serve) -> None:
     app = embeddings_app(lambda texts: [fake_vector(t) for t in texts])
-    server = start(serve, app)
+    server = serve(app)
     embedder = make_embedder(server, api_key="sk-test-123")
     asyncio.run(embed_once(embedder, ["a"]))
     assert app.state.last_request["headers"]["authorization"] == "Bearer sk-test-123"
@@ -267,10 +255,10 @@ def test_openai_embedder_sends_bearer_api_key(serve: list[LoopbackServer]) -> No
 
 
 def test_openai_embedder_uses_a_caller_supplied_client_and_leaves_it_open(
-    serve: list[LoopbackServer],
+    serve: Serve,
 ) -> None:
     app = embeddings_app(lambda texts: [fake_vector(t) for t in texts])
-    server = start(serve, app)
+    server = serve(app)
 
     async def run() -> bool:
         async with httpx.AsyncClient() as client:
@@ -283,9 +271,9 @@ def test_openai_embedder_uses_a_caller_supplied_client_and_leaves_it_open(
     assert app.state.calls == 1
 
 
-def test_openai_embedder_empty_input_makes_no_call(serve: list[LoopbackServer]) -> None:
+def test_openai_embedder_empty_input_makes_no_call(serve: Serve) -> None:
     app = embeddings_app(lambda texts: [fake_vector(t) for t in texts])
-    server = start(serve, app)
+    server = serve(app)
     vectors = asyncio.run(embed_once(make_embedder(server), []))
     assert vectors.shape == (0, DIM)
     assert app.state.calls == 0

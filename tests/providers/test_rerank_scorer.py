@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from collections.abc import Iterator
+from collections.abc import Callable
 
 import numpy as np
 import pytest
@@ -21,23 +21,11 @@ from service.providers.rerank_scorer import (
 from service.providers.scorers import Scores
 from service.settings import Settings
 
+Serve = Callable[[object], LoopbackServer]  # the `serve` fixture (conftest.py)
+
 DIM = 4
 QUERY_EMBEDDING = np.zeros(DIM, dtype=np.float32)
 PROTOCOLS: list[RerankProtocol] = ["rerank", "tei"]
-
-
-@pytest.fixture
-def serve() -> Iterator[list[LoopbackServer]]:
-    servers: list[LoopbackServer] = []
-    yield servers
-    for server in servers:
-        server.stop()
-
-
-def start(servers: list[LoopbackServer], app: object) -> LoopbackServer:
-    server = LoopbackServer(app).start()
-    servers.append(server)
-    return server
 
 
 def make_scorer(url: str, protocol: RerankProtocol, **kwargs: object) -> RerankScorer:
@@ -64,10 +52,10 @@ def by_name(query: str, documents: list[str]) -> list[float | None]:
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)
 def test_rerank_scorer_maps_sorted_results_back_by_index(
-    serve: list[LoopbackServer], protocol: RerankProtocol
+    serve: Serve, protocol: RerankProtocol
 ) -> None:
     app = rerank_app(by_name, protocol=protocol)
-    server = start(serve, app)
+    server = serve(app)
     memories = ["m3", "m50", "m7", "m99", "m0"]
     scores = asyncio.run(score_with(make_scorer(server.url, protocol), "q", memories))
     assert scores.values == pytest.approx([0.03, 0.5, 0.07, 0.99, 0.0])
@@ -75,10 +63,10 @@ def test_rerank_scorer_maps_sorted_results_back_by_index(
 
 
 def test_rerank_scorer_sends_the_cohere_shaped_request_with_bearer_key(
-    serve: list[LoopbackServer],
+    serve: Serve,
 ) -> None:
     app = rerank_app(by_name)
-    server = start(serve, app)
+    server = serve(app)
     scorer = make_scorer(server.url + "/v2", "rerank", api_key="co-key-1")
     asyncio.run(score_with(scorer, "what about {x}?", ["m1", "m2"]))
     request = app.state.last_request
@@ -92,9 +80,9 @@ def test_rerank_scorer_sends_the_cohere_shaped_request_with_bearer_key(
     assert "co-key-1" not in repr(scorer)
 
 
-def test_tei_scorer_sends_the_tei_shaped_request(serve: list[LoopbackServer]) -> None:
+def test_tei_scorer_sends_the_tei_shaped_request(serve: Serve) -> None:
     app = rerank_app(by_name, protocol="tei")
-    server = start(serve, app)
+    server = serve(app)
     asyncio.run(score_with(make_scorer(server.url, "tei"), "q", ["m1", "m2"]))
     assert app.state.last_request["json"] == {
         "query": "q",
@@ -106,7 +94,7 @@ def test_tei_scorer_sends_the_tei_shaped_request(serve: list[LoopbackServer]) ->
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)
 def test_rerank_scorer_batches_documents_and_sends_batches_concurrently(
-    serve: list[LoopbackServer], protocol: RerankProtocol
+    serve: Serve, protocol: RerankProtocol
 ) -> None:
     batches: list[list[str]] = []
 
@@ -116,7 +104,7 @@ def test_rerank_scorer_batches_documents_and_sends_batches_concurrently(
         return by_name(query, documents)
 
     app = rerank_app(slow, protocol=protocol)
-    server = start(serve, app)
+    server = serve(app)
     memories = [f"m{i}" for i in range(23)]
     scores = asyncio.run(
         score_with(make_scorer(server.url, protocol, batch_size=10), "q", memories)
@@ -130,12 +118,12 @@ def test_rerank_scorer_batches_documents_and_sends_batches_concurrently(
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)
 def test_rerank_scorer_leaves_documents_the_backend_omits_unobserved(
-    serve: list[LoopbackServer], protocol: RerankProtocol
+    serve: Serve, protocol: RerankProtocol
 ) -> None:
     def drop_odd(query: str, documents: list[str]) -> list[float | None]:
         return [None if score_of(d) * 100 % 2 else score_of(d) for d in documents]
 
-    server = start(serve, rerank_app(drop_odd, protocol=protocol))
+    server = serve(rerank_app(drop_odd, protocol=protocol))
     scorer = make_scorer(server.url, protocol)
     scores = asyncio.run(score_with(scorer, "q", ["m1", "m2", "m3", "m4"]))
     assert scores.values == [None, pytest.approx(0.02), None, pytest.approx(0.04)]
@@ -165,22 +153,22 @@ def test_score_transforms_put_every_score_in_the_unit_interval(
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)
 def test_rerank_scorer_applies_the_sigmoid_to_logits(
-    serve: list[LoopbackServer], protocol: RerankProtocol
+    serve: Serve, protocol: RerankProtocol
 ) -> None:
-    server = start(serve, rerank_app(lambda q, docs: [-2.0, 0.0, 3.0], protocol=protocol))
+    server = serve(rerank_app(lambda q, docs: [-2.0, 0.0, 3.0], protocol=protocol))
     scorer = make_scorer(server.url, protocol, transform="sigmoid")
     scores = asyncio.run(score_with(scorer, "q", ["a", "b", "c"]))
     assert scores.values == pytest.approx([1 / (1 + math.exp(2.0)), 0.5, 1 / (1 + math.exp(-3.0))])
 
 
-def test_rerank_scorer_clips_out_of_range_scores(serve: list[LoopbackServer]) -> None:
-    server = start(serve, rerank_app(lambda q, docs: [-2.0, 0.4, 3.0]))
+def test_rerank_scorer_clips_out_of_range_scores(serve: Serve) -> None:
+    server = serve(rerank_app(lambda q, docs: [-2.0, 0.4, 3.0]))
     scores = asyncio.run(score_with(make_scorer(server.url, "rerank"), "q", ["a", "b", "c"]))
     assert scores.values == pytest.approx([0.0, 0.4, 1.0])
 
 
 def test_rerank_scorer_ignores_results_with_indices_outside_the_batch(
-    serve: list[LoopbackServer],
+    serve: Serve,
 ) -> None:
     from fastapi import FastAPI
 
@@ -197,14 +185,14 @@ def test_rerank_scorer_ignores_results_with_indices_outside_the_batch(
             ]
         }
 
-    server = start(serve, app)
+    server = serve(app)
     scores = asyncio.run(score_with(make_scorer(server.url, "rerank"), "q", ["a", "b"]))
     assert scores.values == [None, pytest.approx(0.2)]
 
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)
 def test_rerank_scorer_loses_only_the_failing_batch(
-    serve: list[LoopbackServer], protocol: RerankProtocol
+    serve: Serve, protocol: RerankProtocol
 ) -> None:
     def fail_first_batch(query: str, documents: list[str]) -> list[float | None]:
         if "m0" in documents:
@@ -212,7 +200,7 @@ def test_rerank_scorer_loses_only_the_failing_batch(
         return by_name(query, documents)
 
     app = rerank_app(fail_first_batch, protocol=protocol)
-    server = start(serve, app)
+    server = serve(app)
     scorer = make_scorer(server.url, protocol, batch_size=2, max_retries=1)
     scores = asyncio.run(score_with(scorer, "q", ["m0", "m1", "m2", "m3", "m4"]))
     assert scores.values == [
@@ -229,7 +217,7 @@ def test_rerank_scorer_loses_only_the_failing_batch(
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)
 def test_rerank_scorer_retries_a_429_honouring_retry_after(
-    serve: list[LoopbackServer], protocol: RerankProtocol
+    serve: Serve, protocol: RerankProtocol
 ) -> None:
     def limited(query: str, documents: list[str]) -> list[float | None]:
         if app.state.calls == 1:
@@ -237,7 +225,7 @@ def test_rerank_scorer_retries_a_429_honouring_retry_after(
         return by_name(query, documents)
 
     app = rerank_app(limited, protocol=protocol)
-    server = start(serve, app)
+    server = serve(app)
     started = time.perf_counter()
     scores = asyncio.run(score_with(make_scorer(server.url, protocol), "q", ["m5"]))
     assert time.perf_counter() - started >= 0.2
@@ -245,12 +233,12 @@ def test_rerank_scorer_retries_a_429_honouring_retry_after(
     assert scores.requests == 2
 
 
-def test_rerank_scorer_does_not_retry_a_400(serve: list[LoopbackServer]) -> None:
+def test_rerank_scorer_does_not_retry_a_400(serve: Serve) -> None:
     def refuse(query: str, documents: list[str]) -> list[float | None]:
         raise HTTPFault(400, "bad model")
 
     app = rerank_app(refuse)
-    server = start(serve, app)
+    server = serve(app)
     scores = asyncio.run(
         score_with(make_scorer(server.url, "rerank", max_retries=3), "q", ["a", "b"])
     )
@@ -259,13 +247,13 @@ def test_rerank_scorer_does_not_retry_a_400(serve: list[LoopbackServer]) -> None
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)
 def test_rerank_scorer_gives_up_on_a_hung_backend_at_the_deadline(
-    serve: list[LoopbackServer], protocol: RerankProtocol
+    serve: Serve, protocol: RerankProtocol
 ) -> None:
     async def hang(query: str, documents: list[str]) -> list[float | None]:
         await asyncio.sleep(5.0)
         return by_name(query, documents)
 
-    server = start(serve, rerank_app(hang, protocol=protocol))
+    server = serve(rerank_app(hang, protocol=protocol))
     scorer = make_scorer(server.url, protocol, timeout_s=0.3, batch_size=2, concurrency=1)
     started = time.perf_counter()
     scores = asyncio.run(score_with(scorer, "q", [f"m{i}" for i in range(6)]))
@@ -275,7 +263,7 @@ def test_rerank_scorer_gives_up_on_a_hung_backend_at_the_deadline(
 
 
 def test_rerank_scorer_gives_none_for_a_body_that_is_not_the_protocol(
-    serve: list[LoopbackServer],
+    serve: Serve,
 ) -> None:
     from fastapi import FastAPI
 
@@ -285,7 +273,7 @@ def test_rerank_scorer_gives_none_for_a_body_that_is_not_the_protocol(
     async def tei_shaped() -> list[dict[str, object]]:  # a list, where {"results": …} belongs
         return [{"index": 0, "score": 0.5}, {"index": 1, "score": 0.5}]
 
-    server = start(serve, app)
+    server = serve(app)
     scorer = make_scorer(server.url, "rerank")
     scores = asyncio.run(score_with(scorer, "q", ["m1", "m2"]))
     assert scores.values == [None, None]
@@ -294,9 +282,9 @@ def test_rerank_scorer_gives_none_for_a_body_that_is_not_the_protocol(
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)
 def test_rerank_scorer_slots_survive_a_cancellation_at_any_point_of_a_call(
-    serve: list[LoopbackServer], protocol: RerankProtocol
+    serve: Serve, protocol: RerankProtocol
 ) -> None:
-    server = start(serve, rerank_app(by_name, protocol=protocol))
+    server = serve(rerank_app(by_name, protocol=protocol))
     memories = [f"m{i}" for i in range(8)]
     embeddings = np.zeros((8, 0))
 

@@ -8,7 +8,7 @@ import math
 import re
 import socket
 import time
-from collections.abc import Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -25,6 +25,8 @@ from service.providers.scorers import (
     cosine_to_score,
 )
 from service.settings import Settings
+
+Serve = Callable[[object], LoopbackServer]  # the `serve` fixture (conftest.py)
 
 DIM = 4
 QUERY_EMBEDDING = np.zeros(DIM, dtype=np.float32)
@@ -121,20 +123,6 @@ def memory_of(prompt: str) -> str:
     return match.group(1)
 
 
-@pytest.fixture
-def serve() -> Iterator[list[LoopbackServer]]:
-    servers: list[LoopbackServer] = []
-    yield servers
-    for server in servers:
-        server.stop()
-
-
-def start(servers: list[LoopbackServer], app: object) -> LoopbackServer:
-    server = LoopbackServer(app).start()
-    servers.append(server)
-    return server
-
-
 def make_scorer(url: str, **kwargs: object) -> OpenAIChatScorer:
     options: dict[str, object] = {"timeout_s": 2.0, "backoff_base_s": 0.01}
     options.update(kwargs)
@@ -152,7 +140,7 @@ async def score_with(
         await scorer.aclose()
 
 
-def test_openai_scorer_parses_scores_from_typical_replies(serve: list[LoopbackServer]) -> None:
+def test_openai_scorer_parses_scores_from_typical_replies(serve: Serve) -> None:
     replies = {
         "m-a": "0.8",
         "m-b": "Score: 0.35",
@@ -160,30 +148,30 @@ def test_openai_scorer_parses_scores_from_typical_replies(serve: list[LoopbackSe
         "m-d": "The relevance is .9 out of 1",
     }
     app = chat_completions_app(lambda prompt: replies[memory_of(prompt)])
-    server = start(serve, app)
+    server = serve(app)
     scorer = make_scorer(server.url)
     scores = asyncio.run(score_with(scorer, "q", list(replies)))
     assert scores == pytest.approx([0.8, 0.35, 1.0, 0.9])
     assert scorer.outcomes["ok"] == 4 and scorer.calls_failed == 0
 
 
-def test_openai_scorer_makes_exactly_one_call_per_pair(serve: list[LoopbackServer]) -> None:
+def test_openai_scorer_makes_exactly_one_call_per_pair(serve: Serve) -> None:
     app = chat_completions_app(lambda prompt: "0.5")
-    server = start(serve, app)
+    server = serve(app)
     scores = asyncio.run(score_with(make_scorer(server.url), "q", [f"m{i}" for i in range(25)]))
     assert len(scores) == 25
     assert app.state.calls == 25
 
 
-def test_openai_scorer_with_no_memories_makes_no_call(serve: list[LoopbackServer]) -> None:
+def test_openai_scorer_with_no_memories_makes_no_call(serve: Serve) -> None:
     app = chat_completions_app(lambda prompt: "0.5")
-    server = start(serve, app)
+    server = serve(app)
     assert asyncio.run(score_with(make_scorer(server.url), "q", [])) == []
     assert app.state.calls == 0
 
 
 def test_openai_scorer_prompt_contains_query_and_memory_verbatim(
-    serve: list[LoopbackServer],
+    serve: Serve,
 ) -> None:
     query = 'What did Anna say about {the trip}?\n  (Paris, "2019") %s'
     memory = "Anna: Paris was great 🎉 — ünïcode, {braces} and\nnewlines\n\tindented"
@@ -194,7 +182,7 @@ def test_openai_scorer_prompt_contains_query_and_memory_verbatim(
         return "0.6"
 
     app = chat_completions_app(reply)
-    server = start(serve, app)
+    server = serve(app)
     asyncio.run(score_with(make_scorer(server.url), query, [memory]))
     assert f"Query:\n{query}\n\nMemory:\n{memory}\n\nRelevance (0 to 1):" in prompts[0]
     body = app.state.last_request["json"]
@@ -205,11 +193,11 @@ def test_openai_scorer_prompt_contains_query_and_memory_verbatim(
 
 
 def test_openai_scorer_gives_none_for_garbage_and_out_of_range_replies(
-    serve: list[LoopbackServer],
+    serve: Serve,
 ) -> None:
     replies = {"good": "0.4", "garbage": "I cannot", "range": "7"}
     app = chat_completions_app(lambda prompt: replies[memory_of(prompt)])
-    server = start(serve, app)
+    server = serve(app)
     scorer = make_scorer(server.url)
     scores = asyncio.run(score_with(scorer, "q", list(replies)))
     assert scores == [pytest.approx(0.4), None, None]
@@ -217,37 +205,37 @@ def test_openai_scorer_gives_none_for_garbage_and_out_of_range_replies(
     assert app.state.calls == 3  # a deterministic judge is not asked again
 
 
-def test_openai_scorer_retries_500_then_gives_none(serve: list[LoopbackServer]) -> None:
+def test_openai_scorer_retries_500_then_gives_none(serve: Serve) -> None:
     def reply(prompt: str) -> str:
         raise HTTPFault(500, "internal")
 
     app = chat_completions_app(reply)
-    server = start(serve, app)
+    server = serve(app)
     scorer = make_scorer(server.url, max_retries=2)
     assert asyncio.run(score_with(scorer, "q", ["m"])) == [None]
     assert app.state.calls == 3
     assert scorer.outcomes == {"http_error": 1}
 
 
-def test_openai_scorer_does_not_retry_a_400(serve: list[LoopbackServer]) -> None:
+def test_openai_scorer_does_not_retry_a_400(serve: Serve) -> None:
     def reply(prompt: str) -> str:
         raise HTTPFault(400, "bad model")
 
     app = chat_completions_app(reply)
-    server = start(serve, app)
+    server = serve(app)
     scorer = make_scorer(server.url, max_retries=2)
     assert asyncio.run(score_with(scorer, "q", ["m"])) == [None]
     assert app.state.calls == 1
 
 
-def test_openai_scorer_scores_after_a_429(serve: list[LoopbackServer]) -> None:
+def test_openai_scorer_scores_after_a_429(serve: Serve) -> None:
     def reply(prompt: str) -> str:
         if app.state.calls == 1:
             raise HTTPFault(429, "rate limited", headers={"Retry-After": "0.05"})
         return "0.7"
 
     app = chat_completions_app(reply)
-    server = start(serve, app)
+    server = serve(app)
     scorer = make_scorer(server.url)
     assert asyncio.run(score_with(scorer, "q", ["m"])) == [pytest.approx(0.7)]
     assert app.state.calls == 2
@@ -255,13 +243,13 @@ def test_openai_scorer_scores_after_a_429(serve: list[LoopbackServer]) -> None:
 
 
 def test_openai_scorer_gives_up_when_retry_after_exceeds_the_time_budget(
-    serve: list[LoopbackServer],
+    serve: Serve,
 ) -> None:
     def reply(prompt: str) -> str:
         raise HTTPFault(429, "rate limited", headers={"Retry-After": "30"})
 
     app = chat_completions_app(reply)
-    server = start(serve, app)
+    server = serve(app)
     started = time.perf_counter()
     assert asyncio.run(score_with(make_scorer(server.url, timeout_s=1.0), "q", ["m"])) == [None]
     assert time.perf_counter() - started < 0.5
@@ -269,14 +257,14 @@ def test_openai_scorer_gives_up_when_retry_after_exceeds_the_time_budget(
 
 
 def test_openai_scorer_times_out_slow_server_and_returns_promptly(
-    serve: list[LoopbackServer],
+    serve: Serve,
 ) -> None:
     async def reply(prompt: str) -> str:
         await asyncio.sleep(2.0)
         return "0.5"
 
     app = chat_completions_app(reply)
-    server = start(serve, app)
+    server = serve(app)
     scorer = make_scorer(server.url, timeout_s=0.3, max_retries=3)
     started = time.perf_counter()
     scores = asyncio.run(score_with(scorer, "q", ["a", "b", "c"]))
@@ -287,13 +275,13 @@ def test_openai_scorer_times_out_slow_server_and_returns_promptly(
 
 
 def test_openai_scorer_deadline_covers_pairs_queued_behind_a_hung_endpoint(
-    serve: list[LoopbackServer],
+    serve: Serve,
 ) -> None:
     async def reply(prompt: str) -> str:
         await asyncio.sleep(5.0)
         return "0.5"
 
-    server = start(serve, chat_completions_app(reply))
+    server = serve(chat_completions_app(reply))
     scorer = make_scorer(server.url, timeout_s=0.4, concurrency=2)
     started = time.perf_counter()
     scores = asyncio.run(score_with(scorer, "q", [f"m{i}" for i in range(10)]))
@@ -303,13 +291,13 @@ def test_openai_scorer_deadline_covers_pairs_queued_behind_a_hung_endpoint(
     assert scorer.outcomes == {"timeout": 10}
 
 
-def test_openai_scorer_respects_its_concurrency_limit(serve: list[LoopbackServer]) -> None:
+def test_openai_scorer_respects_its_concurrency_limit(serve: Serve) -> None:
     async def reply(prompt: str) -> str:
         await asyncio.sleep(0.05)
         return "0.5"
 
     app = chat_completions_app(reply)
-    server = start(serve, app)
+    server = serve(app)
     scores = asyncio.run(
         score_with(make_scorer(server.url, concurrency=4), "q", [f"m{i}" for i in range(20)])
     )
@@ -317,13 +305,13 @@ def test_openai_scorer_respects_its_concurrency_limit(serve: list[LoopbackServer
     assert app.state.max_in_flight == 4
 
 
-def test_openai_scorer_concurrent_requests_share_one_limit(serve: list[LoopbackServer]) -> None:
+def test_openai_scorer_concurrent_requests_share_one_limit(serve: Serve) -> None:
     async def reply(prompt: str) -> str:
         await asyncio.sleep(0.05)
         return "0.5"
 
     app = chat_completions_app(reply)
-    server = start(serve, app)
+    server = serve(app)
 
     async def two_requests() -> None:
         scorer = make_scorer(server.url, concurrency=3)
@@ -343,11 +331,11 @@ def test_openai_scorer_concurrent_requests_share_one_limit(serve: list[LoopbackS
 
 
 def test_openai_scorer_slots_survive_a_cancellation_at_any_point_of_a_call(
-    serve: list[LoopbackServer],
+    serve: Serve,
 ) -> None:
     """Wherever a cancellation lands (waiting for a slot, connecting, sending, reading or
     closing the response), every slot still serves the next call."""
-    server = start(serve, chat_completions_app(lambda prompt: "0.5"))
+    server = serve(chat_completions_app(lambda prompt: "0.5"))
     concurrency = 4
     memories = [f"m{i}" for i in range(concurrency)]
     embeddings = np.zeros((concurrency, DIM))
@@ -377,9 +365,9 @@ def test_openai_scorer_gives_none_when_nothing_listens() -> None:
         assert scorer.outcomes == {"transport_error": 2}
 
 
-def test_openai_scorer_sends_bearer_api_key(serve: list[LoopbackServer]) -> None:
+def test_openai_scorer_sends_bearer_api_key(serve: Serve) -> None:
     app = chat_completions_app(lambda prompt: "0.5")
-    server = start(serve, app)
+    server = serve(app)
     scorer = make_scorer(server.url, api_key="sk-judge-1")
     asyncio.run(score_with(scorer, "q", ["m"]))
     assert app.state.last_request["headers"]["authorization"] == "Bearer sk-judge-1"
@@ -422,14 +410,14 @@ def test_build_scorer_openai_uses_settings() -> None:
 # --- chat scorer: prompt template, logprobs mode, batches ---------------------------------------
 
 
-def test_openai_scorer_fills_a_custom_prompt_template_verbatim(serve: list[LoopbackServer]) -> None:
+def test_openai_scorer_fills_a_custom_prompt_template_verbatim(serve: Serve) -> None:
     prompts: list[str] = []
 
     def reply(prompt: str) -> str:
         prompts.append(prompt)
         return "0.6"
 
-    server = start(serve, chat_completions_app(reply))
+    server = serve(chat_completions_app(reply))
     template = 'Q={query} | M={memory} | JSON example: {"score": 0.5}'
     scorer = make_scorer(server.url, prompt_template=template)
     assert asyncio.run(score_with(scorer, "asks about {memory}", ["m {query}"])) == [0.6]
@@ -464,11 +452,11 @@ def test_build_scorer_reads_the_prompt_file(tmp_path: Path) -> None:
 
 
 def test_openai_scorer_in_logprobs_mode_stores_the_probability_of_yes(
-    serve: list[LoopbackServer],
+    serve: Serve,
 ) -> None:
     probabilities = {"m-a": "0.83", "m-b": "0.1", "m-c": "0"}
     app = chat_completions_app(lambda prompt: probabilities[memory_of(prompt)], logprobs=True)
-    server = start(serve, app)
+    server = serve(app)
     scorer = make_scorer(server.url, mode="logprobs")
     assert asyncio.run(score_with(scorer, "q", list(probabilities))) == pytest.approx(
         [0.83, 0.1, 0.0]
@@ -479,10 +467,10 @@ def test_openai_scorer_in_logprobs_mode_stores_the_probability_of_yes(
 
 
 def test_openai_scorer_in_logprobs_mode_falls_back_to_the_answer_without_logprobs(
-    serve: list[LoopbackServer],
+    serve: Serve,
 ) -> None:
     replies = {"m-a": "yes", "m-b": "No.", "m-c": "0.4", "m-d": "maybe"}
-    server = start(serve, chat_completions_app(lambda prompt: replies[memory_of(prompt)]))
+    server = serve(chat_completions_app(lambda prompt: replies[memory_of(prompt)]))
     scorer = make_scorer(server.url, mode="logprobs")
     assert asyncio.run(score_with(scorer, "q", list(replies))) == [
         1.0,
@@ -495,13 +483,13 @@ def test_openai_scorer_in_logprobs_mode_falls_back_to_the_answer_without_logprob
 BATCH_MEMORY = re.compile(r"\[(\d+)\]\n(m\d+)")
 
 
-def test_openai_scorer_batches_memories_into_one_prompt(serve: list[LoopbackServer]) -> None:
+def test_openai_scorer_batches_memories_into_one_prompt(serve: Serve) -> None:
     def reply(prompt: str) -> str:
         memories = BATCH_MEMORY.findall(prompt)
         return "\n".join(f"[{n}] {int(m[1:]) / 100}" for n, m in reversed(memories))
 
     app = chat_completions_app(reply)
-    server = start(serve, app)
+    server = serve(app)
 
     async def run() -> Scores:
         scorer = make_scorer(server.url, batch=4)
@@ -518,7 +506,7 @@ def test_openai_scorer_batches_memories_into_one_prompt(serve: list[LoopbackServ
     assert "[number] score" in app.state.last_request["json"]["messages"][0]["content"]
 
 
-def test_openai_scorer_scores_a_malformed_batch_pair_by_pair(serve: list[LoopbackServer]) -> None:
+def test_openai_scorer_scores_a_malformed_batch_pair_by_pair(serve: Serve) -> None:
     def reply(prompt: str) -> str:
         memories = BATCH_MEMORY.findall(prompt)
         if not memories:  # a single-pair prompt
@@ -528,7 +516,7 @@ def test_openai_scorer_scores_a_malformed_batch_pair_by_pair(serve: list[Loopbac
         return "\n".join(f"{n}: {int(m[1:]) / 100}" for n, m in memories)
 
     app = chat_completions_app(reply)
-    server = start(serve, app)
+    server = serve(app)
     scorer = make_scorer(server.url, batch=3)
 
     async def run() -> Scores:
