@@ -3,7 +3,7 @@
 Inserting into the HNSW index is most of the cost of an ingest (about 300 rows/s at 100k
 memories of 384 dimensions on 2 cores, against several thousand for the row itself), so an
 ingest no longer waits for it. ``indexed`` is false for a new memory; the HNSW index is partial
-(``WHERE indexed``) and a background task (``service.indexing``) flips the flag in batches,
+(``WHERE indexed``) and a background task (``service.ingest.indexer``) flips the flag in batches,
 which inserts those rows into it. Until then the search reaches a memory through an exact scan
 of its namespace's unindexed rows (``ix_memories_unindexed``), so an acknowledged memory is
 searchable at once.
