@@ -51,8 +51,14 @@ Memory = StoredMemory
 #: A memory to add: its text, or the fields of ``POST /memories`` (text, embedding,
 #: external_id, occurred_at, metadata).
 MemoryInput = str | Mapping[str, Any]
-#: Feedback scores: ``{memory_id: score}`` or ``[(memory_id, score), ...]``.
-ScoresInput = Mapping[int, float] | Iterable[tuple[int, float]]
+#: Feedback scores: ``{memory: score}`` or ``[(memory, score), ...]``, each memory named by its
+#: id (an int) or by the external_id it was stored under (a str).
+ScoresInput = (
+    Mapping[int, float]
+    | Mapping[str, float]
+    | Mapping[int | str, float]
+    | Iterable[tuple[int | str, float]]
+)
 
 DEFAULT_TIMEOUT_S = 30.0
 
@@ -100,7 +106,12 @@ def _memory_body(memory: MemoryInput) -> dict[str, Any]:
 
 def _scores_body(scores: ScoresInput) -> list[dict[str, Any]]:
     pairs = scores.items() if isinstance(scores, Mapping) else scores
-    return [{"memory_id": int(memory_id), "score": float(score)} for memory_id, score in pairs]
+    return [
+        {"external_id": memory, "score": float(score)}
+        if isinstance(memory, str)
+        else {"memory_id": int(memory), "score": float(score)}
+        for memory, score in pairs
+    ]
 
 
 def _retrieve_body(namespace: str, query: str, options: Mapping[str, Any]) -> dict[str, Any]:
@@ -191,7 +202,8 @@ class EarmClient:
         )
 
     def feedback(self, namespace: str, query_id: int, scores: ScoresInput) -> FeedbackResult:
-        """``POST /feedback``: scores in [0, 1] for memories of a past query."""
+        """``POST /feedback``: scores in [0, 1] for memories of a past query (by id or
+        external_id); each replaces the pair's earlier observation."""
         body = {"namespace": namespace, "query_id": query_id, "scores": _scores_body(scores)}
         return self._parse(FeedbackResult, "POST", "/feedback", json=body)
 

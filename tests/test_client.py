@@ -42,8 +42,8 @@ def test_client_round_trip_add_retrieve_feedback_stats(service_url: str) -> None
         assert result.memories[0].source == "observed"
         assert result.scorer_calls == 3 and result.timings.total_ms > 0
 
-        recorded = earm.feedback("agent-1", result.query_id, {added.ids[1]: 0.0})
-        assert (recorded.recorded, recorded.already_observed) == (0, 1)  # already scored
+        recorded = earm.feedback("agent-1", result.query_id, {"job": 0.0})  # by external_id
+        assert (recorded.recorded, recorded.replaced) == (1, 1)  # the scorer's score replaced
 
         stats = earm.stats("agent-1")
         assert (stats.memories, stats.queries, stats.observations) == (3, 1, 3)
@@ -66,7 +66,7 @@ def test_client_round_trip_add_retrieve_feedback_stats(service_url: str) -> None
 def test_client_raises_api_errors_with_status_and_code(service_url: str) -> None:
     with EarmClient(service_url) as earm:
         with pytest.raises(EarmAPIError) as unknown:
-            earm.retrieve("nobody", "anything")
+            earm.stats("nobody")
         assert (unknown.value.status, unknown.value.code) == (404, "not_found")
         assert unknown.value.request_id
 
@@ -86,7 +86,7 @@ def test_async_client_round_trip(service_url: str) -> None:
             result = await earm.retrieve("agent-1", "Where did we go camping?", k=1, policy="full")
             assert result.memories[0].id == added.ids[2]
             feedback = await earm.feedback("agent-1", result.query_id, [(added.ids[0], 0.2)])
-            assert feedback.already_observed == 1
+            assert feedback.replaced == 1
             assert (await earm.stats("agent-1")).queries == 1
             assert (await earm.get(added.ids[0])).text == MEMORIES[0]
             assert len((await earm.list("agent-1")).memories) == 3

@@ -29,18 +29,6 @@ def content_sql(embedding: str, weights: str) -> str:
     return f"-({embedding} <#> {weights}) / nullif(vector_norm({embedding}), 0)"
 
 
-async def add_feedback_to_mean(
-    session: AsyncSession, namespace: str, scores: np.ndarray
-) -> None:
-    await session.execute(
-        text(
-            "UPDATE namespaces SET score_sum = score_sum + :total, score_count = score_count + :n "
-            "WHERE name = :namespace"
-        ),
-        {"namespace": namespace, "total": float(np.sum(scores)), "n": len(scores)},
-    )
-
-
 _UPSERT_FACTORS_SQL = """
     INSERT INTO memory_factors (memory_id, namespace, bias, factors, observation_count)
     SELECT m, %(namespace)s::text, b, f::real[], n
@@ -210,8 +198,9 @@ async def _reset_after_refit(
                 content_slope = :content_slope,
                 content_weights = CAST(:content_weights AS vector),
                 score_sum = (SELECT coalesce(sum(score::text::float8), 0) FROM scores
-                             WHERE namespace = :namespace),
-                score_count = (SELECT count(*) FROM scores WHERE namespace = :namespace)
+                             WHERE namespace = :namespace AND retired_at IS NULL),
+                score_count = (SELECT count(*) FROM scores
+                               WHERE namespace = :namespace AND retired_at IS NULL)
             WHERE name = :namespace
             """
         ),

@@ -15,7 +15,14 @@ from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
 from fastapi import Path
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    model_validator,
+)
 
 from service.db.models import MAX_BIGINT
 from service.db.stats import NamespaceStats
@@ -148,8 +155,21 @@ class RetrieveIn(StrictModel):
 
 
 class FeedbackScore(StrictModel):
-    memory_id: DatabaseId
+    """A score for one memory, named by its id or by its external_id (exactly one)."""
+
+    memory_id: DatabaseId | None = None
+    external_id: ExternalId | None = None
     score: Annotated[float, Field(ge=0.0, le=1.0, allow_inf_nan=False)]
+
+    @model_validator(mode="after")
+    def _one_memory(self) -> FeedbackScore:
+        if (self.memory_id is None) == (self.external_id is None):
+            raise ValueError("give exactly one of memory_id and external_id")
+        return self
+
+    @property
+    def memory(self) -> int | str:
+        return self.memory_id if self.memory_id is not None else str(self.external_id)
 
 
 class FeedbackIn(StrictModel):
