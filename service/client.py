@@ -28,9 +28,16 @@ from typing import Any, TypeVar
 import httpx
 from pydantic import TypeAdapter
 
+from service.db.namespaces import ErasedNamespace
 from service.db.stats import NamespaceStats
 from service.http.schemas import StatsListOut
-from service.ingest.memories import IngestResult, MemoryPage, StoredMemory
+from service.ingest.memories import (
+    IngestResult,
+    MemoryPage,
+    OnConflict,
+    StoredMemory,
+    UpdatedMemory,
+)
 from service.retrieve.learning import FeedbackResult
 from service.retrieve.pipeline import RetrieveResult
 
@@ -38,12 +45,14 @@ __all__ = [
     "AsyncEarmClient",
     "EarmAPIError",
     "EarmClient",
+    "ErasedNamespace",
     "FeedbackResult",
     "IngestResult",
     "Memory",
     "MemoryPage",
     "NamespaceStats",
     "RetrieveResult",
+    "UpdatedMemory",
 ]
 
 Memory = StoredMemory
@@ -125,6 +134,26 @@ def _retrieve_body(namespace: str, query: str, options: Mapping[str, Any]) -> di
     return body
 
 
+def _ingest_body(
+    namespace: str, memories: Sequence[MemoryInput], on_conflict: OnConflict
+) -> dict[str, Any]:
+    return {
+        "namespace": namespace,
+        "memories": [_memory_body(m) for m in memories],
+        "on_conflict": on_conflict,
+    }
+
+
+def _patch_body(changes: Mapping[str, Any]) -> dict[str, Any]:
+    """The PATCH body: only the fields given (``occurred_at=None`` clears it)."""
+    body = dict(changes)
+    if body.get("occurred_at") is not None and hasattr(body["occurred_at"], "isoformat"):
+        body["occurred_at"] = body["occurred_at"].isoformat()
+    if body.get("embedding") is not None:
+        body["embedding"] = [float(x) for x in body["embedding"]]  # numpy arrays too
+    return body
+
+
 def _stats_params(namespace: str | None) -> dict[str, str] | None:
     return {"namespace": namespace} if namespace is not None else None
 
@@ -189,10 +218,23 @@ class EarmClient:
     def _parse(self, result_type: type[Result], method: str, path: str, **kwargs: Any) -> Result:
         return _result(result_type, self._call(method, path, **kwargs).json())
 
-    def add(self, namespace: str, memories: Sequence[MemoryInput]) -> IngestResult:
-        """``POST /memories``: ids in input order; idempotent on ``external_id``."""
-        body = {"namespace": namespace, "memories": [_memory_body(m) for m in memories]}
+    def add(
+        self, namespace: str, memories: Sequence[MemoryInput], on_conflict: OnConflict = "keep"
+    ) -> IngestResult:
+        """``POST /memories``: ids in input order; idempotent on ``external_id`` (``keep``), or
+        ``on_conflict="update"`` to update stored external ids to the new content."""
+        body = _ingest_body(namespace, memories, on_conflict)
         return self._parse(IngestResult, "POST", "/memories", json=body)
+
+    def patch_memory(self, memory_id: int, **changes: Any) -> UpdatedMemory:
+        """``PATCH /memories/{id}``: changes among text, embedding, metadata, occurred_at."""
+        return self._parse(
+            UpdatedMemory, "PATCH", f"/memories/{int(memory_id)}", json=_patch_body(changes)
+        )
+
+    def delete_namespace(self, namespace: str) -> ErasedNamespace:
+        """``DELETE /namespaces/{namespace}``: erase everything of it; what was deleted."""
+        return self._parse(ErasedNamespace, "DELETE", f"/namespaces/{namespace}")
 
     def retrieve(self, namespace: str, query: str, **options: Any) -> RetrieveResult:
         """``POST /retrieve``; options: k, candidates, policy, budget, seed, order, filters,
@@ -264,9 +306,19 @@ class AsyncEarmClient:
     ) -> Result:
         return _result(result_type, (await self._call(method, path, **kwargs)).json())
 
-    async def add(self, namespace: str, memories: Sequence[MemoryInput]) -> IngestResult:
-        body = {"namespace": namespace, "memories": [_memory_body(m) for m in memories]}
+    async def add(
+        self, namespace: str, memories: Sequence[MemoryInput], on_conflict: OnConflict = "keep"
+    ) -> IngestResult:
+        body = _ingest_body(namespace, memories, on_conflict)
         return await self._parse(IngestResult, "POST", "/memories", json=body)
+
+    async def patch_memory(self, memory_id: int, **changes: Any) -> UpdatedMemory:
+        return await self._parse(
+            UpdatedMemory, "PATCH", f"/memories/{int(memory_id)}", json=_patch_body(changes)
+        )
+
+    async def delete_namespace(self, namespace: str) -> ErasedNamespace:
+        return await self._parse(ErasedNamespace, "DELETE", f"/namespaces/{namespace}")
 
     async def retrieve(self, namespace: str, query: str, **options: Any) -> RetrieveResult:
         return await self._parse(

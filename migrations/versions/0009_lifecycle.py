@@ -6,6 +6,8 @@ of replaced ones.
   (one row per (query, memory)) so feedback on the pair later replaces it like any other.
 - ``score_history``: every value a cell held before feedback replaced it (the cell's current,
   effective value stays in ``scores``), so a correction never loses what was observed before.
+- ``ix_scores_feedback``: the namespace's feedback cells, which a retrieve repeating an earlier
+  query's text takes as its observations (few rows, so the lookup costs little per retrieve).
 
 Revision ID: 0009
 Revises: 0008
@@ -25,6 +27,12 @@ depends_on: str | Sequence[str] | None = None
 
 def upgrade() -> None:
     op.add_column("scores", sa.Column("retired_at", sa.DateTime(timezone=True), nullable=True))
+    op.create_index(
+        "ix_scores_feedback",
+        "scores",
+        ["namespace"],
+        postgresql_where=sa.text("source = 'feedback' AND retired_at IS NULL"),
+    )
     op.create_table(
         "score_history",
         sa.Column("id", sa.BigInteger(), sa.Identity(), primary_key=True),
@@ -60,4 +68,5 @@ def upgrade() -> None:
 
 def downgrade() -> None:
     op.drop_table("score_history")
+    op.drop_index("ix_scores_feedback", table_name="scores")
     op.drop_column("scores", "retired_at")

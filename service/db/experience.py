@@ -153,6 +153,39 @@ async def record_query(
 
 
 @dataclass(frozen=True)
+class Corrections:
+    """Client feedback on earlier queries with the same text: the latest score per memory."""
+
+    memory_ids: np.ndarray
+    scores: np.ndarray
+
+
+_CORRECTIONS_SQL = text(
+    """
+    SELECT DISTINCT ON (s.memory_id) s.memory_id, s.score::text::float8
+    FROM scores s JOIN queries q ON q.id = s.query_id
+    WHERE s.namespace = :namespace AND s.source = 'feedback' AND s.retired_at IS NULL
+      AND q.text = :query_text
+    ORDER BY s.memory_id, s.created_at DESC, s.query_id DESC
+    """
+)
+
+
+async def corrections(session: AsyncSession, namespace: str, query_text: str) -> Corrections:
+    """The feedback given on earlier queries of the namespace with exactly this text: feedback
+    is authoritative, so a repeat of the query takes it as observed instead of asking the
+    scorer again (the latest feedback on a memory wins). Read through the partial index of
+    live feedback cells (``ix_scores_feedback``)."""
+    rows = (
+        await session.execute(_CORRECTIONS_SQL, {"namespace": namespace, "query_text": query_text})
+    ).all()
+    return Corrections(
+        memory_ids=np.array([r[0] for r in rows], dtype=np.int64),
+        scores=np.array([r[1] for r in rows], dtype=np.float64),
+    )
+
+
+@dataclass(frozen=True)
 class FeedbackWrite:
     """What recording feedback did: the pairs written, and how many replaced an observation."""
 

@@ -116,6 +116,30 @@ class MemoryIn(StrictModel):
 class IngestRequest(StrictModel):
     namespace: NamespaceName
     memories: Annotated[list[MemoryIn], Field(min_length=1)]
+    on_conflict: Literal["keep", "update"] = Field(
+        default="keep",
+        description="An external_id already stored: keep the stored memory (idempotent "
+        "retries), or update it to this item (a new text or embedding retires its "
+        "observations).",
+    )
+
+
+class MemoryPatchIn(StrictModel):
+    """The fields of a memory to change; at least one. ``occurred_at: null`` clears it."""
+
+    text: NonEmptyText | None = None
+    embedding: Embedding | None = None
+    metadata: dict[str, Any] | None = None
+    occurred_at: Timestamp | None = None
+
+    @model_validator(mode="after")
+    def _changes_something(self) -> MemoryPatchIn:
+        if not self.model_fields_set:
+            raise ValueError("give at least one of text, embedding, metadata, occurred_at")
+        for name in ("text", "embedding", "metadata"):
+            if name in self.model_fields_set and getattr(self, name) is None:
+                raise ValueError(f"{name} cannot be null (only occurred_at can be cleared)")
+        return self
 
 
 class ErrorBody(BaseModel):

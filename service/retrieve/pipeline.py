@@ -17,6 +17,7 @@ from numpy.typing import NDArray
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from service.completion.similarity import content_offsets
+from service.db import experience
 from service.db.namespaces import NamespaceState
 from service.db.search import Candidates, memory_embeddings, search
 from service.errors import InvalidInput, LimitExceeded, NotFound
@@ -121,6 +122,10 @@ class _Search:
     budget: int
     anchors: np.ndarray  # candidate positions to score
     anchor_embeddings: np.ndarray  # theirs, for a scorer that reads embeddings (else 0 columns)
+    # Candidate positions with client feedback on an earlier query of the same text, and that
+    # feedback: observed without a scorer call, never anchors.
+    corrected: np.ndarray
+    corrected_scores: np.ndarray
 
 
 def _candidate_state(found: _Search) -> CandidateState:
@@ -211,8 +216,8 @@ class RetrievalPipeline:
             rank_candidates,
             request.policy,
             _candidate_state(found),
-            observed_positions,
-            observed_scores,
+            np.concatenate([observed_positions, found.corrected]),
+            np.concatenate([observed_scores, found.corrected_scores]),
             found.state.mean_score,
             self.settings.reg,
         )
@@ -294,6 +299,12 @@ class RetrievalPipeline:
                 budget,
                 anchor_seed(request.namespace, state.next_query_index, request.seed),
             )
+            feedback = await experience.corrections(session, request.namespace, request.query)
+            corrected = np.flatnonzero(np.isin(candidates.ids, feedback.memory_ids))
+            corrected_scores = feedback.scores[
+                np.searchsorted(feedback.memory_ids, candidates.ids[corrected])
+            ]
+            anchors = anchors[~np.isin(anchors, corrected)]
             anchor_embeddings = (
                 await memory_embeddings(
                     session, candidates.ids[anchors], self.settings.embedding_dim
@@ -302,7 +313,9 @@ class RetrievalPipeline:
                 else np.zeros((len(anchors), 0), dtype=np.float32)
             )
             await session.commit()
-        return _Search(state, candidates, budget, anchors, anchor_embeddings)
+        return _Search(
+            state, candidates, budget, anchors, anchor_embeddings, corrected, corrected_scores
+        )
 
     async def _score(
         self,
