@@ -63,6 +63,47 @@ def test_client_round_trip_add_retrieve_feedback_stats(service_url: str) -> None
         assert deleted.value.code == "not_found"
 
 
+def test_client_edits_memories_updates_on_conflict_and_erases_a_namespace(
+    service_url: str,
+) -> None:
+    with EarmClient(service_url) as earm:
+        added = earm.add("agent-1", MEMORIES)
+        result = earm.retrieve("agent-1", "night shifts", policy="full")
+        edited = earm.patch_memory(added.ids[1], text="I work day shifts now.", occurred_at=None)
+        assert edited.memory.text == "I work day shifts now."
+        assert edited.retired_observations == 1
+        assert earm.stats("agent-1").observations == 2
+
+        changed = {"text": "I quit nursing.", "external_id": "job"}
+        assert earm.add("agent-1", [changed]).updated == 0  # keep: the stored memory stays
+        assert earm.get(added.ids[1]).text == "I work day shifts now."
+        assert earm.add("agent-1", [changed], on_conflict="update").updated == 1
+        assert earm.get(added.ids[1]).text == "I quit nursing."
+
+        erased = earm.delete_namespace("agent-1")
+        assert (erased.memories, erased.queries, erased.observations) == (3, 1, 3)
+        empty = earm.retrieve("agent-1", "night shifts")
+        assert (empty.memories, empty.query_id) == ([], None)
+        with pytest.raises(EarmAPIError) as gone:
+            earm.delete_namespace("agent-1")
+        assert gone.value.code == "not_found"
+        assert result.query_id is not None
+
+
+async def _async_edit_and_erase(service_url: str) -> None:
+    async with AsyncEarmClient(service_url) as earm:
+        added = await earm.add("agent-2", MEMORIES)
+        edited = await earm.patch_memory(added.ids[0], metadata={"pet": "dog"})
+        assert (edited.memory.metadata, edited.retired_observations) == ({"pet": "dog"}, 0)
+        updated = await earm.add("agent-2", [{"text": "x", "external_id": "job"}], "update")
+        assert updated.updated == 1
+        assert (await earm.delete_namespace("agent-2")).memories == 3
+
+
+def test_async_client_edits_and_erases(service_url: str) -> None:
+    asyncio.run(_async_edit_and_erase(service_url))
+
+
 def test_client_raises_api_errors_with_status_and_code(service_url: str) -> None:
     with EarmClient(service_url) as earm:
         with pytest.raises(EarmAPIError) as unknown:

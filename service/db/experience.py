@@ -143,8 +143,8 @@ async def record_query(
             else None
         )
     row = await cursor.fetchone()
-    if row is None:
-        raise NotFound(f"namespace {namespace!r} has no memories")
+    if row is None:  # DELETE /namespaces erased it since the search
+        raise NotFound(f"namespace {namespace!r} was erased while the query ran")
     query_id, query_index, since_refit = row
     return (
         RecordedQuery(int(query_id), int(query_index), int(since_refit)),

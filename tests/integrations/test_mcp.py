@@ -133,7 +133,7 @@ async def adds_searches_and_records_feedback(client: Client) -> None:
     added = await call(client, "add_memories", memories=MEMORIES, namespace="agent-1")
     assert added["created"] == 3 and len(added["ids"]) == 3
     again = await call(client, "add_memories", memories=MEMORIES[:1], namespace="agent-1")
-    assert again == {"ids": added["ids"][:1], "created": 0, "existing": 1}
+    assert again == {"ids": added["ids"][:1], "created": 0, "existing": 1, "updated": 0}
 
     # semantic: nothing is judged while searching, so the feedback is the first observation.
     found = await call(
