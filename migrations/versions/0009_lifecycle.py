@@ -6,6 +6,9 @@ of replaced ones.
   (one row per (query, memory)) so feedback on the pair later replaces it like any other.
 - ``score_history``: every value a cell held before feedback replaced it (the cell's current,
   effective value stays in ``scores``), so a correction never loses what was observed before.
+- ``memories.content_changed_at``: when the text or embedding last changed (set under the
+  namespace's lock), so a full refit that read the observations before that does not write the
+  memory's row back from the retired ones.
 - ``ix_scores_feedback``: the namespace's feedback cells, which a retrieve repeating an earlier
   query's text takes as its observations (few rows, so the lookup costs little per retrieve).
 
@@ -27,6 +30,9 @@ depends_on: str | Sequence[str] | None = None
 
 def upgrade() -> None:
     op.add_column("scores", sa.Column("retired_at", sa.DateTime(timezone=True), nullable=True))
+    op.add_column(
+        "memories", sa.Column("content_changed_at", sa.DateTime(timezone=True), nullable=True)
+    )
     op.create_index(
         "ix_scores_feedback",
         "scores",
@@ -69,4 +75,5 @@ def upgrade() -> None:
 def downgrade() -> None:
     op.drop_table("score_history")
     op.drop_index("ix_scores_feedback", table_name="scores")
+    op.drop_column("memories", "content_changed_at")
     op.drop_column("scores", "retired_at")

@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 from psycopg.types.json import Jsonb
-from sqlalchemy import delete, select, text, update
+from sqlalchemy import delete, func, select, text, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from service.db.codecs import metadata_json
@@ -89,10 +89,13 @@ async def memories_by_external_id(
 
 async def update_memory(session: AsyncSession, memory_id: int, values: dict[str, Any]) -> bool:
     """Set columns of a memory (``Memory`` attribute names); False when it does not exist.
-    A new embedding leaves the HNSW index (``indexed`` false) until the background indexer
-    puts it back, as after an ingest: the search scans unindexed rows exactly meanwhile."""
+    Run under the namespace's lock. A new embedding leaves the HNSW index (``indexed`` false)
+    until the background indexer puts it back, as after an ingest: the search scans unindexed
+    rows exactly meanwhile."""
     if "embedding" in values:
-        values = values | {"indexed": False}
+        # clock_timestamp(), not now(): the time of this statement, under the namespace's
+        # lock, which a refit's horizon (model_state.refit_horizon) is ordered against.
+        values = values | {"indexed": False, "content_changed_at": func.clock_timestamp()}
     result = await session.execute(
         update(Memory)
         .where(Memory.id == memory_id)

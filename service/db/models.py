@@ -79,6 +79,9 @@ class Memory(Base):
     # In the HNSW index yet (a partial index, WHERE indexed)? New rows are not; the background
     # indexer (service.ingest.indexer) sets it. Unindexed rows are found by an exact scan.
     indexed: Mapped[bool] = mapped_column(Boolean, server_default=false())
+    # When the text or embedding last changed (PATCH, ingest with on_conflict "update"); NULL:
+    # never. Set under the namespace's lock, read by the refit (model_state.replace_model).
+    content_changed_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
 
 
 class Query(Base):

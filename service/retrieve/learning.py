@@ -289,6 +289,8 @@ class Learner:
             if not await try_lock_namespace_refit(session, namespace):
                 return False
             try:
+                read_from = await model_state.refit_horizon(session, namespace)
+                await session.commit()  # the lock only orders the read after edits under way
                 observations = await experience.namespace_observations(session, namespace)
                 # Sorting up to millions of ids: off the event loop, and once for the fetch
                 # and the fit.
@@ -303,7 +305,7 @@ class Learner:
                     self._fit, observations, memory_ids, memory_idx, embeddings
                 )
                 await model_state.replace_model(
-                    session, namespace, fitted, refitted_at=datetime.now(UTC)
+                    session, namespace, fitted, refitted_at=datetime.now(UTC), read_from=read_from
                 )
                 await session.commit()
             finally:

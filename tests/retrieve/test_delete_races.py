@@ -27,7 +27,7 @@ from service.db.engine import Database, open_database
 from service.db.namespaces import namespace_state
 from service.errors import NotFound
 from service.http.app import create_app
-from service.ingest.memories import NewMemory, delete_memory, ingest
+from service.ingest.memories import MemoryPatch, NewMemory, delete_memory, ingest, update_memory
 from service.providers.scorers import LocalScorer
 from service.retrieve.pipeline import RetrievalPipeline, RetrieveRequest
 from service.settings import Settings
@@ -231,6 +231,37 @@ def test_feedback_on_a_memory_deleted_meanwhile_is_not_found(clean_database: str
                 await feedback
 
     asyncio.run(scenario())
+
+
+def test_a_refit_writes_no_row_for_a_memory_edited_while_it_fitted(clean_database: str) -> None:
+    """An edit (issue #14.4) retires the memory's observations and resets its model row; a
+    refit that read those observations before the edit must not write the row back."""
+    settings = pipeline_settings(clean_database)
+
+    async def scenario() -> tuple[bool, list[int], dict[int, int], int]:
+        async with open_database(settings) as database:
+            pipeline = RetrievalPipeline(database.sessions, None, LocalScorer(), settings)
+            ids = await observed_namespace(database, pipeline)
+            async with database.sessions() as editor:
+                # The refit reads the observations, then the memories' embeddings: holding the
+                # memories table makes it wait right after its read of the observations.
+                await editor.execute(text("LOCK TABLE memories IN ACCESS EXCLUSIVE MODE"))
+                refit = asyncio.create_task(pipeline.refit(NAMESPACE))
+                await wait_until_waiting_for_a_lock(database)
+                patch = MemoryPatch(embedding=vector(777))
+                edited = await update_memory(editor, None, DIM, ids[0], patch)
+                await editor.commit()
+            refitted = await refit
+            async with database.engine.connect() as conn:
+                rows = dict((await conn.execute(
+                    text("SELECT memory_id, observation_count FROM memory_factors")
+                )).all())
+        return refitted, ids, rows, edited.retired_observations
+
+    refitted, ids, rows, retired = asyncio.run(scenario())
+    assert refitted and retired == 4
+    assert ids[0] not in rows  # the edit reset it; the refit fitted the old observations
+    assert set(rows) == set(ids[1:]) and set(rows.values()) == {4}
 
 
 # ------------------------------------------------------------------------ all at once, timed
