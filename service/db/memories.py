@@ -87,15 +87,20 @@ async def memories_by_external_id(
     return list((await session.scalars(statement)).all())
 
 
-async def update_memory(session: AsyncSession, memory_id: int, values: dict[str, Any]) -> bool:
+async def update_memory(
+    session: AsyncSession, memory_id: int, values: dict[str, Any], *, content_changed: bool
+) -> bool:
     """Set columns of a memory (``Memory`` attribute names); False when it does not exist.
-    Run under the namespace's lock. A new embedding leaves the HNSW index (``indexed`` false)
-    until the background indexer puts it back, as after an ingest: the search scans unindexed
-    rows exactly meanwhile."""
+    Run under the namespace's lock. ``content_changed`` (its text or vector) stamps
+    ``content_changed_at``. A new embedding leaves the HNSW index (``indexed`` false) until
+    the background indexer puts it back, as after an ingest: the search scans unindexed rows
+    exactly meanwhile."""
     if "embedding" in values:
+        values = values | {"indexed": False}
+    if content_changed:
         # clock_timestamp(), not now(): the time of this statement, under the namespace's
         # lock, which a refit's horizon (model_state.refit_horizon) is ordered against.
-        values = values | {"indexed": False, "content_changed_at": func.clock_timestamp()}
+        values = values | {"content_changed_at": func.clock_timestamp()}
     result = await session.execute(
         update(Memory)
         .where(Memory.id == memory_id)

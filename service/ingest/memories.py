@@ -169,29 +169,22 @@ async def _update_stored(
     if not by_external_id:
         return 0
     rows = await memory_table.memories_by_external_id(session, namespace, list(by_external_id))
-    changes = []
-    for row in sorted(rows, key=lambda r: r.id):
-        item = by_external_id[str(row.external_id)]
-        patch = MemoryPatch(
+    rows.sort(key=lambda r: r.id)
+    patches = [
+        MemoryPatch(
             text=item.text,
             embedding=item.embedding,
             metadata=item.metadata,
             occurred_at=item.occurred_at,
             sets_occurred_at=True,
         )
-        values = await _new_values(embedder, embedding_dim, row, patch)
-        if _differs(row, values):
-            changes.append((row, values))
-    for row, values in changes:
-        await _write(session, row, values)
-    return len(changes)
-
-
-def _differs(row: Memory, values: dict[str, Any]) -> bool:
-    """Whether writing ``values`` (:func:`_new_values`) would change ``row``."""
-    return "embedding" in values or any(
-        getattr(row, name) != value for name, value in values.items()
-    )
+        for item in (by_external_id[str(row.external_id)] for row in rows)
+    ]
+    changes = await _changes(embedder, embedding_dim, rows, patches)
+    changed = [(row, change) for row, change in zip(rows, changes, strict=True) if change.differs]
+    for row, change in changed:
+        await _write(session, row, change)
+    return len(changed)
 
 
 async def update_memory(
@@ -206,49 +199,76 @@ async def update_memory(
     row = await memory_table.get_memory(session, memory_id)
     if row is None:
         raise NotFound(f"memory {memory_id} does not exist")
-    values = await _new_values(embedder, embedding_dim, row, patch)
-    retired = await _write(session, row, values)
+    (change,) = await _changes(embedder, embedding_dim, [row], [patch])
+    retired = await _write(session, row, change)
     updated = await session.get(Memory, memory_id, populate_existing=True)
     if updated is None:
         raise NotFound(f"memory {memory_id} does not exist")
     return UpdatedMemory(StoredMemory.of(updated), retired)
 
 
-async def _new_values(
-    embedder: Embedder | None, embedding_dim: int, row: Memory, patch: MemoryPatch
-) -> dict[str, Any]:
-    """The columns ``patch`` sets on ``row`` (``Memory`` attribute names). ``embedding`` only
-    when the vector changes: a client vector that differs from the stored one, or a new text
-    sent without a vector, embedded as at ingest."""
-    values: dict[str, Any] = {}
-    if patch.text is not None:
-        values["text"] = patch.text
-    if patch.metadata is not None:
-        values["metadata_"] = patch.metadata
-    if patch.sets_occurred_at:
-        values["occurred_at"] = patch.occurred_at
-    new_text = patch.text is not None and patch.text != row.text
-    if patch.embedding is not None or new_text:
-        content = [NewMemory(text=patch.text or row.text, embedding=patch.embedding)]
-        vector = (await _vectors_for(embedder, embedding_dim, content, [0]))[0]
-        if not np.array_equal(vector, np.asarray(row.embedding, dtype=np.float32)):
-            values["embedding"] = vector
-            values["embedding_model"] = _model_ids(embedder, content, [0])[0]
-    return values
+@dataclass(frozen=True)
+class _Change:
+    """The columns a patch sets on a stored memory (``Memory`` attribute names), and whether
+    its content (text or vector) changes, which retires its observations."""
+
+    values: dict[str, Any]
+    content_changed: bool
+    differs: bool  # whether anything would change at all
 
 
-async def _write(session: AsyncSession, row: Memory, values: dict[str, Any]) -> int:
-    """Write ``values`` to ``row``'s memory; a new embedding (a new text has one) retires its
-    observations: returns how many."""
-    if not values:  # e.g. the stored vector sent again
+async def _changes(
+    embedder: Embedder | None,
+    embedding_dim: int,
+    rows: Sequence[Memory],
+    patches: Sequence[MemoryPatch],
+) -> list[_Change]:
+    """What each patch changes of its row. A vector is written when it differs from the stored
+    one: a client vector, or a new text sent without one, embedded as at ingest (one batched
+    call for all the rows)."""
+    new_texts = [
+        p.text is not None and p.text != row.text for row, p in zip(rows, patches, strict=True)
+    ]
+    positions = [i for i, p in enumerate(patches) if p.embedding is not None or new_texts[i]]
+    contents = [
+        NewMemory(text=patches[i].text or rows[i].text, embedding=patches[i].embedding)
+        for i in positions
+    ]
+    computed = await _vectors_for(embedder, embedding_dim, contents, positions)
+    vectors = dict(zip(positions, computed, strict=True))
+    models = dict(zip(positions, _model_ids(embedder, contents, range(len(contents))), strict=True))
+    changes = []
+    for i, (row, patch) in enumerate(zip(rows, patches, strict=True)):
+        values: dict[str, Any] = {}
+        if patch.text is not None:
+            values["text"] = patch.text
+        if patch.metadata is not None:
+            values["metadata_"] = patch.metadata
+        if patch.sets_occurred_at:
+            values["occurred_at"] = patch.occurred_at
+        if i in vectors and not np.array_equal(vectors[i], np.asarray(row.embedding, np.float32)):
+            values["embedding"], values["embedding_model"] = vectors[i], models[i]
+        differs = any(
+            name == "embedding" or getattr(row, name) != value for name, value in values.items()
+        )
+        changes.append(_Change(values, new_texts[i] or "embedding" in values, differs))
+    return changes
+
+
+async def _write(session: AsyncSession, row: Memory, change: _Change) -> int:
+    """Write ``change`` to ``row``'s memory; a new text or vector retires its observations
+    (they judged the old content): returns how many."""
+    if not change.differs:  # e.g. the stored vector sent again
         return 0
     # The namespace's lock, as a delete takes it: retiring writes the running mean and the
     # memory's model row, which a refit rewrites under the same lock. Taken after any embedder
-    # call (:func:`_new_values`), which must not hold up the namespace.
+    # call (:func:`_changes`), which must not hold up the namespace.
     await namespace_state(session, row.namespace, for_update=True)
-    if not await memory_table.update_memory(session, row.id, values):
+    if not await memory_table.update_memory(
+        session, row.id, change.values, content_changed=change.content_changed
+    ):
         raise NotFound(f"memory {row.id} does not exist")
-    if "embedding" in values:
+    if change.content_changed:
         return await experience.retire_observations(session, row.namespace, [row.id])
     return 0
 

@@ -273,6 +273,18 @@ def test_patching_the_same_embedding_retires_nothing(
     assert changed.json()["memory"]["embedding_model"] == "client"
 
 
+def test_a_new_text_with_the_stored_vector_still_retires_observations(
+    api: TestClient, learning_settings: Settings
+) -> None:
+    """The scorer judged the text: a new text makes its judgements stale, whatever vector."""
+    ids = stock(api)
+    retrieve(api, "question", policy="full")
+    response = api.patch(f"/memories/{ids[1]}", json={"text": "other words", "embedding": unit(1)})
+    assert response.json()["retired_observations"] == 1
+    assert response.json()["memory"]["embedding_model"] == "client"
+    assert model_row(learning_settings, ids[1]) == []
+
+
 @pytest.mark.parametrize(
     ("path", "body", "status", "code"),
     [
