@@ -28,9 +28,16 @@ from typing import Any, TypeVar
 import httpx
 from pydantic import TypeAdapter
 
+from service.db.namespaces import ErasedNamespace
 from service.db.stats import NamespaceStats
 from service.http.schemas import StatsListOut
-from service.ingest.memories import IngestResult, MemoryPage, StoredMemory
+from service.ingest.memories import (
+    IngestResult,
+    MemoryPage,
+    OnConflict,
+    StoredMemory,
+    UpdatedMemory,
+)
 from service.retrieve.learning import FeedbackResult
 from service.retrieve.pipeline import RetrieveResult
 
@@ -38,12 +45,14 @@ __all__ = [
     "AsyncEarmClient",
     "EarmAPIError",
     "EarmClient",
+    "ErasedNamespace",
     "FeedbackResult",
     "IngestResult",
     "Memory",
     "MemoryPage",
     "NamespaceStats",
     "RetrieveResult",
+    "UpdatedMemory",
 ]
 
 Memory = StoredMemory
@@ -51,8 +60,14 @@ Memory = StoredMemory
 #: A memory to add: its text, or the fields of ``POST /memories`` (text, embedding,
 #: external_id, occurred_at, metadata).
 MemoryInput = str | Mapping[str, Any]
-#: Feedback scores: ``{memory_id: score}`` or ``[(memory_id, score), ...]``.
-ScoresInput = Mapping[int, float] | Iterable[tuple[int, float]]
+#: Feedback scores: ``{memory: score}`` or ``[(memory, score), ...]``, each memory named by its
+#: id (an int) or by the external_id it was stored under (a str).
+ScoresInput = (
+    Mapping[int, float]
+    | Mapping[str, float]
+    | Mapping[int | str, float]
+    | Iterable[tuple[int | str, float]]
+)
 
 DEFAULT_TIMEOUT_S = 30.0
 
@@ -100,7 +115,12 @@ def _memory_body(memory: MemoryInput) -> dict[str, Any]:
 
 def _scores_body(scores: ScoresInput) -> list[dict[str, Any]]:
     pairs = scores.items() if isinstance(scores, Mapping) else scores
-    return [{"memory_id": int(memory_id), "score": float(score)} for memory_id, score in pairs]
+    return [
+        {"external_id": memory, "score": float(score)}
+        if isinstance(memory, str)
+        else {"memory_id": int(memory), "score": float(score)}
+        for memory, score in pairs
+    ]
 
 
 def _retrieve_body(namespace: str, query: str, options: Mapping[str, Any]) -> dict[str, Any]:
@@ -111,6 +131,26 @@ def _retrieve_body(namespace: str, query: str, options: Mapping[str, Any]) -> di
         if name == "query_embedding":
             value = [float(x) for x in value]  # numpy arrays too
         body[name] = value
+    return body
+
+
+def _ingest_body(
+    namespace: str, memories: Sequence[MemoryInput], on_conflict: OnConflict
+) -> dict[str, Any]:
+    return {
+        "namespace": namespace,
+        "memories": [_memory_body(m) for m in memories],
+        "on_conflict": on_conflict,
+    }
+
+
+def _patch_body(changes: Mapping[str, Any]) -> dict[str, Any]:
+    """The PATCH body: only the fields given (``occurred_at=None`` clears it)."""
+    body = dict(changes)
+    if body.get("occurred_at") is not None and hasattr(body["occurred_at"], "isoformat"):
+        body["occurred_at"] = body["occurred_at"].isoformat()
+    if body.get("embedding") is not None:
+        body["embedding"] = [float(x) for x in body["embedding"]]  # numpy arrays too
     return body
 
 
@@ -178,10 +218,23 @@ class EarmClient:
     def _parse(self, result_type: type[Result], method: str, path: str, **kwargs: Any) -> Result:
         return _result(result_type, self._call(method, path, **kwargs).json())
 
-    def add(self, namespace: str, memories: Sequence[MemoryInput]) -> IngestResult:
-        """``POST /memories``: ids in input order; idempotent on ``external_id``."""
-        body = {"namespace": namespace, "memories": [_memory_body(m) for m in memories]}
+    def add(
+        self, namespace: str, memories: Sequence[MemoryInput], on_conflict: OnConflict = "keep"
+    ) -> IngestResult:
+        """``POST /memories``: ids in input order; idempotent on ``external_id`` (``keep``), or
+        ``on_conflict="update"`` to update stored external ids to the new content."""
+        body = _ingest_body(namespace, memories, on_conflict)
         return self._parse(IngestResult, "POST", "/memories", json=body)
+
+    def patch_memory(self, memory_id: int, **changes: Any) -> UpdatedMemory:
+        """``PATCH /memories/{id}``: changes among text, embedding, metadata, occurred_at."""
+        return self._parse(
+            UpdatedMemory, "PATCH", f"/memories/{int(memory_id)}", json=_patch_body(changes)
+        )
+
+    def delete_namespace(self, namespace: str) -> ErasedNamespace:
+        """``DELETE /namespaces/{namespace}``: erase everything of it; what was deleted."""
+        return self._parse(ErasedNamespace, "DELETE", f"/namespaces/{namespace}")
 
     def retrieve(self, namespace: str, query: str, **options: Any) -> RetrieveResult:
         """``POST /retrieve``; options: k, candidates, policy, budget, seed, order, filters,
@@ -191,7 +244,8 @@ class EarmClient:
         )
 
     def feedback(self, namespace: str, query_id: int, scores: ScoresInput) -> FeedbackResult:
-        """``POST /feedback``: scores in [0, 1] for memories of a past query."""
+        """``POST /feedback``: scores in [0, 1] for memories of a past query (by id or
+        external_id); each replaces the pair's earlier observation."""
         body = {"namespace": namespace, "query_id": query_id, "scores": _scores_body(scores)}
         return self._parse(FeedbackResult, "POST", "/feedback", json=body)
 
@@ -252,9 +306,19 @@ class AsyncEarmClient:
     ) -> Result:
         return _result(result_type, (await self._call(method, path, **kwargs)).json())
 
-    async def add(self, namespace: str, memories: Sequence[MemoryInput]) -> IngestResult:
-        body = {"namespace": namespace, "memories": [_memory_body(m) for m in memories]}
+    async def add(
+        self, namespace: str, memories: Sequence[MemoryInput], on_conflict: OnConflict = "keep"
+    ) -> IngestResult:
+        body = _ingest_body(namespace, memories, on_conflict)
         return await self._parse(IngestResult, "POST", "/memories", json=body)
+
+    async def patch_memory(self, memory_id: int, **changes: Any) -> UpdatedMemory:
+        return await self._parse(
+            UpdatedMemory, "PATCH", f"/memories/{int(memory_id)}", json=_patch_body(changes)
+        )
+
+    async def delete_namespace(self, namespace: str) -> ErasedNamespace:
+        return await self._parse(ErasedNamespace, "DELETE", f"/namespaces/{namespace}")
 
     async def retrieve(self, namespace: str, query: str, **options: Any) -> RetrieveResult:
         return await self._parse(

@@ -14,7 +14,9 @@ from service.db.engine import EmbeddedPostgres
 from service.http.app import create_app
 from service.settings import Settings
 
-TABLES = "namespaces, memories, queries, scores, memory_factors, api_keys, auth_settings"
+TABLES = (
+    "namespaces, memories, queries, scores, score_history, memory_factors, api_keys, auth_settings"
+)
 
 
 @pytest.fixture(scope="session")

@@ -214,6 +214,8 @@ def protected_requests(memory_id: int = 1) -> list[tuple[str, str, dict]]:
             },
         ),
         ("GET", "/stats", {"params": {"namespace": "agent-1"}}),
+        ("PATCH", f"/memories/{memory_id}", {"json": {"metadata": {"edited": True}}}),
+        ("DELETE", "/namespaces/agent-1", {}),
     ]
 
 
@@ -245,7 +247,7 @@ def test_every_route_but_the_public_ones_requires_a_key(api: TestClient, keys) -
     for route_path, methods in api_routes(api.app):
         if route_path in PUBLIC_PATHS:
             continue
-        path = route_path.replace("{memory_id}", "1")
+        path = route_path.replace("{memory_id}", "1").replace("{namespace}", "agent-1")
         for method in methods:
             response = api.request(method, path, json={}, params={"namespace": "agent-1"})
             assert_error(response, 401, "unauthenticated")
@@ -269,8 +271,9 @@ def test_a_namespace_outside_the_key_scope_is_forbidden_everywhere(api: TestClie
         if path == "/stats" and not has_route(api.app, "/stats"):
             continue
         assert_error(api.request(method, path, headers=bearer(other), **kwargs), 403, "forbidden")
-    # The forbidden DELETE deleted nothing.
-    assert api.get(f"/memories/{memory_id}", headers=bearer(admin)).status_code == 200
+    # The forbidden DELETE deleted nothing, the forbidden PATCH changed nothing.
+    kept = api.get(f"/memories/{memory_id}", headers=bearer(admin))
+    assert kept.status_code == 200 and kept.json()["metadata"] == {}
 
 
 def test_a_scoped_key_works_inside_its_patterns(api: TestClient, keys) -> None:
@@ -296,7 +299,10 @@ def test_a_scoped_key_works_inside_its_patterns(api: TestClient, keys) -> None:
         headers=bearer(agent),
     )
     assert feedback.status_code == 200, feedback.text
+    edit = api.patch(f"/memories/{memory_id}", json={"metadata": {"a": 1}}, headers=bearer(agent))
+    assert edit.status_code == 200, edit.text
     assert api.delete(f"/memories/{memory_id}", headers=bearer(agent)).status_code == 204
+    assert api.delete("/namespaces/bot-1", headers=bearer(agent)).status_code == 200
 
 
 def test_feedback_cannot_reach_a_query_of_another_namespace(api: TestClient, keys) -> None:

@@ -52,11 +52,13 @@ RECORD = os.environ.get("EARM_RECORD_SNAPSHOT") == "1"
 # features) is the only tolerated source of difference between replays.
 FLOAT_DECIMALS = 9
 # Set by the server's clock: only whether they are set is reproducible.
-CLOCK_FIELDS = frozenset({"created_at", "last_refit_at"})
+CLOCK_FIELDS = frozenset({
+    "created_at", "last_refit_at", "retired_at", "observed_at", "replaced_at", "content_changed_at"
+})
 # Stored as a digest of the rounded values (the raw vectors would make the golden file large);
 # model parameters (factors, biases, content weights) and scores are kept as values.
 HASHED_COLUMNS = frozenset({"embedding"})
-STATE_TABLES = ("namespaces", "memories", "queries", "scores", "memory_factors")
+STATE_TABLES = ("namespaces", "memories", "queries", "scores", "score_history", "memory_factors")
 
 DIM = 384
 VECTORS, TEXTS = "agent-vectors", "agent-texts"

@@ -42,8 +42,8 @@ def test_client_round_trip_add_retrieve_feedback_stats(service_url: str) -> None
         assert result.memories[0].source == "observed"
         assert result.scorer_calls == 3 and result.timings.total_ms > 0
 
-        recorded = earm.feedback("agent-1", result.query_id, {added.ids[1]: 0.0})
-        assert (recorded.recorded, recorded.already_observed) == (0, 1)  # already scored
+        recorded = earm.feedback("agent-1", result.query_id, {"job": 0.0})  # by external_id
+        assert (recorded.recorded, recorded.replaced) == (1, 1)  # the scorer's score replaced
 
         stats = earm.stats("agent-1")
         assert (stats.memories, stats.queries, stats.observations) == (3, 1, 3)
@@ -63,10 +63,51 @@ def test_client_round_trip_add_retrieve_feedback_stats(service_url: str) -> None
         assert deleted.value.code == "not_found"
 
 
+def test_client_edits_memories_updates_on_conflict_and_erases_a_namespace(
+    service_url: str,
+) -> None:
+    with EarmClient(service_url) as earm:
+        added = earm.add("agent-1", MEMORIES)
+        result = earm.retrieve("agent-1", "night shifts", policy="full")
+        edited = earm.patch_memory(added.ids[1], text="I work day shifts now.", occurred_at=None)
+        assert edited.memory.text == "I work day shifts now."
+        assert edited.retired_observations == 1
+        assert earm.stats("agent-1").observations == 2
+
+        changed = {"text": "I quit nursing.", "external_id": "job"}
+        assert earm.add("agent-1", [changed]).updated == 0  # keep: the stored memory stays
+        assert earm.get(added.ids[1]).text == "I work day shifts now."
+        assert earm.add("agent-1", [changed], on_conflict="update").updated == 1
+        assert earm.get(added.ids[1]).text == "I quit nursing."
+
+        erased = earm.delete_namespace("agent-1")
+        assert (erased.memories, erased.queries, erased.observations) == (3, 1, 3)
+        empty = earm.retrieve("agent-1", "night shifts")
+        assert (empty.memories, empty.query_id) == ([], None)
+        with pytest.raises(EarmAPIError) as gone:
+            earm.delete_namespace("agent-1")
+        assert gone.value.code == "not_found"
+        assert result.query_id is not None
+
+
+async def _async_edit_and_erase(service_url: str) -> None:
+    async with AsyncEarmClient(service_url) as earm:
+        added = await earm.add("agent-2", MEMORIES)
+        edited = await earm.patch_memory(added.ids[0], metadata={"pet": "dog"})
+        assert (edited.memory.metadata, edited.retired_observations) == ({"pet": "dog"}, 0)
+        updated = await earm.add("agent-2", [{"text": "x", "external_id": "job"}], "update")
+        assert updated.updated == 1
+        assert (await earm.delete_namespace("agent-2")).memories == 3
+
+
+def test_async_client_edits_and_erases(service_url: str) -> None:
+    asyncio.run(_async_edit_and_erase(service_url))
+
+
 def test_client_raises_api_errors_with_status_and_code(service_url: str) -> None:
     with EarmClient(service_url) as earm:
         with pytest.raises(EarmAPIError) as unknown:
-            earm.retrieve("nobody", "anything")
+            earm.stats("nobody")
         assert (unknown.value.status, unknown.value.code) == (404, "not_found")
         assert unknown.value.request_id
 
@@ -86,7 +127,7 @@ def test_async_client_round_trip(service_url: str) -> None:
             result = await earm.retrieve("agent-1", "Where did we go camping?", k=1, policy="full")
             assert result.memories[0].id == added.ids[2]
             feedback = await earm.feedback("agent-1", result.query_id, [(added.ids[0], 0.2)])
-            assert feedback.already_observed == 1
+            assert feedback.replaced == 1
             assert (await earm.stats("agent-1")).queries == 1
             assert (await earm.get(added.ids[0])).text == MEMORIES[0]
             assert len((await earm.list("agent-1")).memories) == 3

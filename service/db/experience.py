@@ -143,8 +143,8 @@ async def record_query(
             else None
         )
     row = await cursor.fetchone()
-    if row is None:
-        raise NotFound(f"namespace {namespace!r} has no memories")
+    if row is None:  # DELETE /namespaces erased it since the search
+        raise NotFound(f"namespace {namespace!r} was erased while the query ran")
     query_id, query_index, since_refit = row
     return (
         RecordedQuery(int(query_id), int(query_index), int(since_refit)),
@@ -152,42 +152,149 @@ async def record_query(
     )
 
 
-async def insert_scores(
+@dataclass(frozen=True)
+class Corrections:
+    """Client feedback on earlier queries with the same text: the latest score per memory."""
+
+    memory_ids: np.ndarray
+    scores: np.ndarray
+
+
+_CORRECTIONS_SQL = text(
+    """
+    SELECT DISTINCT ON (s.memory_id) s.memory_id, s.score::text::float8
+    FROM scores s JOIN queries q ON q.id = s.query_id
+    WHERE s.namespace = :namespace AND s.source = 'feedback' AND s.retired_at IS NULL
+      AND q.text = :query_text
+    ORDER BY s.memory_id, s.created_at DESC, s.query_id DESC
+    """
+)
+
+
+async def corrections(session: AsyncSession, namespace: str, query_text: str) -> Corrections:
+    """The feedback given on earlier queries of the namespace with exactly this text: feedback
+    is authoritative, so a repeat of the query takes it as observed instead of asking the
+    scorer again (the latest feedback on a memory wins). Read through the partial index of
+    live feedback cells (``ix_scores_feedback``)."""
+    rows = (
+        await session.execute(_CORRECTIONS_SQL, {"namespace": namespace, "query_text": query_text})
+    ).all()
+    return Corrections(
+        memory_ids=np.array([r[0] for r in rows], dtype=np.int64),
+        scores=np.array([r[1] for r in rows], dtype=np.float64),
+    )
+
+
+@dataclass(frozen=True)
+class FeedbackWrite:
+    """What recording feedback did: the pairs written, and how many replaced an observation."""
+
+    memory_ids: np.ndarray
+    replaced: int
+
+
+# One statement: the cells' previous values go to score_history, the feedback becomes each
+# cell's value (a retired cell is live again: the client judged the current content), and the
+# namespace's running mean swaps the old live values for the new ones. Every CTE reads the
+# same snapshot, so `old` holds the values before the upsert.
+_RECORD_FEEDBACK_SQL = text(
+    """
+    WITH t AS (
+        SELECT m, s, c FROM unnest(CAST(:memory_ids AS bigint[]), CAST(:scores AS float8[]),
+                                   CAST(:similarities AS real[])) AS t(m, s, c)
+    ), old AS (
+        SELECT s.memory_id, s.score, s.source, s.created_at, s.retired_at FROM scores s
+        WHERE s.query_id = :query_id AND s.memory_id IN (SELECT m FROM t)
+    ), history AS (
+        INSERT INTO score_history (query_id, memory_id, namespace, score, source, observed_at,
+                                   retired_at)
+        SELECT :query_id, memory_id, :namespace, score, source, created_at, retired_at FROM old
+    ), upsert AS (
+        INSERT INTO scores (query_id, memory_id, namespace, score, similarity, source)
+        SELECT :query_id, m, :namespace, s, c, 'feedback' FROM t
+        ON CONFLICT (query_id, memory_id) DO UPDATE SET
+            score = EXCLUDED.score, similarity = EXCLUDED.similarity, source = 'feedback',
+            created_at = now(), retired_at = NULL
+    ), live_old AS (
+        SELECT score FROM old WHERE retired_at IS NULL
+    ), mean AS (
+        UPDATE namespaces SET
+            score_sum = score_sum + (SELECT sum(s) FROM t)
+                - (SELECT coalesce(sum(score), 0) FROM live_old),
+            score_count = score_count + (SELECT count(*) FROM t)
+                - (SELECT count(*) FROM live_old)
+        WHERE name = :namespace
+    )
+    SELECT count(*) FROM old
+    """
+)
+
+
+async def record_feedback(
     session: AsyncSession,
     namespace: str,
     query_id: int,
     memory_ids: np.ndarray,
     similarities: np.ndarray,
     scores: np.ndarray,
-    source: str,
-) -> tuple[np.ndarray, np.ndarray]:
-    """Insert observations; a pair already observed keeps its first score (observations are
-    never rewritten). Returns the (memory_ids, scores) actually inserted."""
-    rows = (
-        await session.execute(
-            text(
-                """
-                INSERT INTO scores (query_id, memory_id, namespace, score, similarity, source)
-                SELECT :query_id, m, :namespace, s, c, :source
-                FROM unnest(CAST(:memory_ids AS bigint[]), CAST(:scores AS real[]),
-                            CAST(:similarities AS real[])) AS t(m, s, c)
-                ON CONFLICT (query_id, memory_id) DO NOTHING
-                RETURNING memory_id, score
-                """
-            ),
-            {
-                "query_id": query_id,
-                "namespace": namespace,
-                "memory_ids": [int(m) for m in memory_ids],
-                "scores": [float(s) for s in scores],
-                "similarities": [float(c) for c in similarities],
-                "source": source,
-            },
-        )
-    ).all()
-    return (
-        np.array([r[0] for r in rows], dtype=np.int64),
-        np.array([r[1] for r in rows], dtype=np.float64),
+) -> FeedbackWrite:
+    """Make client scores the effective observations of their cells (latest feedback wins),
+    keeping each replaced value in ``score_history``. Run under the namespace's lock."""
+    replaced = await session.scalar(
+        _RECORD_FEEDBACK_SQL,
+        {
+            "query_id": query_id,
+            "namespace": namespace,
+            "memory_ids": [int(m) for m in memory_ids],
+            "scores": [float(s) for s in scores],
+            "similarities": [float(c) for c in similarities],
+        },
+    )
+    await memory_observations_changed(session, memory_ids)
+    return FeedbackWrite(np.asarray(memory_ids, dtype=np.int64), int(replaced or 0))
+
+
+_RETIRE_SQL = text(
+    """
+    WITH retired AS (
+        UPDATE scores SET retired_at = now()
+        WHERE memory_id = ANY(CAST(:memory_ids AS bigint[])) AND retired_at IS NULL
+        RETURNING score
+    ), mean AS (
+        UPDATE namespaces SET
+            score_sum = score_sum - (SELECT coalesce(sum(score), 0) FROM retired),
+            score_count = score_count - (SELECT count(*) FROM retired)
+        WHERE name = :namespace
+    )
+    SELECT count(*) FROM retired
+    """
+)
+
+
+async def retire_observations(
+    session: AsyncSession, namespace: str, memory_ids: Sequence[int]
+) -> int:
+    """Retire the live observations of memories whose content changed (they judged the old
+    text or embedding), take them out of the namespace's running mean, and reset what was
+    learned from them. Returns how many were retired. Run under the namespace's lock."""
+    retired = await session.scalar(
+        _RETIRE_SQL, {"namespace": namespace, "memory_ids": [int(m) for m in memory_ids]}
+    )
+    await memory_observations_changed(session, memory_ids)
+    return int(retired or 0)
+
+
+async def memory_observations_changed(
+    session: AsyncSession, memory_ids: Sequence[int] | np.ndarray
+) -> None:
+    """The observations of these memories changed other than by being appended (feedback
+    replaced one, an edit retired them): drop what was derived from them per memory, so
+    nothing keeps the old values. Their model rows go (a retired memory starts over from the
+    content prior; after feedback the learner re-solves the row from its live observations).
+    The one place to rebuild any other per-memory state derived from observations."""
+    await session.execute(
+        text("DELETE FROM memory_factors WHERE memory_id = ANY(CAST(:ids AS bigint[]))"),
+        {"ids": [int(m) for m in memory_ids]},
     )
 
 
@@ -221,7 +328,7 @@ _ROW_OBSERVATIONS_SQL = f"""
            coalesce(n.content_slope * s.similarity + m.content, 0)
     FROM scores s JOIN queries q ON q.id = s.query_id
     JOIN m ON m.id = s.memory_id JOIN namespaces n ON n.name = s.namespace
-    WHERE s.memory_id = ANY(%(ids)s::bigint[]) AND q.bias IS NOT NULL
+    WHERE s.memory_id = ANY(%(ids)s::bigint[]) AND q.bias IS NOT NULL AND s.retired_at IS NULL
     ORDER BY s.memory_id, s.query_id
 """
 
@@ -259,7 +366,7 @@ async def query_observations(
                        f.factors
                 FROM scores s LEFT JOIN memory_factors f ON f.memory_id = s.memory_id
                 JOIN memories m ON m.id = s.memory_id JOIN namespaces n ON n.name = s.namespace
-                WHERE s.query_id = :query_id
+                WHERE s.query_id = :query_id AND s.retired_at IS NULL
                 """
             ),
             {"query_id": query_id},
@@ -290,7 +397,8 @@ _OBSERVATION_ROW = np.dtype(
 
 
 async def namespace_observations(session: AsyncSession, namespace: str) -> NamespaceObservations:
-    """Every observation of the namespace, read with a binary COPY into numpy arrays.
+    """Every live (not retired) observation of the namespace, read with a binary COPY into
+    numpy arrays.
 
     ``real`` values are sent as ``real::text::float8``: the same float64 a text-format read
     parses (the shortest decimal of the float32), so a refit fits exactly the same numbers.
@@ -299,7 +407,7 @@ async def namespace_observations(session: AsyncSession, namespace: str) -> Names
     data = bytearray()
     statement = psycopg.sql.SQL(
         "COPY (SELECT memory_id, query_id, similarity::text::float8, score::text::float8 "
-        "FROM scores WHERE namespace = {}) TO STDOUT (FORMAT BINARY)"
+        "FROM scores WHERE namespace = {} AND retired_at IS NULL) TO STDOUT (FORMAT BINARY)"
     ).format(psycopg.sql.Literal(namespace))
     async with conn.cursor() as cursor, cursor.copy(statement) as copy:
         async for chunk in copy:

@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 from psycopg.types.json import Jsonb
-from sqlalchemy import delete, select, text
+from sqlalchemy import delete, func, select, text, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from service.db.codecs import metadata_json
@@ -75,6 +75,39 @@ async def insert_memories(
 
 async def get_memory(session: AsyncSession, memory_id: int) -> Memory | None:
     return await session.get(Memory, memory_id)
+
+
+async def memories_by_external_id(
+    session: AsyncSession, namespace: str, external_ids: Sequence[str]
+) -> list[Memory]:
+    """The namespace's memories stored under these external ids (those that exist)."""
+    statement = select(Memory).where(
+        Memory.namespace == namespace, Memory.external_id.in_(external_ids)
+    )
+    return list((await session.scalars(statement)).all())
+
+
+async def update_memory(
+    session: AsyncSession, memory_id: int, values: dict[str, Any], *, content_changed: bool
+) -> bool:
+    """Set columns of a memory (``Memory`` attribute names); False when it does not exist.
+    Run under the namespace's lock. ``content_changed`` (its text or vector) stamps
+    ``content_changed_at``. A new embedding leaves the HNSW index (``indexed`` false) until
+    the background indexer puts it back, as after an ingest: the search scans unindexed rows
+    exactly meanwhile."""
+    if "embedding" in values:
+        values = values | {"indexed": False}
+    if content_changed:
+        # clock_timestamp(), not now(): the time of this statement, under the namespace's
+        # lock, which a refit's horizon (model_state.refit_horizon) is ordered against.
+        values = values | {"content_changed_at": func.clock_timestamp()}
+    result = await session.execute(
+        update(Memory)
+        .where(Memory.id == memory_id)
+        .values(**values)
+        .execution_options(synchronize_session=False)
+    )
+    return affected_rows(result) != 0
 
 
 async def memories_after(

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import psycopg
@@ -18,6 +18,7 @@ from service.completion.similarity import ContentPrior
 from service.db.codecs import binary_copy, copy_in, real_array_literals
 from service.db.engine import driver_connection
 from service.db.namespaces import namespace_state
+from service.errors import NotFound
 
 
 def content_sql(embedding: str, weights: str) -> str:
@@ -27,18 +28,6 @@ def content_sql(embedding: str, weights: str) -> str:
     before it checked vectors as float32 may have one; dividing by its norm failed every
     search of the namespace)."""
     return f"-({embedding} <#> {weights}) / nullif(vector_norm({embedding}), 0)"
-
-
-async def add_feedback_to_mean(
-    session: AsyncSession, namespace: str, scores: np.ndarray
-) -> None:
-    await session.execute(
-        text(
-            "UPDATE namespaces SET score_sum = score_sum + :total, score_count = score_count + :n "
-            "WHERE name = :namespace"
-        ),
-        {"namespace": namespace, "total": float(np.sum(scores)), "n": len(scores)},
-    )
 
 
 _UPSERT_FACTORS_SQL = """
@@ -108,18 +97,35 @@ async def update_query_factors(
     )
 
 
-async def _still_existing(
-    conn: psycopg.AsyncConnection[Any], memory_ids: np.ndarray
+async def refit_horizon(session: AsyncSession, namespace: str) -> datetime:
+    """The time a refit's read of the observations starts from: taken under the namespace's
+    lock, so every edit that retired observations before it has committed (the read sees its
+    retirement) and every later one is stamped later (``memories.content_changed_at``).
+    The caller commits before reading."""
+    horizon = await session.scalar(
+        text("SELECT clock_timestamp() FROM namespaces WHERE name = :namespace FOR NO KEY UPDATE"),
+        {"namespace": namespace},
+    )
+    if horizon is None:
+        raise NotFound(f"namespace {namespace!r} does not exist")
+    return cast(datetime, horizon)
+
+
+async def _still_current(
+    conn: psycopg.AsyncConnection[Any], memory_ids: np.ndarray, read_from: datetime
 ) -> np.ndarray:
-    """A mask of the ``memory_ids`` not deleted. Run under the namespace's lock, which a
-    delete takes too: no delete is under way, and this statement sees every one committed."""
+    """A mask of the ``memory_ids`` neither deleted nor edited since ``read_from`` (their
+    rows would be fitted on observations deleted or retired since). Run under the namespace's
+    lock, which deletes and edits take too: none is under way, and this statement sees every
+    one committed."""
     cursor = await conn.execute(
         "SELECT t.id FROM unnest(%(ids)s::bigint[]) AS t(id) "
-        "WHERE NOT EXISTS (SELECT FROM memories m WHERE m.id = t.id)",
-        {"ids": [int(m) for m in memory_ids]},
+        "WHERE NOT EXISTS (SELECT FROM memories m WHERE m.id = t.id "
+        "AND (m.content_changed_at IS NULL OR m.content_changed_at < %(read_from)s))",
+        {"ids": [int(m) for m in memory_ids], "read_from": read_from},
     )
-    deleted = [row[0] for row in await cursor.fetchall()]
-    return np.isin(memory_ids, deleted, invert=True)
+    changed = [row[0] for row in await cursor.fetchall()]
+    return np.isin(memory_ids, changed, invert=True)
 
 
 @dataclass(frozen=True)
@@ -139,24 +145,29 @@ class RefittedModel:
 
 
 async def replace_model(
-    session: AsyncSession, namespace: str, model: RefittedModel, refitted_at: datetime
+    session: AsyncSession,
+    namespace: str,
+    model: RefittedModel,
+    refitted_at: datetime,
+    read_from: datetime,
 ) -> None:
     """Write a full refit: every memory row and query column of the namespace, and reset the
     counter. Rows travel by binary COPY (the memory side straight into ``memory_factors``,
     emptied for the namespace first; the query side through a temporary table). Memories
-    deleted since the observations were read get no row."""
+    deleted or edited since the observations were read (from ``read_from``,
+    :func:`refit_horizon`) get no row."""
     await namespace_state(session, namespace, for_update=True)
     conn = await driver_connection(session)
-    await _replace_memory_rows(conn, namespace, model)
+    await _replace_memory_rows(conn, namespace, model, read_from)
     if len(model.query_ids):
         await _update_query_columns(conn, model)
     await _reset_after_refit(session, namespace, model.prior, refitted_at)
 
 
 async def _replace_memory_rows(
-    conn: psycopg.AsyncConnection[Any], namespace: str, model: RefittedModel
+    conn: psycopg.AsyncConnection[Any], namespace: str, model: RefittedModel, read_from: datetime
 ) -> None:
-    existing = await _still_existing(conn, model.memory_ids)
+    existing = await _still_current(conn, model.memory_ids, read_from)
     memory_ids, memory_bias, memory_factors, observation_count = (
         np.asarray(values)[existing]
         for values in (
@@ -210,8 +221,9 @@ async def _reset_after_refit(
                 content_slope = :content_slope,
                 content_weights = CAST(:content_weights AS vector),
                 score_sum = (SELECT coalesce(sum(score::text::float8), 0) FROM scores
-                             WHERE namespace = :namespace),
-                score_count = (SELECT count(*) FROM scores WHERE namespace = :namespace)
+                             WHERE namespace = :namespace AND retired_at IS NULL),
+                score_count = (SELECT count(*) FROM scores
+                               WHERE namespace = :namespace AND retired_at IS NULL)
             WHERE name = :namespace
             """
         ),

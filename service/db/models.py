@@ -79,6 +79,9 @@ class Memory(Base):
     # In the HNSW index yet (a partial index, WHERE indexed)? New rows are not; the background
     # indexer (service.ingest.indexer) sets it. Unindexed rows are found by an exact scan.
     indexed: Mapped[bool] = mapped_column(Boolean, server_default=false())
+    # When the text or embedding last changed (PATCH, ingest with on_conflict "update"); NULL:
+    # never. Set under the namespace's lock, read by the refit (model_state.replace_model).
+    content_changed_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
 
 
 class Query(Base):
@@ -108,7 +111,8 @@ class Query(Base):
 
 
 class Score(Base):
-    """One observed cell of the experience matrix. Never rewritten."""
+    """One cell of the experience matrix: its current, effective observation. Feedback replaces
+    it (the previous value goes to ``score_history``); an edit of the memory retires it."""
 
     __tablename__ = "scores"
 
@@ -123,6 +127,27 @@ class Score(Base):
     similarity: Mapped[float] = mapped_column(REAL)
     source: Mapped[str] = mapped_column(Text)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+    # Set when the memory's text or embedding changed since: the cell judged the old content,
+    # so nothing learns from it or counts it.
+    retired_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+
+class ScoreHistory(Base):
+    """A value a cell held before feedback replaced it."""
+
+    __tablename__ = "score_history"
+
+    id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=True)
+    query_id: Mapped[int] = mapped_column(ForeignKey("queries.id", ondelete="CASCADE"))
+    memory_id: Mapped[int] = mapped_column(ForeignKey("memories.id", ondelete="CASCADE"))
+    namespace: Mapped[str] = mapped_column(Text)
+    score: Mapped[float] = mapped_column(REAL)
+    source: Mapped[str] = mapped_column(Text)
+    observed_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    retired_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    replaced_at: Mapped[datetime] = mapped_column(
+        DateTime(timezone=True), server_default=func.now()
+    )
 
 
 class MemoryFactor(Base):

@@ -1,5 +1,5 @@
 """The ``namespaces`` rows: their counters (the completion model's running mean and the query
-index), their creation, the writers' row lock and the refit's advisory lock."""
+index), their creation and erasure, the writers' row lock and the refit's advisory lock."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from sqlalchemy import text
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from service.db.engine import affected_rows
 from service.db.models import Namespace
 from service.errors import NotFound
 
@@ -84,4 +85,61 @@ async def unlock_namespace_refit(session: AsyncSession, namespace: str) -> None:
     await session.execute(
         text("SELECT pg_advisory_unlock(hashtextextended(:key, 0))"),
         {"key": f"earm-refit:{namespace}"},
+    )
+
+
+@dataclass(frozen=True)
+class ErasedNamespace:
+    """What erasing a namespace deleted, by table (``DELETE /namespaces/{namespace}``)."""
+
+    namespace: str
+    memories: int
+    queries: int
+    observations: int  # scores rows, retired ones included
+    score_history: int
+    model_rows: int  # memory_factors rows
+
+
+# Children first, each with its count; the FK cascades would delete them too, without counts.
+_ERASE_SQL = """
+    WITH h AS (DELETE FROM score_history WHERE namespace = :namespace RETURNING 1),
+         s AS (DELETE FROM scores WHERE namespace = :namespace RETURNING 1),
+         f AS (DELETE FROM memory_factors WHERE namespace = :namespace RETURNING 1)
+    SELECT (SELECT count(*) FROM h), (SELECT count(*) FROM s), (SELECT count(*) FROM f)
+"""
+
+
+async def erase_namespace(session: AsyncSession, namespace: str) -> ErasedNamespace:
+    """Delete everything of a namespace in the caller's transaction: its memories, queries,
+    observations, score history, model rows and its row (counters, content prior).
+
+    The row is locked FOR UPDATE first, the strongest row lock: it waits for every writer
+    of the namespace (the model-state writers' FOR NO KEY UPDATE, and the FOR KEY SHARE of an
+    ingest's memories, so a batch committing meanwhile is erased too), and later ones wait
+    for the erase. An ingest that waited then finds no namespace and creates it afresh.
+    NotFound for a namespace that does not exist."""
+    locked = await session.scalar(
+        text("SELECT name FROM namespaces WHERE name = :namespace FOR UPDATE"),
+        {"namespace": namespace},
+    )
+    if locked is None:
+        raise NotFound(f"namespace {namespace!r} does not exist")
+    parameters = {"namespace": namespace}
+    history, observations, model_rows = (
+        await session.execute(text(_ERASE_SQL), parameters)
+    ).one()
+    queries = (
+        await session.execute(text("DELETE FROM queries WHERE namespace = :namespace"), parameters)
+    )
+    memories = (
+        await session.execute(text("DELETE FROM memories WHERE namespace = :namespace"), parameters)
+    )
+    await session.execute(text("DELETE FROM namespaces WHERE name = :namespace"), parameters)
+    return ErasedNamespace(
+        namespace=namespace,
+        memories=affected_rows(memories),
+        queries=affected_rows(queries),
+        observations=int(observations),
+        score_history=int(history),
+        model_rows=int(model_rows),
     )

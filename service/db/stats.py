@@ -45,7 +45,13 @@ class NamespaceStats:
         ),
     ]
     queries: Annotated[int, Field(description="Queries recorded (the next query's index).")]
-    observations: Annotated[int, Field(description="Observed cells: scorer scores and feedback.")]
+    observations: Annotated[
+        int,
+        Field(
+            description="Observed cells the model learns from: scorer scores and feedback, "
+            "without those retired by an edit of their memory."
+        ),
+    ]
     # The observed share of the experience matrix as it stands (current memories × recorded
     # queries).
     density: Annotated[
@@ -94,7 +100,9 @@ SELECT n.name, n.next_query_index, n.scorer_calls, n.scorer_requests, n.full_rer
        (SELECT count(*) FROM memories m WHERE m.namespace = n.name) AS memories,
        (SELECT count(*) FROM memories m WHERE m.namespace = n.name AND NOT m.indexed)
            AS memories_unindexed,
-       (SELECT count(*) FROM scores s WHERE s.namespace = n.name) AS observations,
+       -- live cells only: retired ones judged content that no longer exists
+       (SELECT count(*) FROM scores s WHERE s.namespace = n.name AND s.retired_at IS NULL)
+           AS observations,
        r.returned, r.estimated, p.error, p.anchors
 FROM namespaces n
 CROSS JOIN LATERAL (

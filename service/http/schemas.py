@@ -15,7 +15,14 @@ from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
 from fastapi import Path
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    model_validator,
+)
 
 from service.db.models import MAX_BIGINT
 from service.db.stats import NamespaceStats
@@ -109,6 +116,30 @@ class MemoryIn(StrictModel):
 class IngestRequest(StrictModel):
     namespace: NamespaceName
     memories: Annotated[list[MemoryIn], Field(min_length=1)]
+    on_conflict: Literal["keep", "update"] = Field(
+        default="keep",
+        description="An external_id already stored: keep the stored memory (idempotent "
+        "retries), or update it to this item (a new text or embedding retires its "
+        "observations).",
+    )
+
+
+class MemoryPatchIn(StrictModel):
+    """The fields of a memory to change; at least one. ``occurred_at: null`` clears it."""
+
+    text: NonEmptyText | None = None
+    embedding: Embedding | None = None
+    metadata: dict[str, Any] | None = None
+    occurred_at: Timestamp | None = None
+
+    @model_validator(mode="after")
+    def _changes_something(self) -> MemoryPatchIn:
+        if not self.model_fields_set:
+            raise ValueError("give at least one of text, embedding, metadata, occurred_at")
+        for name in ("text", "embedding", "metadata"):
+            if name in self.model_fields_set and getattr(self, name) is None:
+                raise ValueError(f"{name} cannot be null (only occurred_at can be cleared)")
+        return self
 
 
 class ErrorBody(BaseModel):
@@ -148,8 +179,21 @@ class RetrieveIn(StrictModel):
 
 
 class FeedbackScore(StrictModel):
-    memory_id: DatabaseId
+    """A score for one memory, named by its id or by its external_id (exactly one)."""
+
+    memory_id: DatabaseId | None = None
+    external_id: ExternalId | None = None
     score: Annotated[float, Field(ge=0.0, le=1.0, allow_inf_nan=False)]
+
+    @model_validator(mode="after")
+    def _one_memory(self) -> FeedbackScore:
+        if (self.memory_id is None) == (self.external_id is None):
+            raise ValueError("give exactly one of memory_id and external_id")
+        return self
+
+    @property
+    def memory(self) -> int | str:
+        return self.memory_id if self.memory_id is not None else str(self.external_id)
 
 
 class FeedbackIn(StrictModel):

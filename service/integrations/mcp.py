@@ -98,7 +98,10 @@ class RecalledMemory(BaseModel):
 
 
 class SearchResult(BaseModel):
-    query_id: int = Field(description="This search's id: pass it to give_feedback.")
+    query_id: int | None = Field(
+        description="This search's id: pass it to give_feedback (null when the namespace has "
+        "no memories yet: nothing was searched)."
+    )
     memories: list[RecalledMemory]
 
 
@@ -198,8 +201,8 @@ def build_server(connect: Connector, default_namespace: str) -> MCPServer:
         ],
         ctx: Context,
     ) -> FeedbackResult:
-        """Say how useful a recalled memory was; later searches learn from it. A memory that
-        already has a judgement for this query keeps it (counted in already_observed)."""
+        """Say how useful a recalled memory was; later searches learn from it. It replaces any
+        earlier judgement of that memory for this query (counted in replaced)."""
         async with _api(connect, ctx) as earm:
             namespace = (await earm.get(memory_id)).namespace
             return await earm.feedback(namespace, query_id, {memory_id: score})

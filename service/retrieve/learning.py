@@ -18,6 +18,7 @@ from service.completion.similarity import (
     fold_in_with_similarity,
 )
 from service.db import experience, model_state
+from service.db import memories as memory_table
 from service.db.experience import NamespaceObservations, RecordedQuery, RowObservations
 from service.db.model_state import RefittedModel
 from service.db.namespaces import (
@@ -26,7 +27,7 @@ from service.db.namespaces import (
     unlock_namespace_refit,
 )
 from service.db.search import memory_embeddings
-from service.errors import InvalidInput
+from service.errors import InvalidInput, NotFound
 from service.ingest.validation import repeats
 from service.retrieve.rerank import Ranking, resolve_memory_rows
 from service.settings import Settings
@@ -43,11 +44,15 @@ def refit_due(queries_since_refit: int, queries_recorded: int, refit_every: int)
 
 @dataclass(frozen=True)
 class FeedbackResult:
-    """Scores recorded, and scores for memories already observed for the query (the first
-    score of a pair is kept)."""
+    """Scores recorded, and how many of them replaced an earlier observation of their pair
+    (the scorer's, or earlier feedback: the latest feedback wins)."""
 
     recorded: int
-    already_observed: int
+    replaced: int
+
+
+#: A memory named in feedback: its id, or the external_id the client stored it under.
+MemoryRef = int | str
 
 
 class Learner:
@@ -203,48 +208,70 @@ class Learner:
     # ---------------------------------------------------------------------------- feedback
 
     async def feedback(
-        self, namespace: str, query_id: int, memory_ids: Sequence[int], scores: Sequence[float]
+        self,
+        namespace: str,
+        query_id: int,
+        memories: Sequence[MemoryRef],
+        scores: Sequence[float],
     ) -> FeedbackResult:
-        """Record client observations for a past query.
+        """Record client observations for a past query; they replace the pairs' earlier
+        observations (feedback is authoritative), which are kept in the score history.
 
         The query's own parameters and the touched memory rows are re-solved at once, so the
         next query already benefits. A memory may be scored once per request: of two scores
-        for it, one would be dropped.
+        for it, which would be the latest?
         """
-        for first, position in repeats(memory_ids):
-            raise InvalidInput(
-                f"scores[{first}] and scores[{position}] both score memory {memory_ids[first]}"
-            )
-        ids = np.asarray(memory_ids, dtype=np.int64)
         values = np.asarray(scores, dtype=np.float64)
         async with self.sessions() as session:
             # The lock first: a memory deleted after the check would fail the insert (deletes
             # take the same lock, so the check below sees every one committed).
             state = await namespace_state(session, namespace, for_update=True)
+            ids = await self._memory_ids(session, namespace, memories)
             similarities = await experience.feedback_similarities(session, namespace, query_id, ids)
-            inserted_ids, inserted_scores = await experience.insert_scores(
-                session, namespace, query_id, ids, similarities, values, "feedback"
+            written = await experience.record_feedback(
+                session, namespace, query_id, ids, similarities, values
             )
-            if len(inserted_ids):
-                await model_state.add_feedback_to_mean(session, namespace, inserted_scores)
-                observed, cell_similarities, bias, factors = await experience.query_observations(
-                    session, query_id, self.settings.rank
-                )
-                query = fold_in_with_similarity(
-                    state.mean_score, bias, factors, cell_similarities, observed, self.settings.reg
-                )
-                await model_state.update_query_factors(
-                    session,
-                    np.array([query_id]),
-                    np.array([query.bias]),
-                    np.array([query.slope]),
-                    query.factors[None, :],
-                )
-                await self._resolve_memory_rows(session, namespace, inserted_ids, state.mean_score)
+            observed, cell_similarities, bias, factors = await experience.query_observations(
+                session, query_id, self.settings.rank
+            )
+            query = fold_in_with_similarity(
+                state.mean_score, bias, factors, cell_similarities, observed, self.settings.reg
+            )
+            await model_state.update_query_factors(
+                session,
+                np.array([query_id]),
+                np.array([query.bias]),
+                np.array([query.slope]),
+                query.factors[None, :],
+            )
+            await self._resolve_memory_rows(
+                session, namespace, written.memory_ids, state.mean_score
+            )
             await session.commit()
-        return FeedbackResult(
-            recorded=len(inserted_ids), already_observed=len(ids) - len(inserted_ids)
+        return FeedbackResult(recorded=len(written.memory_ids), replaced=written.replaced)
+
+    @staticmethod
+    async def _memory_ids(
+        session: AsyncSession, namespace: str, memories: Sequence[MemoryRef]
+    ) -> np.ndarray:
+        """The ids of the memories feedback names, external ids looked up in the namespace;
+        NotFound for an unknown external id, InvalidInput for a memory named twice."""
+        external_ids = [m for m in memories if isinstance(m, str)]
+        known = (
+            await memory_table.ids_by_external_id(session, namespace, external_ids)
+            if external_ids
+            else {}
         )
+        if missing := sorted(set(external_ids) - set(known)):
+            raise NotFound(
+                f"external ids {missing[:10]} do not exist in namespace {namespace!r}"
+            )
+        ids = [known[m] if isinstance(m, str) else m for m in memories]
+        for first, position in repeats(ids):
+            raise InvalidInput(
+                f"scores[{first}] and scores[{position}] both score memory {ids[first]}"
+            )
+        return np.asarray(ids, dtype=np.int64)
 
     # ------------------------------------------------------------------------------- refit
 
@@ -262,6 +289,8 @@ class Learner:
             if not await try_lock_namespace_refit(session, namespace):
                 return False
             try:
+                read_from = await model_state.refit_horizon(session, namespace)
+                await session.commit()  # the lock only orders the read after edits under way
                 observations = await experience.namespace_observations(session, namespace)
                 # Sorting up to millions of ids: off the event loop, and once for the fetch
                 # and the fit.
@@ -276,7 +305,7 @@ class Learner:
                     self._fit, observations, memory_ids, memory_idx, embeddings
                 )
                 await model_state.replace_model(
-                    session, namespace, fitted, refitted_at=datetime.now(UTC)
+                    session, namespace, fitted, refitted_at=datetime.now(UTC), read_from=read_from
                 )
                 await session.commit()
             finally:

@@ -17,13 +17,14 @@ from numpy.typing import NDArray
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from service.completion.similarity import content_offsets
+from service.db import experience
 from service.db.namespaces import NamespaceState
 from service.db.search import Candidates, memory_embeddings, search
-from service.errors import InvalidInput, LimitExceeded
+from service.errors import InvalidInput, LimitExceeded, NotFound
 from service.providers.embedders import Embedder, check_embedding, embed_texts
 from service.providers.scorers import RelevanceScorer
 from service.retrieve.budget import anchor_seed, sample_anchors
-from service.retrieve.learning import FeedbackResult, Learner
+from service.retrieve.learning import FeedbackResult, Learner, MemoryRef
 from service.retrieve.rerank import (
     ESTIMATED,
     CandidateState,
@@ -81,8 +82,10 @@ class Timings:
 
 @dataclass(frozen=True)
 class RetrieveResult:
-    query_id: int
-    query_index: int
+    # None when nothing was recorded: the namespace has no memories (or no candidate passed
+    # the filters), so there was nothing to score or learn from.
+    query_id: int | None
+    query_index: int | None
     policy: str  # the request's Policy, documented as a plain string in the API
     stage: int
     budget: int
@@ -119,6 +122,10 @@ class _Search:
     budget: int
     anchors: np.ndarray  # candidate positions to score
     anchor_embeddings: np.ndarray  # theirs, for a scorer that reads embeddings (else 0 columns)
+    # Candidate positions with client feedback on an earlier query of the same text, and that
+    # feedback: observed without a scorer call, never anchors.
+    corrected: np.ndarray
+    corrected_scores: np.ndarray
 
 
 def _candidate_state(found: _Search) -> CandidateState:
@@ -194,6 +201,8 @@ class RetrievalPipeline:
 
         found = await self._search(request, query_vector)
         since = watch.lap("search_ms", since)
+        if found is None or len(found.candidates) == 0:
+            return self._nothing_found(request, found, watch, since)
 
         anchor_scores, scorer_requests = await self._score(
             request.query, query_vector, found.candidates, found.anchors, found.anchor_embeddings
@@ -207,8 +216,8 @@ class RetrievalPipeline:
             rank_candidates,
             request.policy,
             _candidate_state(found),
-            observed_positions,
-            observed_scores,
+            np.concatenate([observed_positions, found.corrected]),
+            np.concatenate([observed_scores, found.corrected_scores]),
             found.state.mean_score,
             self.settings.reg,
         )
@@ -246,17 +255,42 @@ class RetrievalPipeline:
             timings=watch.total(),
         )
 
-    async def _search(self, request: RetrieveRequest, query_vector: np.ndarray) -> _Search:
-        """The candidates, the namespace's state and the anchors to score among them."""
+    def _nothing_found(
+        self, request: RetrieveRequest, found: _Search | None, watch: _Stopwatch, since: float
+    ) -> RetrieveResult:
+        """The answer when no memory is a candidate (none stored yet, an unknown namespace, or
+        filters nothing passes): no memories, and no query recorded, so a new user's first
+        retrieves cost nothing and do not advance the budget schedule."""
+        for phase in ("score_ms", "complete_ms", "record_ms"):
+            since = watch.lap(phase, since)
+        return RetrieveResult(
+            query_id=None,
+            query_index=None,
+            policy=request.policy,
+            stage=self.schedule.stage_for(found.state.next_query_index if found else 0),
+            budget=0,
+            scorer_calls=0,
+            scorer_requests=0,
+            degraded=False,
+            memories=[],
+            timings=watch.total(),
+        )
+
+    async def _search(self, request: RetrieveRequest, query_vector: np.ndarray) -> _Search | None:
+        """The candidates, the namespace's state and the anchors to score among them; None
+        for a namespace that does not exist (nothing was ever stored in it)."""
         async with self.sessions() as session:
-            state, candidates = await search(
-                session,
-                request.namespace,
-                query_vector,
-                request.candidates,
-                self.settings.rank,
-                request.filters,
-            )
+            try:
+                state, candidates = await search(
+                    session,
+                    request.namespace,
+                    query_vector,
+                    request.candidates,
+                    self.settings.rank,
+                    request.filters,
+                )
+            except NotFound:
+                return None
             # Stage, budget and anchors follow the index this query expects; under concurrent
             # requests the recorded index can be a few higher, never lower.
             budget = self._budget(request, state.next_query_index, len(candidates))
@@ -265,6 +299,12 @@ class RetrievalPipeline:
                 budget,
                 anchor_seed(request.namespace, state.next_query_index, request.seed),
             )
+            feedback = await experience.corrections(session, request.namespace, request.query)
+            corrected = np.flatnonzero(np.isin(candidates.ids, feedback.memory_ids))
+            corrected_scores = feedback.scores[
+                np.searchsorted(feedback.memory_ids, candidates.ids[corrected])
+            ]
+            anchors = anchors[~np.isin(anchors, corrected)]
             anchor_embeddings = (
                 await memory_embeddings(
                     session, candidates.ids[anchors], self.settings.embedding_dim
@@ -273,7 +313,9 @@ class RetrievalPipeline:
                 else np.zeros((len(anchors), 0), dtype=np.float32)
             )
             await session.commit()
-        return _Search(state, candidates, budget, anchors, anchor_embeddings)
+        return _Search(
+            state, candidates, budget, anchors, anchor_embeddings, corrected, corrected_scores
+        )
 
     async def _score(
         self,
@@ -327,10 +369,10 @@ class RetrievalPipeline:
     # ------------------------------------------------------------------- learning (delegated)
 
     async def feedback(
-        self, namespace: str, query_id: int, memory_ids: Sequence[int], scores: Sequence[float]
+        self, namespace: str, query_id: int, memories: Sequence[MemoryRef], scores: Sequence[float]
     ) -> FeedbackResult:
-        """Record client observations for a past query."""
-        return await self.learner.feedback(namespace, query_id, memory_ids, scores)
+        """Record client observations for a past query (by memory id or external id)."""
+        return await self.learner.feedback(namespace, query_id, memories, scores)
 
     async def refit(self, namespace: str) -> bool:
         """Full refit of a namespace's model; False when another process holds its lock."""

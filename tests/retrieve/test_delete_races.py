@@ -24,10 +24,10 @@ from sqlalchemy import create_engine, text
 
 from service.bench.loopback import LoopbackServer, chat_completions_app
 from service.db.engine import Database, open_database
-from service.db.namespaces import namespace_state
+from service.db.namespaces import erase_namespace, namespace_state
 from service.errors import NotFound
 from service.http.app import create_app
-from service.ingest.memories import NewMemory, delete_memory, ingest
+from service.ingest.memories import MemoryPatch, NewMemory, delete_memory, ingest, update_memory
 from service.providers.scorers import LocalScorer
 from service.retrieve.pipeline import RetrievalPipeline, RetrieveRequest
 from service.settings import Settings
@@ -153,7 +153,7 @@ async def observed_namespace(database: Database, pipeline: RetrievalPipeline) ->
 
 async def wait_until_waiting_for_a_lock(database: Database) -> None:
     async with database.engine.connect() as conn:
-        for _ in range(400):
+        for _ in range(1200):  # up to 30 s: the machine may be loaded by other test runs
             waiting = await conn.scalar(text(
                 "SELECT count(*) FROM pg_stat_activity "
                 "WHERE datname = current_database() AND wait_event_type = 'Lock'"
@@ -231,6 +231,117 @@ def test_feedback_on_a_memory_deleted_meanwhile_is_not_found(clean_database: str
                 await feedback
 
     asyncio.run(scenario())
+
+
+def test_a_refit_writes_no_row_for_a_memory_edited_while_it_fitted(clean_database: str) -> None:
+    """An edit (issue #14.4) retires the memory's observations and resets its model row; a
+    refit that read those observations before the edit must not write the row back."""
+    settings = pipeline_settings(clean_database)
+
+    async def scenario() -> tuple[bool, list[int], dict[int, int], int]:
+        async with open_database(settings) as database:
+            pipeline = RetrievalPipeline(database.sessions, None, LocalScorer(), settings)
+            ids = await observed_namespace(database, pipeline)
+            async with database.sessions() as editor:
+                # The refit reads the observations, then the memories' embeddings: holding the
+                # memories table makes it wait right after its read of the observations.
+                await editor.execute(text("LOCK TABLE memories IN ACCESS EXCLUSIVE MODE"))
+                refit = asyncio.create_task(pipeline.refit(NAMESPACE))
+                await wait_until_waiting_for_a_lock(database)
+                patch = MemoryPatch(embedding=vector(777))
+                edited = await update_memory(editor, None, DIM, ids[0], patch)
+                await editor.commit()
+            refitted = await refit
+            async with database.engine.connect() as conn:
+                rows = dict((await conn.execute(
+                    text("SELECT memory_id, observation_count FROM memory_factors")
+                )).all())
+        return refitted, ids, rows, edited.retired_observations
+
+    refitted, ids, rows, retired = asyncio.run(scenario())
+    assert refitted and retired == 4
+    assert ids[0] not in rows  # the edit reset it; the refit fitted the old observations
+    assert set(rows) == set(ids[1:]) and set(rows.values()) == {4}
+
+
+def namespace_row_counts(database_url: str) -> dict[str, int]:
+    engine = create_engine(database_url)
+    try:
+        with engine.connect() as conn:
+            return {
+                table: conn.execute(text(f"SELECT count(*) FROM {table}")).scalar_one()
+                for table in ("namespaces", "memories", "queries", "scores", "score_history",
+                              "memory_factors")
+            }
+    finally:
+        engine.dispose()
+
+
+def test_a_namespace_erased_while_a_refit_fits_stays_erased(clean_database: str) -> None:
+    """The refit read the observations before the erase: it writes nothing back afterwards
+    (no model row, no namespace row), it fails cleanly as not found."""
+    settings = pipeline_settings(clean_database)
+
+    async def scenario() -> int:
+        async with open_database(settings) as database:
+            pipeline = RetrievalPipeline(database.sessions, None, LocalScorer(), settings)
+            await observed_namespace(database, pipeline)
+            async with database.sessions() as eraser:
+                await eraser.execute(text("LOCK TABLE memories IN ACCESS EXCLUSIVE MODE"))
+                refit = asyncio.create_task(pipeline.refit(NAMESPACE))
+                await wait_until_waiting_for_a_lock(database)
+                erased = await erase_namespace(eraser, NAMESPACE)
+                await eraser.commit()
+            with pytest.raises(NotFound):
+                await refit
+        return erased.memories
+
+    assert asyncio.run(scenario()) == 20
+    assert set(namespace_row_counts(clean_database).values()) == {0}
+
+
+class ErasingJudge(DeletingJudge):
+    """A judge that, on the first pair it is asked about, erases the namespace the way
+    DELETE /namespaces/{namespace} does (its row locked FOR UPDATE, then everything of it)."""
+
+    erase = False
+
+    def reply(self, prompt: str) -> str:
+        with self._lock:
+            if self.erase:
+                with self.engine.begin() as conn:
+                    conn.execute(text("SELECT 1 FROM namespaces WHERE name = :ns FOR UPDATE"),
+                                 {"ns": NAMESPACE})
+                    conn.execute(text("DELETE FROM memories WHERE namespace = :ns"),
+                                 {"ns": NAMESPACE})
+                    conn.execute(text("DELETE FROM namespaces WHERE name = :ns"),
+                                 {"ns": NAMESPACE})
+                self.erase = False
+        return "0.5"
+
+
+def test_a_retrieve_whose_namespace_is_erased_while_it_scores_is_not_found_and_records_nothing(
+    judge_settings: Callable[..., Settings], clean_database: str
+) -> None:
+    judge = ErasingJudge(clean_database)
+    try:
+        with (
+            LoopbackServer(chat_completions_app(judge.reply)) as server,
+            TestClient(create_app(judge_settings(server.url, embedder="none"))) as client,
+        ):
+            created = client.post("/memories", json={"namespace": NAMESPACE, "memories": [
+                {"text": f"memory {i}", "embedding": vector(i)} for i in range(6)]})
+            assert created.status_code == 201, created.text
+            judge.erase = True
+            response = client.post("/retrieve", json={
+                "namespace": NAMESPACE, "query": "q", "query_embedding": vector(99),
+                "policy": "full"})
+            assert not judge.erase  # the erase did happen mid-request
+            assert response.status_code == 404, response.text
+            assert response.json()["error"]["code"] == "not_found"
+    finally:
+        judge.engine.dispose()
+    assert set(namespace_row_counts(clean_database).values()) == {0}
 
 
 # ------------------------------------------------------------------------ all at once, timed

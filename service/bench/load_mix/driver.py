@@ -175,7 +175,8 @@ class Driver:
         body = await self._call(client, "feedback", name, "/feedback",
                                 {"namespace": name, "query_id": answer.query_id, "scores": scores})
         if body is not None:
-            ledger.feedback_recorded += body["recorded"]
+            # Only new cells add rows: a score that replaced an observation rewrote its row.
+            ledger.feedback_recorded += body["recorded"] - body["replaced"]
             ledger.feedback_pairs.update((answer.query_id, m) for m in chosen)
 
     async def client_loop(self, client: httpx.AsyncClient, number: int, deadline: float) -> None:

@@ -1,4 +1,4 @@
-"""/memories: batch ingest, lookup, listing, deletion."""
+"""/memories: batch ingest, edits, lookup, listing, deletion."""
 
 from __future__ import annotations
 
@@ -22,10 +22,11 @@ from service.http.schemas import (
     ExternalId,
     IngestRequest,
     MemoryId,
+    MemoryPatchIn,
     NamespaceName,
 )
 from service.ingest import memories
-from service.ingest.memories import IngestResult, MemoryPage, StoredMemory
+from service.ingest.memories import IngestResult, MemoryPage, StoredMemory, UpdatedMemory
 from service.ingest.validation import check_metadata
 
 router = APIRouter(
@@ -85,9 +86,54 @@ async def ingest_memories(
             )
             for item in body.memories
         ],
+        body.on_conflict,
     )
     await session.commit()
-    if result.created:
+    if result.created or result.updated:
+        components.indexer.notify()
+    return result
+
+
+@router.patch(
+    "/memories/{memory_id}",
+    response_model=UpdatedMemory,
+    responses={404: {"model": ErrorResponse}},
+)
+async def patch_memory(
+    request: Request,
+    memory_id: MemoryId,
+    body: MemoryPatchIn,
+    components: ComponentsDep,
+    session: SessionDep,
+    settings: SettingsDep,
+    principal: PrincipalDep,
+) -> UpdatedMemory:
+    """Change a memory's text, embedding, metadata or occurred_at (the memory keeps its id).
+    A new text (re-embedded unless a vector is sent) or embedding retires the memory's
+    observations: they judged the old content."""
+    namespace = (await memories.get_memory(session, memory_id)).namespace
+    annotate(request, namespace=namespace)
+    require_namespace(principal, namespace)
+    if body.text is not None:
+        check_text_length(body.text, settings.max_text_chars, "text")
+    check_metadata(
+        body.metadata, settings.max_metadata_bytes, settings.max_metadata_depth, "metadata"
+    )
+    result = await memories.update_memory(
+        session,
+        components.embedder,
+        settings.embedding_dim,
+        memory_id,
+        memories.MemoryPatch(
+            text=body.text,
+            embedding=body.embedding,
+            metadata=body.metadata,
+            occurred_at=body.occurred_at,
+            sets_occurred_at="occurred_at" in body.model_fields_set,
+        ),
+    )
+    await session.commit()
+    if body.text is not None or body.embedding is not None:  # maybe a vector to index
         components.indexer.notify()
     return result
 

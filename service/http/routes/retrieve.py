@@ -69,7 +69,8 @@ async def feedback(
     settings: SettingsDep,
     principal: PrincipalDep,
 ) -> FeedbackResult:
-    """Client observations for a past query; later queries learn from them."""
+    """Client observations for a past query: they replace the pairs' earlier observations,
+    and later queries learn from them."""
     annotate(request, namespace=body.namespace)
     require_namespace(principal, body.namespace)
     if len(body.scores) > settings.max_batch:
@@ -77,6 +78,6 @@ async def feedback(
     return await pipeline.feedback(
         body.namespace,
         body.query_id,
-        [item.memory_id for item in body.scores],
+        [item.memory for item in body.scores],
         [item.score for item in body.scores],
     )

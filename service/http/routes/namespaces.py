@@ -1,0 +1,41 @@
+"""/namespaces/{namespace}: erase a namespace."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Path, Request
+
+from service.auth import require_namespace
+from service.db.namespaces import ErasedNamespace, erase_namespace
+from service.http.deps import AUTH_RESPONSES, DOCUMENT_BEARER, PrincipalDep, SessionDep
+from service.http.middleware import FastJSONRoute, annotate
+from service.http.schemas import ErrorResponse, NamespaceName
+
+router = APIRouter(
+    tags=["memories"],
+    route_class=FastJSONRoute,
+    dependencies=[DOCUMENT_BEARER],
+    responses={
+        **AUTH_RESPONSES,
+        404: {"model": ErrorResponse},
+        422: {"model": ErrorResponse},
+        503: {"model": ErrorResponse},
+    },
+)
+
+
+@router.delete("/namespaces/{namespace}", response_model=ErasedNamespace)
+async def delete_namespace(
+    request: Request,
+    namespace: Annotated[NamespaceName, Path()],
+    session: SessionDep,
+    principal: PrincipalDep,
+) -> ErasedNamespace:
+    """Erase everything of a namespace in one transaction: memories, queries, observations,
+    their history and the learned model. Answers what was deleted."""
+    annotate(request, namespace=namespace)
+    require_namespace(principal, namespace)
+    erased = await erase_namespace(session, namespace)
+    await session.commit()
+    return erased
