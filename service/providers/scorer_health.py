@@ -86,14 +86,18 @@ class ScorerHealth:
         self._successes = 0
         self._warned_at: float | None = None
 
-    def __call__(self, scorer: str, outcome: Outcome, duration_s: float) -> None:
-        """Record one call (the :class:`~service.providers.scorers.ScorerObserver` signature)."""
+    def __call__(
+        self, scorer: str, outcome: Outcome, duration_s: float, calls: int = 1
+    ) -> None:
+        """Record ``calls`` calls that ended alike (the
+        :class:`~service.providers.scorers.ScorerObserver` signature)."""
         now = self.clock()
-        if len(self._calls) == WINDOW_CALLS:
-            self._forget_oldest()
         succeeded = outcome == "ok"
-        self._calls.append((now, succeeded))
-        self._successes += succeeded
+        for _ in range(calls):
+            if len(self._calls) == WINDOW_CALLS:
+                self._forget_oldest()
+            self._calls.append((now, succeeded))
+            self._successes += succeeded
         health = self.snapshot()
         if health.healthy or (
             self._warned_at is not None and now - self._warned_at < WARN_INTERVAL_S
