@@ -260,9 +260,9 @@ async def open_database(settings: Settings) -> AsyncIterator[Database]:
 async def supervised(database: Database, settings: Settings) -> AsyncIterator[None]:
     """While the block runs, restart the embedded server whenever its postmaster dies (a
     crash, an OOM kill): requests answer 503 meanwhile, then the pool reconnects by itself
-    (it pings connections idle for a second before use, see ``_ping_if_idle``). Nothing to do for an external database: whoever runs
-    it supervises it. Leaving the block waits for a restart under way, so the server is never
-    started again after the caller stopped it."""
+    (it pings connections idle for a second before use, see ``_ping_if_idle``). Nothing to do
+    for an external database: whoever runs it supervises it. Leaving the block waits for a
+    restart under way, so the server is never started again after the caller stopped it."""
     if database.embedded is None:
         yield
         return
