@@ -185,10 +185,14 @@ class Metrics:
         for source, count in Tally(m.source for m in result.memories).items():
             self.returned.labels(source=source).inc(count)
 
-    def observe_scorer_call(self, scorer: str, outcome: str, duration_s: float) -> None:
+    def observe_scorer_call(
+        self, scorer: str, outcome: str, duration_s: float, calls: int = 1
+    ) -> None:
         """A :class:`service.providers.scorers.ScorerObserver`."""
-        self.scorer_calls.labels(scorer=scorer, outcome=outcome).inc()
-        self.scorer_duration.labels(scorer=scorer).observe(duration_s)
+        self.scorer_calls.labels(scorer=scorer, outcome=outcome).inc(calls)
+        duration = self.scorer_duration.labels(scorer=scorer)
+        for _ in range(calls):
+            duration.observe(duration_s)
 
     # ------------------------------------------------------------------------- exposition
 

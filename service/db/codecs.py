@@ -42,13 +42,22 @@ def real_values(values: np.ndarray) -> np.ndarray:
 
 def as_real(values: np.ndarray) -> list[float]:
     """:func:`real_values` as a list of Python floats."""
-    return [float(x) for x in real_values(values)]
+    real: list[float] = real_values(values).tolist()
+    return real
 
 
 def real_array_literals(rows: np.ndarray) -> list[str]:
     """Rows of a 2-D array as ``'{...}'`` literals for a ``real[]`` column (Postgres has no
     ragged 2-D arrays, so each row travels as text)."""
-    return ["{" + ",".join(repr(x) for x in as_real(row)) + "}" for row in rows]
+    return ["{" + ",".join(map(repr, row)) + "}" for row in real_values(rows).tolist()]
+
+
+def array_literal(values: np.ndarray) -> str:
+    """A 1-D array of numbers as one ``'{...}'`` literal, for a ``bigint[]`` or ``float8[]``
+    parameter cast in SQL: the same numbers a list parameter sends (``repr`` of each, which
+    reads back exactly), built in one join instead of psycopg's list dumper, which dumps each
+    element in Python (a few of these per retrieve)."""
+    return "{" + ",".join(map(repr, np.asarray(values).tolist())) + "}"
 
 
 def cosine_similarities(distances: Sequence[float]) -> np.ndarray:

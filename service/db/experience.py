@@ -19,7 +19,13 @@ from sqlalchemy import select, text
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from service.completion.similarity import QueryParameters
-from service.db.codecs import as_real, cosine_similarities, factor_matrix, parse_binary_copy
+from service.db.codecs import (
+    array_literal,
+    as_real,
+    cosine_similarities,
+    factor_matrix,
+    parse_binary_copy,
+)
 from service.db.engine import driver_connection
 from service.db.model_state import content_sql
 from service.db.models import Memory, Query
@@ -39,8 +45,9 @@ _RECORD_SQL = """
         -- The observations of memories that still exist: one deleted since the search simply
         -- has none (its row is gone, and the foreign key would refuse the observation).
         SELECT t.m, t.s, t.c
-        FROM unnest(%(memory_ids)s::bigint[], %(scores)s::float8[], %(similarities)s::real[])
-            AS t(m, s, c)
+        -- (similarities: float8 rounded to real, as the column stores them)
+        FROM unnest(%(memory_ids)s::bigint[], %(scores)s::float8[],
+                    %(similarities)s::float8[]::real[]) AS t(m, s, c)
         WHERE EXISTS (SELECT FROM memories WHERE id = t.m)
     ), n AS (
         UPDATE namespaces SET
@@ -132,13 +139,13 @@ async def record_query(
                 "prequential_count": len(prequential_errors),
                 "returned_count": returned_count,
                 "returned_estimated": returned_estimated,
-                "memory_ids": [int(m) for m in observed_ids],
-                "scores": [float(x) for x in observed_scores],
-                "similarities": [float(c) for c in observed_similarities],
+                "memory_ids": array_literal(observed_ids),
+                "scores": array_literal(observed_scores),
+                "similarities": array_literal(observed_similarities),
             },
         )
         history = (
-            await conn.execute(_ROW_OBSERVATIONS_SQL, {"ids": [int(m) for m in observed_ids]})
+            await conn.execute(_ROW_OBSERVATIONS_SQL, {"ids": array_literal(observed_ids)})
             if len(observed_ids)
             else None
         )

@@ -15,7 +15,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from service.completion.similarity import ContentPrior
-from service.db.codecs import binary_copy, copy_in, real_array_literals
+from service.db.codecs import array_literal, binary_copy, copy_in, real_array_literals
 from service.db.engine import driver_connection
 from service.db.namespaces import namespace_state
 from service.errors import NotFound
@@ -60,10 +60,10 @@ async def upsert_memory_factors(
                 _UPSERT_FACTORS_SQL,
                 {
                     "namespace": namespace,
-                    "ids": [int(m) for m in memory_ids],
-                    "bias": [float(b) for b in bias],
+                    "ids": array_literal(memory_ids),
+                    "bias": array_literal(bias),
                     "factors": real_array_literals(factors),
-                    "counts": [int(n) for n in observation_count],
+                    "counts": array_literal(observation_count),
                 },
             )
         if commit:

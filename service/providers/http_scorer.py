@@ -187,9 +187,9 @@ class HTTPScorer:
             failure if failure is not None else ("ok" if value is not None else "unparseable")
             for value in values
         ]
-        for outcome in outcomes:
-            self.outcomes[outcome] += 1
-            notify(self.observer, self.name, outcome, duration_s)
+        for outcome, calls in collections.Counter(outcomes).items():
+            self.outcomes[outcome] += calls
+            notify(self.observer, self.name, outcome, duration_s, calls)
         return dict(zip(request.positions, zip(values, outcomes, strict=True), strict=True))
 
     @contextlib.asynccontextmanager

@@ -79,14 +79,25 @@ class ScorerHealth:
     def __init__(self, name: str, clock: Callable[[], float] = time.monotonic) -> None:
         self.name = name
         self.clock = clock
-        # (time, succeeded) of each recent call, oldest first.
-        self._calls: collections.deque[tuple[float, bool]] = collections.deque(maxlen=WINDOW_CALLS)
+        # (time, succeeded) of each recent call, oldest first, and how many of them succeeded
+        # (kept as calls come and go: this runs for every scored pair, so it must not walk the
+        # window).
+        self._calls: collections.deque[tuple[float, bool]] = collections.deque()
+        self._successes = 0
         self._warned_at: float | None = None
 
-    def __call__(self, scorer: str, outcome: Outcome, duration_s: float) -> None:
-        """Record one call (the :class:`~service.providers.scorers.ScorerObserver` signature)."""
+    def __call__(
+        self, scorer: str, outcome: Outcome, duration_s: float, calls: int = 1
+    ) -> None:
+        """Record ``calls`` calls that ended alike (the
+        :class:`~service.providers.scorers.ScorerObserver` signature)."""
         now = self.clock()
-        self._calls.append((now, outcome == "ok"))
+        succeeded = outcome == "ok"
+        for _ in range(calls):
+            if len(self._calls) == WINDOW_CALLS:
+                self._forget_oldest()
+            self._calls.append((now, succeeded))
+            self._successes += succeeded
         health = self.snapshot()
         if health.healthy or (
             self._warned_at is not None and now - self._warned_at < WARN_INTERVAL_S
@@ -102,11 +113,15 @@ class ScorerHealth:
     def snapshot(self) -> ScorerHealthSnapshot:
         now = self.clock()
         while self._calls and now - self._calls[0][0] > MAX_AGE_S:
-            self._calls.popleft()
+            self._forget_oldest()
         calls = len(self._calls)
         if calls == 0:
             return ScorerHealthSnapshot(self.name, 0, None, healthy=True)
-        rate = sum(succeeded for _, succeeded in self._calls) / calls
+        rate = self._successes / calls
         return ScorerHealthSnapshot(
             self.name, calls, rate, healthy=calls < MIN_CALLS or rate >= 0.5
         )
+
+    def _forget_oldest(self) -> None:
+        _, succeeded = self._calls.popleft()
+        self._successes -= succeeded

@@ -57,19 +57,27 @@ def cosine_to_score(cosine: np.ndarray | float) -> np.ndarray:
 
 class ScorerObserver(Protocol):
     """Told about every scored pair: which scorer, how the call ended, how long it took (for
-    Prometheus, see ``service.metrics``). Scorers stay free of metrics libraries."""
+    Prometheus, see ``service.metrics``). Scorers stay free of metrics libraries. ``calls``
+    pairs that ended alike in one request come as one notification (a rerank request scores
+    dozens of pairs: telling each apart cost the score phase a metrics lookup per pair)."""
 
-    def __call__(self, scorer: str, outcome: Outcome, duration_s: float) -> None: ...
+    def __call__(
+        self, scorer: str, outcome: Outcome, duration_s: float, calls: int = 1
+    ) -> None: ...
 
 
 def notify(
-    observer: ScorerObserver | None, scorer: str, outcome: Outcome, duration_s: float
+    observer: ScorerObserver | None,
+    scorer: str,
+    outcome: Outcome,
+    duration_s: float,
+    calls: int = 1,
 ) -> None:
     """Call the observer; its failure must never fail scoring."""
     if observer is None:
         return
     try:
-        observer(scorer, outcome, duration_s)
+        observer(scorer, outcome, duration_s, calls)
     except Exception:  # pragma: no cover - an observer bug is logged, not propagated
         logger.exception("relevance scorer: observer failed")
 
@@ -77,9 +85,9 @@ def notify(
 def observe_all(*observers: ScorerObserver) -> ScorerObserver:
     """One observer that tells each of ``observers``, a failing one never stopping the rest."""
 
-    def observe(scorer: str, outcome: Outcome, duration_s: float) -> None:
+    def observe(scorer: str, outcome: Outcome, duration_s: float, calls: int = 1) -> None:
         for observer in observers:
-            notify(observer, scorer, outcome, duration_s)
+            notify(observer, scorer, outcome, duration_s, calls)
 
     return observe
 
@@ -152,10 +160,9 @@ class LocalScorer:
         started = time.perf_counter()
         cosines = np.clip(memories @ query, -1.0, 1.0)
         scores: list[float | None] = [float(s) for s in cosine_to_score(cosines)]
-        if self.observer is not None and scores:
+        if scores:
             per_pair = (time.perf_counter() - started) / len(scores)
-            for _ in scores:
-                notify(self.observer, self.name, "ok", per_pair)
+            notify(self.observer, self.name, "ok", per_pair, len(scores))
         return Scores(scores, requests=0)
 
     async def aclose(self) -> None:

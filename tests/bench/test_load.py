@@ -51,6 +51,7 @@ def test_report_has_every_section(report: dict) -> None:
     cells = {(c["policy"], c["concurrency"]) for c in report["retrieve"]}
     assert cells == {(p, c) for p in ("semantic", "observed", "earm", "full") for c in (1, 4)}
     assert [f["concurrency"] for f in report["floor"]] == [1, 4]
+    assert [f["concurrency"] for f in report["floor_replayed"]] == [1, 4]
     assert len(report["observations"]) == 2
     assert len(report["targets"]) == 5
     markdown = render_markdown(report)
@@ -71,7 +72,7 @@ def test_report_values_are_sane(report: dict) -> None:
         expected_calls = {"semantic": 0, "full": 200}.get(cell["policy"])
         if expected_calls is not None:
             assert cell["scorer_calls_mean"] == expected_calls
-    for floor in report["floor"]:
+    for floor in [*report["floor"], *report["floor_replayed"]]:
         assert floor["rows_min"] == 200 and floor["latency_ms"]["p50"] > 0
     for cell in report["slow_judge"]:
         # Every scored call waited at least the judge's latency.

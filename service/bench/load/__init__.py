@@ -20,9 +20,11 @@ It reports, as markdown on stdout and JSON with ``--out``:
 2. **retrieve** latency p50/p95/p99 per policy at each ``--concurrency``: total (``timings.
    total_ms``), scorer time (``score_ms``), server-side overhead (total − score), and
    client-side; throughput (requests/s); judge latency 0 ms;
-3. **floor**: the raw top-``--candidates`` pgvector query for the same query vectors (psycopg,
-   binary vectors, one round trip, same ``hnsw.ef_search``/``iterative_scan`` settings), at the
-   same concurrencies, and the ratio of earm's server-side overhead to it;
+3. **floor**: the raw top-``--candidates`` pgvector query (psycopg, binary vectors, one round
+   trip, same ``hnsw.ef_search``/``iterative_scan`` settings), at the same concurrencies, on
+   fresh query vectors of the same distribution (each retrieve cell's vectors are fresh too),
+   and the ratio of earm's server-side overhead to it; then again on the cells' own vectors,
+   replayed after them (a warmer cache: their pages were just read), for comparison;
 4. **slow judge**: ``earm`` with a ``--slow-latency-ms`` judge and ``budget`` = the scorer
    concurrency (all anchors in one round), and with the schedule's budget;
 5. **completion vs observations**: for each ``--observations`` tier, observations are

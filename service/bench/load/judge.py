@@ -35,15 +35,25 @@ class Judge:
         self._latency.value = value
 
     async def rerank(self, query: str, documents: list[str]) -> list[float | None]:
-        """A ``/rerank`` answer: every document's relevance after one ``latency_ms``."""
-        if self.latency_ms > 0:
-            await asyncio.sleep(self.latency_ms / 1000)
-        return [float(self._relevance(query, document)) for document in documents]
+        """A ``/rerank`` answer: every document's relevance, ``latency_ms`` after the call."""
+        answered_at = self._answer_time()
+        scores: list[float | None] = [
+            float(self._relevance(query, document)) for document in documents
+        ]
+        await _sleep_until(answered_at)
+        return scores
 
     async def reply(self, prompt: str) -> str:
-        if self.latency_ms > 0:
-            await asyncio.sleep(self.latency_ms / 1000)
-        return self._relevance(prompt, prompt)
+        answered_at = self._answer_time()
+        relevance = self._relevance(prompt, prompt)
+        await _sleep_until(answered_at)
+        return relevance
+
+    def _answer_time(self) -> float:
+        """When a call that reaches the judge now is answered: ``latency_ms`` later, its own
+        work included, as a backend of that latency would (working and then sleeping the whole
+        latency answered later by the time of the work)."""
+        return asyncio.get_running_loop().time() + self.latency_ms / 1000
 
     def _relevance(self, query_text: str, memory_text: str) -> str:
         """The relevance of the numbered query and memory, 3 decimals; "0" if not found."""
@@ -52,3 +62,9 @@ class Judge:
             return "0"
         _, _, latent = self.world.query(int(query.group(1)))
         return f"{float(self.world.relevance(latent, int(memory.group(1)))):.3f}"
+
+
+async def _sleep_until(deadline: float) -> None:
+    delay = deadline - asyncio.get_running_loop().time()
+    if delay > 0:
+        await asyncio.sleep(delay)
