@@ -173,9 +173,6 @@ def create_engine(url: str, pool_size: int) -> AsyncEngine:
         sqlalchemy_url(url),
         pool_size=pool_size,
         max_overflow=pool_size,
-        # The most recently returned connection first: under light load one stays hot (and
-        # unpinged, below) while the rest idle.
-        pool_use_lifo=True,
     )
     event.listen(engine.sync_engine, "connect", _register_vector)
     event.listen(engine.sync_engine, "checkin", _mark_idle)
