@@ -85,3 +85,18 @@ async def unlock_namespace_refit(session: AsyncSession, namespace: str) -> None:
         text("SELECT pg_advisory_unlock(hashtextextended(:key, 0))"),
         {"key": f"earm-refit:{namespace}"},
     )
+
+
+async def namespaces_due_for_refit(session: AsyncSession, refit_every: int) -> list[str]:
+    """Namespaces whose recorded queries make a full refit due, by the rule of
+    :func:`service.retrieve.learning.refit_due` (its SQL form, with next_query_index the
+    queries recorded), most overdue first: what `earm worker` refits."""
+    rows = await session.scalars(
+        text(
+            "SELECT name FROM namespaces WHERE queries_since_refit > 0 AND queries_since_refit "
+            ">= least(:every, greatest(1, next_query_index / 2)) "
+            "ORDER BY queries_since_refit DESC, name"
+        ),
+        {"every": refit_every},
+    )
+    return list(rows)

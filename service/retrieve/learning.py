@@ -173,9 +173,10 @@ class Learner:
                 # no-op.
                 await _write_rows(session, namespace, update, commit=True)
             await session.commit()
-        if refit_due(
+        if self.settings.background_work and refit_due(
             recorded.queries_since_refit, recorded.query_index + 1, self.settings.refit_every
         ):
+            # (Without background work, the count just recorded is what `earm worker` reads.)
             if self.settings.refit_in_background:
                 self._start_background_refit(namespace)
             else:
@@ -327,6 +328,10 @@ class Learner:
                     session, namespace, fitted, refitted_at=datetime.now(UTC)
                 )
                 await session.commit()
+                log.info(
+                    "refitted namespace %r", namespace,
+                    extra={"namespace": namespace, "observations": len(observations.scores)},
+                )
             finally:
                 await session.rollback()  # a failed write must not hide its error in the unlock
                 await unlock_namespace_refit(session, namespace)
