@@ -1,7 +1,8 @@
 """The experience matrix: recorded queries and their observed scores (``queries``, ``scores``),
-written per query and read back for the online re-solve, client feedback and the full refit.
+written per query and read back for client feedback, the full refit and the rare rebuild of a
+memory row's sufficient statistics (the online re-solve reads those statistics, not history).
 
-The hot statements (the per-query record, the observation history, the namespace-wide COPY)
+The hot statements (the per-query record, the stored statistics, the namespace-wide COPY)
 run as raw SQL on the psycopg connection: pipelined with each other in one round trip, vectors
 in binary, the history read without SQLAlchemy's per-row processing.
 """
