@@ -154,6 +154,9 @@ async def replace_model(
     await _replace_memory_rows(conn, namespace, model)
     if len(model.query_ids):
         await _update_query_columns(conn, model)
+    # Once the queries have the parameters the statistics were built with: a query without
+    # any before (observations loaded in bulk) counts only from now on.
+    await conn.execute(_INVALIDATE_STALE_STATISTICS_SQL, {"namespace": namespace})
     await _reset_after_refit(session, namespace, model.prior, refitted_at)
 
 
@@ -181,7 +184,6 @@ async def _replace_memory_rows(
                 len(memory_ids),
             ),
         )
-    await conn.execute(_INVALIDATE_STALE_STATISTICS_SQL, {"namespace": namespace})
 
 
 # Observations recorded while the refit ran are not in its statistics: the rows whose count

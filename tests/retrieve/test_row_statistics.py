@@ -77,6 +77,26 @@ async def _assert_statistics_match_a_rebuild(session: AsyncSession) -> int:
     return len(ids)
 
 
+async def _load_observations_in_bulk(session: AsyncSession, rng: np.random.Generator) -> None:
+    """A query and its observations written straight into the tables, as `earm bench load`
+    does: the query has no parameters until the next refit gives it some."""
+    await session.execute(text(
+        "INSERT INTO queries (namespace, query_index, text, embedding, policy, candidates, "
+        "budget, scorer_calls) SELECT :namespace, next_query_index, 'bulk', "
+        "(SELECT embedding FROM memories ORDER BY id LIMIT 1), 'earm', 48, 20, 20 "
+        "FROM namespaces WHERE name = :namespace"
+    ), {"namespace": NAMESPACE})
+    await session.execute(text(
+        "INSERT INTO scores (query_id, memory_id, namespace, score, similarity, source) "
+        "SELECT (SELECT max(id) FROM queries), m.id, :namespace, :score, 0.5, 'scorer' "
+        "FROM memories m ORDER BY m.id LIMIT 20"
+    ), {"namespace": NAMESPACE, "score": float(rng.uniform())})
+    await session.execute(text(
+        "UPDATE namespaces SET next_query_index = next_query_index + 1 WHERE name = :namespace"
+    ), {"namespace": NAMESPACE})
+    await session.commit()
+
+
 async def _replay(settings: Settings) -> dict[str, int]:
     rng = np.random.default_rng(7)
     centres = rng.normal(size=(4, 384))
@@ -124,6 +144,8 @@ async def _replay(settings: Settings) -> dict[str, int]:
                                         range(1, 7)], [0.9, 0.1, 0.8, 0.2, 0.7, 0.3])
                 async with db.sessions() as session:
                     await _assert_statistics_match_a_rebuild(session)
+        async with db.sessions() as session:
+            await _load_observations_in_bulk(session, rng)
         await pipeline.refit(NAMESPACE)
         async with db.sessions() as session:
             checked["rows_after_refit"] = await _assert_statistics_match_a_rebuild(session)
