@@ -33,6 +33,12 @@ def _serve(args: argparse.Namespace, settings: Settings) -> int:
     host = args.host or settings.host
     port = args.port if args.port is not None else settings.port
     background_work = settings.background_work and not args.no_background_work
+    if not background_work and not settings.database_url:
+        # An embedded Postgres belongs to this process: no worker could do the work.
+        raise ConfigurationError(
+            "earm serve without background work needs EARM_DATABASE_URL (a Postgres that "
+            "`earm worker` processes reach too)"
+        )
     # The app sees the real bind address: without key enforcement it refuses a non-loopback one.
     settings = settings.model_copy(
         update={"host": host, "port": port, "background_work": background_work}
