@@ -128,6 +128,18 @@ class Settings(BaseSettings):
         "refit takes seconds at a million observations); false runs it inside the request that "
         "makes it due, so a sequential replay is exactly reproducible.",
     )
+    background_work: bool = Field(
+        default=True,
+        description="Run the background work (full refits and the HNSW indexer) in this "
+        "serving process. False (`earm serve --no-background-work`): retrieves only count "
+        "the queries toward a refit and ingests leave memories unindexed (searchable by the "
+        "exact scan); `earm worker` processes on the same database do both.",
+    )
+    worker_poll_interval_s: float = Field(
+        default=1.0,
+        gt=0,
+        description="How often `earm worker` looks for namespaces due for a refit.",
+    )
     als_iterations: int = Field(default=10, ge=1, le=200)
     budget_schedule: str = DEFAULT_BUDGET_SCHEDULE
 

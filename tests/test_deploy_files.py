@@ -45,9 +45,9 @@ def setting_env_name(field: str) -> str:
     return "EARM_" + field.upper()
 
 
-def test_compose_runs_db_then_migrate_then_api(compose: dict) -> None:
+def test_compose_runs_db_then_migrate_then_api_and_worker(compose: dict) -> None:
     services = compose["services"]
-    assert set(services) == {"db", "migrate", "api"}
+    assert set(services) == {"db", "migrate", "api", "worker"}
 
     db = services["db"]
     assert db["image"] == "pgvector/pgvector:pg17"
@@ -70,10 +70,17 @@ def test_compose_runs_db_then_migrate_then_api(compose: dict) -> None:
     # One image for both: migrate and api build the same Dockerfile.
     assert migrate["build"] == api["build"] == "." and migrate["image"] == api["image"]
     assert "command" not in api  # the image's CMD: earm serve --host 0.0.0.0
+    # The worker does the api's background work (refits, indexing), on the same database.
+    worker = services["worker"]
+    assert worker["command"] == ["earm", "worker"]
+    assert worker["depends_on"] == api["depends_on"]
+    assert worker["image"] == api["image"]
+    assert api["environment"]["EARM_BACKGROUND_WORK"] == "false"
+    assert worker["environment"]["EARM_BACKGROUND_WORK"] == "${EARM_BACKGROUND_WORK:-true}"
 
 
 def test_compose_points_earm_at_the_db_service(compose: dict) -> None:
-    for name in ("migrate", "api"):
+    for name in ("migrate", "api", "worker"):
         environment = compose["services"][name]["environment"]
         assert re.match(r"postgresql://earm:.*@db:5432/earm$", environment["EARM_DATABASE_URL"])
     db_environment = compose["services"]["db"]["environment"]
@@ -100,6 +107,7 @@ def test_compose_documents_every_setting(compose: dict) -> None:
 COMPOSE_OVERRIDES = {
     "database_url": "points at the db service",
     "allow_anonymous": "the port is published on the host's loopback only",
+    "background_work": "the api leaves it to the worker service",
 }
 
 

@@ -1,4 +1,4 @@
-"""The ``earm`` command: serve, migrate, keys, mcp, bench."""
+"""The ``earm`` command: serve, worker, migrate, keys, mcp, bench."""
 
 from __future__ import annotations
 
@@ -32,8 +32,17 @@ def _serve(args: argparse.Namespace, settings: Settings) -> int:
 
     host = args.host or settings.host
     port = args.port if args.port is not None else settings.port
+    background_work = settings.background_work and not args.no_background_work
+    if not background_work and not settings.database_url:
+        # An embedded Postgres belongs to this process: no worker could do the work.
+        raise ConfigurationError(
+            "earm serve without background work needs EARM_DATABASE_URL (a Postgres that "
+            "`earm worker` processes reach too)"
+        )
     # The app sees the real bind address: without key enforcement it refuses a non-loopback one.
-    settings = settings.model_copy(update={"host": host, "port": port})
+    settings = settings.model_copy(
+        update={"host": host, "port": port, "background_work": background_work}
+    )
     if args.workers > 1:
         if not settings.database_url:
             raise ConfigurationError(
@@ -42,7 +51,10 @@ def _serve(args: argparse.Namespace, settings: Settings) -> int:
         server.check_start_up(create_app(settings))
         # Each worker builds its app from the environment: hand the bind address on, and
         # share one metrics directory so /metrics adds up every worker.
-        os.environ.update({"EARM_HOST": host, "EARM_PORT": str(port)})
+        os.environ.update({
+            "EARM_HOST": host, "EARM_PORT": str(port),
+            "EARM_BACKGROUND_WORK": str(background_work).lower(),
+        })
         with multiprocess_directory():
             uvicorn.run(
                 "service.http.app:create_app",
@@ -52,6 +64,17 @@ def _serve(args: argparse.Namespace, settings: Settings) -> int:
             )
         return 0
     server.run(create_app(settings), settings)
+    return 0
+
+
+def _worker(args: argparse.Namespace, settings: Settings) -> int:
+    import asyncio
+
+    from service.logs import configure_logging
+    from service.worker import run_worker
+
+    configure_logging(settings.log_level)
+    asyncio.run(run_worker(settings))
     return 0
 
 
@@ -83,7 +106,16 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--workers", type=int, default=1, help="worker processes (> 1 needs EARM_DATABASE_URL)"
     )
+    serve.add_argument(
+        "--no-background-work", action="store_true",
+        help="leave refits and indexing to `earm worker` (sets EARM_BACKGROUND_WORK=false)",
+    )
     serve.set_defaults(func=_serve)
+
+    worker = commands.add_parser(
+        "worker", help="run refits and the HNSW indexer for the API processes of a database"
+    )
+    worker.set_defaults(func=_worker)
 
     migrate = commands.add_parser(
         "migrate", help="bring the database schema to the current version (Alembic upgrade head)"

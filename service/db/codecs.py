@@ -46,6 +46,12 @@ def as_real(values: np.ndarray) -> list[float]:
     return real
 
 
+def real_as_read(values: np.ndarray) -> np.ndarray:
+    """The float64 values reading :func:`real_values` back from a ``real`` column gives (in text
+    format, as every read here but the COPYs: each float32's shortest decimal)."""
+    return real_values(values).astype(str).astype(np.float64)
+
+
 def real_array_literals(rows: np.ndarray) -> list[str]:
     """Rows of a 2-D array as ``'{...}'`` literals for a ``real[]`` column (Postgres has no
     ragged 2-D arrays, so each row travels as text)."""
@@ -58,6 +64,12 @@ def array_literal(values: np.ndarray) -> str:
     reads back exactly), built in one join instead of psycopg's list dumper, which dumps each
     element in Python (a few of these per retrieve)."""
     return "{" + ",".join(map(repr, np.asarray(values).tolist())) + "}"
+
+
+def double_array_literals(rows: np.ndarray) -> list[str]:
+    """Rows of a 2-D array as ``'{...}'`` literals for a ``float8[]`` column, each value in the
+    shortest form that reads back as the same float64."""
+    return ["{" + ",".join(repr(float(x)) for x in row) + "}" for row in rows]
 
 
 def cosine_similarities(distances: Sequence[float]) -> np.ndarray:
@@ -83,6 +95,8 @@ _COPY_SIGNATURE = b"PGCOPY\n\xff\r\n\x00"
 _COPY_HEADER = _COPY_SIGNATURE + struct.pack(">ii", 0, 0)
 _COPY_TRAILER = struct.pack(">h", -1)
 _FLOAT4_OID = 700
+# Array columns: element type in the stream, its OID and size.
+_ARRAY_ELEMENTS = {"real[]": (">f4", _FLOAT4_OID, 4), "float8[]": (">f8", 701, 8)}
 
 
 def parse_binary_copy(data: bytes, row: np.dtype) -> np.ndarray:
@@ -107,7 +121,8 @@ def binary_copy(columns: Sequence[tuple[str, Any]], n_rows: int) -> bytes:
     """A binary COPY stream of ``n_rows`` rows, built in numpy (no per-row Python).
 
     Columns are (kind, values): ``int8``, ``int4``, ``float8`` (arrays of ``n_rows``), ``text``
-    (one ``str`` for every row) or ``real[]`` (an (n_rows, r) array, written as float32).
+    (one ``str`` for every row), ``real[]`` (an (n_rows, r) array, written as float32) or
+    ``float8[]`` (likewise, as float64).
     """
     fields: list[tuple[Any, ...]] = [("fields", ">i2")]
     for i, (kind, values) in enumerate(columns):
@@ -120,10 +135,11 @@ def binary_copy(columns: Sequence[tuple[str, Any]], n_rows: int) -> bytes:
             fields.append((f"v{i}", ">f8"))
         elif kind == "text":
             fields.append((f"v{i}", f"S{len(values.encode())}"))
-        elif kind == "real[]":
+        elif kind in _ARRAY_ELEMENTS:
             rank = values.shape[1]
             fields.append((f"h{i}", ">i4", (5,)))  # ndim, has-nulls, element oid, size, lbound
-            fields.append((f"v{i}", [("length", ">i4"), ("value", ">f4")], (rank,)))
+            element = _ARRAY_ELEMENTS[kind][0]
+            fields.append((f"v{i}", [("length", ">i4"), ("value", element)], (rank,)))
         else:  # pragma: no cover - programming error
             raise ValueError(f"unknown column kind {kind!r}")
     rows = np.zeros(n_rows, dtype=np.dtype(fields))
@@ -133,12 +149,13 @@ def binary_copy(columns: Sequence[tuple[str, Any]], n_rows: int) -> bytes:
             encoded = values.encode()
             rows[f"l{i}"] = len(encoded)
             rows[f"v{i}"] = encoded
-        elif kind == "real[]":
+        elif kind in _ARRAY_ELEMENTS:
             rank = values.shape[1]
-            rows[f"l{i}"] = 20 + 8 * rank
-            rows[f"h{i}"] = (1, 0, _FLOAT4_OID, rank, 1)
-            rows[f"v{i}"]["length"] = 4
-            rows[f"v{i}"]["value"] = real_values(values)
+            _, oid, size = _ARRAY_ELEMENTS[kind]
+            rows[f"l{i}"] = 20 + (4 + size) * rank
+            rows[f"h{i}"] = (1, 0, oid, rank, 1)
+            rows[f"v{i}"]["length"] = size
+            rows[f"v{i}"]["value"] = real_values(values) if kind == "real[]" else values
         else:
             rows[f"l{i}"] = rows.dtype[f"v{i}"].itemsize
             rows[f"v{i}"] = values

@@ -1,7 +1,8 @@
 """The experience matrix: recorded queries and their observed scores (``queries``, ``scores``),
-written per query and read back for the online re-solve, client feedback and the full refit.
+written per query and read back for client feedback, the full refit and the rare rebuild of a
+memory row's sufficient statistics (the online re-solve reads those statistics, not history).
 
-The hot statements (the per-query record, the observation history, the namespace-wide COPY)
+The hot statements (the per-query record, the stored statistics, the namespace-wide COPY)
 run as raw SQL on the psycopg connection: pipelined with each other in one round trip, vectors
 in binary, the history read without SQLAlchemy's per-row processing.
 """
@@ -19,16 +20,18 @@ from sqlalchemy import select, text
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from service.completion.similarity import QueryParameters
+from service.completion.statistics import RowStatistics, row_statistics
 from service.db.codecs import (
     array_literal,
     as_real,
     cosine_similarities,
+    double_array_literals,
     factor_matrix,
     parse_binary_copy,
 )
 from service.db.engine import driver_connection
 from service.db.model_state import content_sql
-from service.db.models import Memory, Query
+from service.db.models import Memory, Query, Score
 from service.db.namespaces import STATE_SQL
 from service.errors import NotFound
 
@@ -105,10 +108,11 @@ async def record_query(
     observed_similarities: np.ndarray,
     observed_scores: np.ndarray,
     rank: int,
-) -> tuple[RecordedQuery, RowObservations]:
-    """Record a query and its observations in the caller's transaction, and read the full
-    observation history of the observed memories (this query's cells included) for their
-    online re-solve: one round trip for all (pipelined).
+) -> tuple[RecordedQuery, StoredRows]:
+    """Record a query and its observations in the caller's transaction, and read what the
+    online update of the observed memories needs (:class:`StoredRows`: their statistics, and
+    the history of those without any, this query's cells included): one round trip for all
+    (pipelined).
 
     The namespace row is locked first, so concurrent requests get consecutive indexes and a
     rolled-back request leaves no gap; and in a statement of its own, so the record's snapshot,
@@ -144,18 +148,24 @@ async def record_query(
                 "similarities": array_literal(observed_similarities),
             },
         )
+        ids = {"ids": [int(m) for m in observed_ids]}
+        statistics = await conn.execute(_ROW_STATISTICS_SQL, ids) if len(observed_ids) else None
         history = (
-            await conn.execute(_ROW_OBSERVATIONS_SQL, {"ids": array_literal(observed_ids)})
-            if len(observed_ids)
-            else None
+            await conn.execute(_HISTORY_WITHOUT_STATISTICS_SQL, ids) if len(observed_ids) else None
         )
     row = await cursor.fetchone()
     if row is None:  # DELETE /namespaces erased it since the search
         raise NotFound(f"namespace {namespace!r} was erased while the query ran")
     query_id, query_index, since_refit = row
+    stored = await statistics.fetchall() if statistics is not None else []
+    history_rows = await history.fetchall() if history is not None else []
     return (
         RecordedQuery(int(query_id), int(query_index), int(since_refit)),
-        _row_observations(await history.fetchall() if history is not None else [], rank),
+        StoredRows(
+            memory_ids=np.array([r[0] for r in stored], dtype=np.int64),
+            statistics=[r[1] for r in stored],
+            history=_row_observations(history_rows, rank),
+        ),
     )
 
 
@@ -296,8 +306,9 @@ async def memory_observations_changed(
 ) -> None:
     """The observations of these memories changed other than by being appended (feedback
     replaced one, an edit retired them): drop what was derived from them per memory, so
-    nothing keeps the old values. Their model rows go (a retired memory starts over from the
-    content prior; after feedback the learner re-solves the row from its live observations).
+    nothing keeps the old values. Their model rows go, sufficient statistics included (a
+    retired memory starts over from the content prior; after feedback the learner rebuilds the
+    row from its live observations, :func:`rebuild_row_statistics`).
     The one place to rebuild any other per-memory state derived from observations."""
     await session.execute(
         text("DELETE FROM memory_factors WHERE memory_id = ANY(CAST(:ids AS bigint[]))"),
@@ -317,27 +328,76 @@ class RowObservations:
     query_factors: np.ndarray
     prior_offsets: np.ndarray  # the content prior's γ·cos + e_m·w of each cell
 
+    def subset(self, keep: np.ndarray) -> RowObservations:
+        return RowObservations(
+            *(np.asarray(values)[keep] for values in (
+                self.memory_ids, self.similarities, self.scores, self.query_bias,
+                self.query_slope, self.query_factors, self.prior_offsets,
+            ))
+        )
+
+    def statistics(self, memory_ids: np.ndarray) -> RowStatistics:
+        """The sufficient statistics of the rows of ``memory_ids`` (ascending, holding every
+        memory observed here) from these observations: each cell's c_q + β_q·cos(q, m) +
+        p(q, m) is its known offset, the query side being fixed."""
+        return row_statistics(
+            np.searchsorted(memory_ids, self.memory_ids),
+            len(memory_ids),
+            self.scores,
+            self.query_bias + self.query_slope * self.similarities + self.prior_offsets,
+            self.query_factors,
+        )
+
 
 # The content prior's e_m·w of memory m and a cell's whole offset γ·cos + e_m·w, in SQL; the
 # offset is 0 before the namespace's first refit.
 _MEMORY_CONTENT_SQL = content_sql("m.embedding", "n.content_weights")
 _PRIOR_OFFSET_SQL = f"coalesce(n.content_slope * s.similarity + {_MEMORY_CONTENT_SQL}, 0)"
 
-_ROW_OBSERVATIONS_SQL = f"""
+def _row_observations_sql(which_memories: str = "") -> str:
+    """Every observation of the memories ``%(ids)s`` (narrowed by the SQL condition on ``m``
+    in ``which_memories``), each with its query's parameters and its content-prior offset."""
+    return f"""
     WITH m AS MATERIALIZED (
         -- e_m·w once per memory rather than once per observation: with 100 observations per
         -- memory, fetching and multiplying the embedding for each was most of this query
         SELECT m.id, {_MEMORY_CONTENT_SQL} AS content
         FROM memories m JOIN namespaces n ON n.name = m.namespace
-        WHERE m.id = ANY(%(ids)s::bigint[])
+        WHERE m.id = ANY(%(ids)s::bigint[]) {which_memories}
     )
     SELECT s.memory_id, s.similarity, s.score, q.bias, q.slope, q.factors,
            coalesce(n.content_slope * s.similarity + m.content, 0)
     FROM scores s JOIN queries q ON q.id = s.query_id
     JOIN m ON m.id = s.memory_id JOIN namespaces n ON n.name = s.namespace
-    WHERE s.memory_id = ANY(%(ids)s::bigint[]) AND q.bias IS NOT NULL AND s.retired_at IS NULL
+    WHERE s.memory_id = ANY(ARRAY(SELECT id FROM m)) AND q.bias IS NOT NULL
+      AND s.retired_at IS NULL
     ORDER BY s.memory_id, s.query_id
 """
+
+
+_ROW_OBSERVATIONS_SQL = _row_observations_sql()
+# Only memories with no usable statistics: the rare ones the online update rebuilds from their
+# history (first observed, written before migration 0010, or invalidated by a refit).
+_HISTORY_WITHOUT_STATISTICS_SQL = _row_observations_sql(
+    "AND NOT EXISTS (SELECT FROM memory_factors f "
+    "WHERE f.memory_id = m.id AND f.statistics IS NOT NULL)"
+)
+# The observed memories that still exist, each with its stored statistics (or NULL).
+_ROW_STATISTICS_SQL = """
+    SELECT m.id, f.statistics FROM memories m LEFT JOIN memory_factors f ON f.memory_id = m.id
+    WHERE m.id = ANY(%(ids)s::bigint[]) ORDER BY m.id
+"""
+
+
+@dataclass(frozen=True)
+class StoredRows:
+    """What the online update of some memory rows starts from: the live memories among those
+    asked for (ids ascending), each one's stored packed statistics or None, and ``history``,
+    every observation of the memories with None."""
+
+    memory_ids: np.ndarray
+    statistics: list[list[float] | None]
+    history: RowObservations
 
 
 async def memory_row_observations(
@@ -346,6 +406,38 @@ async def memory_row_observations(
     conn = await driver_connection(session)
     cursor = await conn.execute(_ROW_OBSERVATIONS_SQL, {"ids": [int(m) for m in memory_ids]})
     return _row_observations(await cursor.fetchall(), rank)
+
+
+async def rebuild_row_statistics(
+    session: AsyncSession, memory_ids: NDArray[np.integer[Any]], rank: int
+) -> tuple[np.ndarray, RowStatistics]:
+    """Rebuild the sufficient statistics of memory rows from their live observations and store
+    them (with their observation counts) in the caller's transaction; returns the memories
+    (ascending) and their statistics.
+
+    The one way to bring statistics back in line when a memory's observations change other
+    than by a new observation (a score replaced, observations retired, a query's parameters
+    moved by feedback). O(the memories' history): a rare path. Memories without a model row
+    get none here; the next retrieve that observes them builds theirs.
+    """
+    ids = np.unique(np.asarray(memory_ids, dtype=np.int64))
+    statistics = (await memory_row_observations(session, ids, rank)).statistics(ids)
+    await session.execute(
+        text(
+            """
+            UPDATE memory_factors f SET statistics = CAST(t.p AS float8[]), observation_count = t.n
+            FROM unnest(CAST(:ids AS bigint[]), CAST(:packed AS text[]), CAST(:counts AS int[]))
+                AS t(id, p, n)
+            WHERE f.memory_id = t.id
+            """
+        ),
+        {
+            "ids": [int(m) for m in ids],
+            "packed": double_array_literals(statistics.packed()),
+            "counts": [int(n) for n in statistics.counts],
+        },
+    )
+    return ids, statistics
 
 
 def _row_observations(rows: Sequence[Sequence[Any]], rank: int) -> RowObservations:
@@ -358,6 +450,12 @@ def _row_observations(rows: Sequence[Sequence[Any]], rank: int) -> RowObservatio
         query_factors=factor_matrix([r[5] for r in rows], rank),
         prior_offsets=np.array([r[6] for r in rows], dtype=np.float64),
     )
+
+
+async def query_memory_ids(session: AsyncSession, query_id: int) -> np.ndarray:
+    """The memories a query observed."""
+    rows = await session.scalars(select(Score.memory_id).where(Score.query_id == query_id))
+    return np.array(list(rows), dtype=np.int64)
 
 
 async def query_observations(

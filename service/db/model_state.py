@@ -15,7 +15,13 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from service.completion.similarity import ContentPrior
-from service.db.codecs import array_literal, binary_copy, copy_in, real_array_literals
+from service.db.codecs import (
+    array_literal,
+    binary_copy,
+    copy_in,
+    double_array_literals,
+    real_array_literals,
+)
 from service.db.engine import driver_connection
 from service.db.namespaces import namespace_state
 from service.errors import NotFound
@@ -31,13 +37,13 @@ def content_sql(embedding: str, weights: str) -> str:
 
 
 _UPSERT_FACTORS_SQL = """
-    INSERT INTO memory_factors (memory_id, namespace, bias, factors, observation_count)
-    SELECT m, %(namespace)s::text, b, f::real[], n
-    FROM unnest(%(ids)s::bigint[], %(bias)s::float8[], %(factors)s::text[], %(counts)s::int[])
-        AS t(m, b, f, n)
+    INSERT INTO memory_factors (memory_id, namespace, bias, factors, observation_count, statistics)
+    SELECT m, %(namespace)s::text, b, f::real[], n, p::float8[]
+    FROM unnest(%(ids)s::bigint[], %(bias)s::float8[], %(factors)s::text[], %(counts)s::int[],
+                %(statistics)s::text[]) AS t(m, b, f, n, p)
     ON CONFLICT (memory_id) DO UPDATE SET
         bias = EXCLUDED.bias, factors = EXCLUDED.factors,
-        observation_count = EXCLUDED.observation_count
+        observation_count = EXCLUDED.observation_count, statistics = EXCLUDED.statistics
 """
 
 
@@ -48,11 +54,13 @@ async def upsert_memory_factors(
     bias: np.ndarray,
     factors: np.ndarray,
     observation_count: np.ndarray,
+    statistics: np.ndarray,
     *,
     commit: bool = False,
 ) -> None:
-    """The online update of a few memory rows (a full refit writes with :func:`replace_model`).
-    ``commit``: also commit the transaction, in the same round trip."""
+    """The online update of a few memory rows, with their packed sufficient statistics (a full
+    refit writes with :func:`replace_model`). ``commit``: also commit the transaction, in the
+    same round trip."""
     conn = await driver_connection(session)
     async with conn.pipeline():
         if len(memory_ids):
@@ -64,6 +72,7 @@ async def upsert_memory_factors(
                     "bias": array_literal(bias),
                     "factors": real_array_literals(factors),
                     "counts": array_literal(observation_count),
+                    "statistics": double_array_literals(statistics),
                 },
             )
         if commit:
@@ -137,6 +146,7 @@ class RefittedModel:
     memory_bias: np.ndarray
     memory_factors: np.ndarray
     observation_count: np.ndarray  # observations per memory
+    statistics: np.ndarray  # packed sufficient statistics per memory, given the refit's queries
     query_ids: np.ndarray
     query_bias: np.ndarray
     query_slope: np.ndarray
@@ -161,6 +171,9 @@ async def replace_model(
     await _replace_memory_rows(conn, namespace, model, read_from)
     if len(model.query_ids):
         await _update_query_columns(conn, model)
+    # Once the queries have the parameters the statistics were built with: a query without
+    # any before (observations loaded in bulk) counts only from now on.
+    await conn.execute(_INVALIDATE_STALE_STATISTICS_SQL, {"namespace": namespace})
     await _reset_after_refit(session, namespace, model.prior, refitted_at)
 
 
@@ -168,24 +181,41 @@ async def _replace_memory_rows(
     conn: psycopg.AsyncConnection[Any], namespace: str, model: RefittedModel, read_from: datetime
 ) -> None:
     existing = await _still_current(conn, model.memory_ids, read_from)
-    memory_ids, memory_bias, memory_factors, observation_count = (
+    memory_ids, memory_bias, memory_factors, observation_count, statistics = (
         np.asarray(values)[existing]
         for values in (
-            model.memory_ids, model.memory_bias, model.memory_factors, model.observation_count
+            model.memory_ids, model.memory_bias, model.memory_factors, model.observation_count,
+            model.statistics,
         )
     )
     await conn.execute("DELETE FROM memory_factors WHERE namespace = %s", (namespace,))
     if len(memory_ids):
         await copy_in(
             conn,
-            "COPY memory_factors (memory_id, namespace, bias, factors, observation_count) "
-            "FROM STDIN (FORMAT BINARY)",
+            "COPY memory_factors (memory_id, namespace, bias, factors, observation_count, "
+            "statistics) FROM STDIN (FORMAT BINARY)",
             binary_copy(
                 [("int8", memory_ids), ("text", namespace), ("float8", memory_bias),
-                 ("real[]", np.asarray(memory_factors)), ("int4", observation_count)],
+                 ("real[]", np.asarray(memory_factors)), ("int4", observation_count),
+                 ("float8[]", np.asarray(statistics))],
                 len(memory_ids),
             ),
         )
+
+
+# Observations recorded while the refit ran are not in its statistics: the rows whose count
+# differs from their live observations' (or that lost their row) are left without statistics,
+# and the next retrieve observing them rebuilds them from their history. Under the namespace
+# lock, so no observation is being added meanwhile.
+_INVALIDATE_STALE_STATISTICS_SQL = """
+    UPDATE memory_factors f SET statistics = NULL
+    FROM (
+        SELECT s.memory_id, count(*) AS n FROM scores s JOIN queries q ON q.id = s.query_id
+        WHERE s.namespace = %(namespace)s AND s.retired_at IS NULL AND q.bias IS NOT NULL
+        GROUP BY s.memory_id
+    ) live
+    WHERE f.memory_id = live.memory_id AND f.observation_count <> live.n
+"""
 
 
 async def _update_query_columns(conn: psycopg.AsyncConnection[Any], model: RefittedModel) -> None:

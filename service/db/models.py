@@ -162,6 +162,9 @@ class MemoryFactor(Base):
     bias: Mapped[float] = mapped_column(Double)
     factors: Mapped[list[float]] = mapped_column(ARRAY(REAL))
     observation_count: Mapped[int] = mapped_column(Integer)
+    # The row's packed sufficient statistics (service/completion/statistics.py) given the query
+    # side; NULL: to be rebuilt from the memory's live observations when next observed.
+    statistics: Mapped[list[float] | None] = mapped_column(ARRAY(Double))
 
 
 class ApiKey(Base):

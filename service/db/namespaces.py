@@ -143,3 +143,18 @@ async def erase_namespace(session: AsyncSession, namespace: str) -> ErasedNamesp
         score_history=int(history),
         model_rows=int(model_rows),
     )
+
+
+async def namespaces_due_for_refit(session: AsyncSession, refit_every: int) -> list[str]:
+    """Namespaces whose recorded queries make a full refit due, by the rule of
+    :func:`service.retrieve.learning.refit_due` (its SQL form, with next_query_index the
+    queries recorded), most overdue first: what `earm worker` refits."""
+    rows = await session.scalars(
+        text(
+            "SELECT name FROM namespaces WHERE queries_since_refit > 0 AND queries_since_refit "
+            ">= least(:every, greatest(1, next_query_index / 2)) "
+            "ORDER BY queries_since_refit DESC, name"
+        ),
+        {"every": refit_every},
+    )
+    return list(rows)

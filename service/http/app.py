@@ -75,11 +75,13 @@ def _lifespan(
                 settings, observer=observe_all(metrics.observe_scorer_call, scorer_health)
             )
             pipeline = RetrievalPipeline(database.sessions, embedder, scorer, settings)
-            # Started now: memories left unindexed by an earlier run are indexed first.
             indexer = BackgroundIndexer(
                 database.sessions, settings.index_batch_size, settings.index_poll_interval_s
             )
-            indexer.start()
+            if settings.background_work:
+                # Started now: memories left unindexed by an earlier run are indexed first.
+                # (Otherwise `earm worker` indexes; notify() then wakes nothing.)
+                indexer.start()
             app.state.components = Components(
                 settings=settings,
                 database=database,

@@ -84,7 +84,9 @@ class BackgroundIndexer:
         while True:
             self._wake.clear()
             try:
-                await index_all(self.sessions, self.batch_size)
+                indexed = await index_all(self.sessions, self.batch_size)
+                if indexed:
+                    log.info("indexed memories", extra={"memories": indexed})
             except Exception:  # not CancelledError (a BaseException): stop() ends the loop
                 # The database is down or the batch failed: the rows stay unindexed (and
                 # searchable by the exact scan); try again after the interval.

@@ -14,12 +14,26 @@ import numpy as np
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from service.completion.similarity import (
+    QueryParameters,
+    SimilarityFactorModel,
     fit_with_similarity,
     fold_in_with_similarity,
 )
+from service.completion.statistics import (
+    RowStatistics,
+    packed_length,
+    row_statistics,
+    solve_from_statistics,
+)
 from service.db import experience, model_state
 from service.db import memories as memory_table
-from service.db.experience import NamespaceObservations, RecordedQuery, RowObservations
+from service.db.codecs import real_as_read
+from service.db.experience import (
+    NamespaceObservations,
+    RecordedQuery,
+    RowObservations,
+    StoredRows,
+)
 from service.db.model_state import RefittedModel
 from service.db.namespaces import (
     namespace_state,
@@ -29,10 +43,52 @@ from service.db.namespaces import (
 from service.db.search import memory_embeddings
 from service.errors import InvalidInput, NotFound
 from service.ingest.validation import repeats
-from service.retrieve.rerank import Ranking, resolve_memory_rows
+from service.retrieve.rerank import Ranking
 from service.settings import Settings
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class MemoryRowUpdate:
+    memory_ids: np.ndarray
+    bias: np.ndarray
+    factors: np.ndarray
+    observation_count: np.ndarray
+    statistics: np.ndarray  # packed, one row per memory
+
+
+def update_memory_rows(
+    mean_score: float,
+    stored: StoredRows,
+    new_cells: RowObservations,
+    reg: float,
+    rank: int,
+) -> MemoryRowUpdate:
+    """Online update of the rows a query observed, at a cost independent of their history:
+    each row's stored statistics plus the query's new cells, re-solved with the current mean.
+    Rows without stored statistics are built from their whole history instead (which holds the
+    new cells already). Stored statistics of another rank (EARM_RANK changed) count as none
+    until the next refit, as stored factors do."""
+    ids = stored.memory_ids
+    statistics = RowStatistics.zeros(len(ids), rank)
+    incremental = np.array([p is not None for p in stored.statistics], dtype=bool)
+    usable = {
+        position: packed for position, packed in enumerate(stored.statistics)
+        if packed is not None and len(packed) == packed_length(rank)
+    }
+    if usable:
+        unpacked = RowStatistics.unpack(list(usable.values()), rank)
+        positions = list(usable)
+        statistics.gram[positions], statistics.moment[positions] = unpacked.gram, unpacked.moment
+    live_new = np.isin(new_cells.memory_ids, ids[incremental])
+    statistics = (
+        statistics
+        + new_cells.subset(live_new).statistics(ids)
+        + stored.history.statistics(ids)
+    )
+    bias, factors = solve_from_statistics(mean_score, statistics, reg)
+    return MemoryRowUpdate(ids, bias, factors, statistics.counts, statistics.packed())
 
 
 def refit_due(queries_since_refit: int, queries_recorded: int, refit_every: int) -> bool:
@@ -84,12 +140,13 @@ class Learner:
         observed_ids: np.ndarray,
         observed_similarities: np.ndarray,
         observed_scores: np.ndarray,
+        observed_prior_offsets: np.ndarray,
         mean_score: float,
     ) -> RecordedQuery:
         """Record the query and its observations, update the touched memory rows online, and
         commit, all before the response, so the next query learns from this one."""
         async with self.sessions() as session:
-            recorded, history = await experience.record_query(
+            recorded, stored = await experience.record_query(
                 session,
                 namespace=namespace,
                 query_text=query_text,
@@ -108,14 +165,23 @@ class Learner:
                 observed_scores=observed_scores,
                 rank=self.settings.rank,
             )
-            # The upsert carries the COMMIT (one round trip); session.commit() is then a no-op.
-            await self._resolve_memory_rows(
-                session, namespace, observed_ids, mean_score, history, commit=True
-            )
+            if ranking.query is not None and len(stored.memory_ids):
+                new_cells = _new_cells(
+                    ranking.query, observed_ids, observed_similarities, observed_scores,
+                    observed_prior_offsets,
+                )
+                update = await asyncio.to_thread(
+                    update_memory_rows, mean_score, stored, new_cells,
+                    self.settings.memory_reg, self.settings.rank,
+                )
+                # The upsert carries the COMMIT (one round trip); session.commit() is then a
+                # no-op.
+                await _write_rows(session, namespace, update, commit=True)
             await session.commit()
-        if refit_due(
+        if self.settings.background_work and refit_due(
             recorded.queries_since_refit, recorded.query_index + 1, self.settings.refit_every
         ):
+            # (Without background work, the count just recorded is what `earm worker` reads.)
             if self.settings.refit_in_background:
                 self._start_background_refit(namespace)
             else:
@@ -163,48 +229,6 @@ class Learner:
         if tasks:
             await asyncio.gather(*tasks)
 
-    async def _resolve_memory_rows(
-        self,
-        session: AsyncSession,
-        namespace: str,
-        memory_ids: np.ndarray,
-        mean_score: float,
-        history: RowObservations | None = None,
-        commit: bool = False,
-    ) -> None:
-        """Re-solve the rows of ``memory_ids`` from all their observations (``history``, when
-        the caller already read it in the same transaction); ``commit`` ends the transaction
-        with the write."""
-        if len(memory_ids) == 0:
-            return
-        if history is None:
-            history = await experience.memory_row_observations(
-                session, memory_ids, self.settings.rank
-            )
-        if len(history.scores) == 0:
-            return
-        update = await asyncio.to_thread(
-            resolve_memory_rows,
-            mean_score,
-            history.memory_ids,
-            history.similarities,
-            history.scores,
-            history.query_bias,
-            history.query_slope,
-            history.query_factors,
-            history.prior_offsets,
-            self.settings.memory_reg,
-        )
-        await model_state.upsert_memory_factors(
-            session,
-            namespace,
-            update.memory_ids,
-            update.bias,
-            update.factors,
-            update.observation_count,
-            commit=commit,
-        )
-
     # ---------------------------------------------------------------------------- feedback
 
     async def feedback(
@@ -244,8 +268,8 @@ class Learner:
                 np.array([query.slope]),
                 query.factors[None, :],
             )
-            await self._resolve_memory_rows(
-                session, namespace, written.memory_ids, state.mean_score
+            await self._relearn_after_feedback(
+                session, namespace, query_id, written.memory_ids, state.mean_score
             )
             await session.commit()
         return FeedbackResult(recorded=len(written.memory_ids), replaced=written.replaced)
@@ -272,6 +296,29 @@ class Learner:
                 f"scores[{first}] and scores[{position}] both score memory {ids[first]}"
             )
         return np.asarray(ids, dtype=np.int64)
+
+    async def _relearn_after_feedback(
+        self,
+        session: AsyncSession,
+        namespace: str,
+        query_id: int,
+        fed_back_ids: np.ndarray,
+        mean_score: float,
+    ) -> None:
+        """The query's parameters moved, so the statistics of every memory it observed are
+        rebuilt (they hold its old parameters); the rows that got feedback are re-solved."""
+        query_memories = await experience.query_memory_ids(session, query_id)
+        ids, statistics = await experience.rebuild_row_statistics(
+            session, query_memories, self.settings.rank
+        )
+        fed_back = np.isin(ids, fed_back_ids)
+        touched = RowStatistics(statistics.gram[fed_back], statistics.moment[fed_back])
+        bias, factors = solve_from_statistics(mean_score, touched, self.settings.memory_reg)
+        await _write_rows(
+            session,
+            namespace,
+            MemoryRowUpdate(ids[fed_back], bias, factors, touched.counts, touched.packed()),
+        )
 
     # ------------------------------------------------------------------------------- refit
 
@@ -308,6 +355,10 @@ class Learner:
                     session, namespace, fitted, refitted_at=datetime.now(UTC), read_from=read_from
                 )
                 await session.commit()
+                log.info(
+                    "refitted namespace %r", namespace,
+                    extra={"namespace": namespace, "observations": len(observations.scores)},
+                )
             finally:
                 await session.rollback()  # a failed write must not hide its error in the unlock
                 await unlock_namespace_refit(session, namespace)
@@ -344,14 +395,81 @@ class Learner:
             content_reg=self.settings.content_reg,
             memory_reg=self.settings.memory_reg,
         )
+        statistics = _refit_statistics(
+            observations, memory_idx, query_idx, len(memory_ids), unit_embeddings, model
+        )
         return RefittedModel(
             memory_ids=memory_ids,
             memory_bias=model.memory_bias,
             memory_factors=model.memory_factors,
-            observation_count=np.bincount(memory_idx, minlength=len(memory_ids)),
+            observation_count=statistics.counts,
+            statistics=statistics.packed(),
             query_ids=query_ids,
             query_bias=model.query_bias,
             query_slope=model.query_slope,
             query_factors=model.query_factors,
             prior=model.prior,
         )
+
+
+def _refit_statistics(
+    observations: NamespaceObservations,
+    memory_idx: np.ndarray,
+    query_idx: np.ndarray,
+    n_memories: int,
+    unit_embeddings: np.ndarray,
+    model: SimilarityFactorModel,
+) -> RowStatistics:
+    """Every memory row's statistics given the refit's query side, with the query factors as
+    stored (``real``), so they equal a rebuild from the database up to rounding."""
+    prior = model.prior
+    prior_offsets = (
+        prior.offsets(observations.similarities, (unit_embeddings @ prior.weights)[memory_idx])
+        if len(prior.weights)
+        else np.zeros(len(observations.scores))
+    )
+    return row_statistics(
+        memory_idx,
+        n_memories,
+        observations.scores,
+        model.query_bias[query_idx]
+        + model.query_slope[query_idx] * observations.similarities
+        + prior_offsets,
+        real_as_read(model.query_factors)[query_idx],
+    )
+
+
+def _new_cells(
+    query: QueryParameters,
+    memory_ids: np.ndarray,
+    similarities: np.ndarray,
+    scores: np.ndarray,
+    prior_offsets: np.ndarray,
+) -> RowObservations:
+    """This query's observations as the database stores them (similarity, score and factors
+    as ``real``), so incremental statistics equal rebuilt ones up to rounding."""
+    n = len(memory_ids)
+    return RowObservations(
+        memory_ids=np.asarray(memory_ids, dtype=np.int64),
+        similarities=real_as_read(similarities),
+        scores=real_as_read(scores),
+        query_bias=np.full(n, query.bias),
+        query_slope=np.full(n, query.slope),
+        query_factors=np.tile(real_as_read(query.factors), (n, 1)),
+        prior_offsets=np.asarray(prior_offsets, dtype=np.float64),
+    )
+
+
+async def _write_rows(
+    session: AsyncSession, namespace: str, update: MemoryRowUpdate, commit: bool = False
+) -> None:
+    await model_state.upsert_memory_factors(
+        session,
+        namespace,
+        update.memory_ids,
+        update.bias,
+        update.factors,
+        update.observation_count,
+        update.statistics,
+        commit=commit,
+    )

@@ -239,6 +239,11 @@ class RetrievalPipeline:
             found.candidates.ids[observed_positions],
             found.candidates.similarities[observed_positions],
             observed_scores,
+            content_offsets(
+                found.state.content_slope,
+                found.candidates.similarities[observed_positions],
+                found.candidates.content_scores[observed_positions],
+            ),
             found.state.mean_score,
         )
         watch.lap("record_ms", since)

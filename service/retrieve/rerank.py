@@ -10,7 +10,7 @@ from typing import Literal
 
 import numpy as np
 
-from service.completion import calibrate_similarity, solve_rows_batch
+from service.completion import calibrate_similarity
 from service.completion.similarity import (
     QueryParameters,
     fold_in_with_similarity,
@@ -135,43 +135,3 @@ def _fold_in_query(
         left_out = leave_one_out_with_similarity(*anchors)
         prequential_errors = np.abs(left_out - observed_scores)[had_history]
     return query, prequential_errors
-
-
-@dataclass(frozen=True)
-class MemoryRowUpdate:
-    memory_ids: np.ndarray
-    bias: np.ndarray
-    factors: np.ndarray
-    observation_count: np.ndarray
-
-
-def resolve_memory_rows(
-    mean_score: float,
-    memory_ids: np.ndarray,
-    similarities: np.ndarray,
-    scores: np.ndarray,
-    query_bias: np.ndarray,
-    query_slope: np.ndarray,
-    query_factors: np.ndarray,
-    prior_offsets: np.ndarray,
-    reg: float,
-) -> MemoryRowUpdate:
-    """Online update: re-solve each touched memory row from all of its observations.
-
-    Inputs are one entry per observation (the memory observed, the cell's similarity and score,
-    the observing query's parameters and the cell's content-prior offset); the query side stays
-    fixed, so each cell's c_q + β_q·cos(q, m) + p(q, m) is a known offset.
-    """
-    rows, compact = np.unique(memory_ids, return_inverse=True)
-    bias, factors = solve_rows_batch(
-        mean_score,
-        compact,
-        np.arange(len(scores)),
-        scores,
-        query_bias + query_slope * similarities + prior_offsets,
-        query_factors,
-        reg,
-        n_rows=len(rows),
-    )
-    counts = np.bincount(compact, minlength=len(rows))
-    return MemoryRowUpdate(rows, bias, factors, counts)

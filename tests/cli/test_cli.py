@@ -73,6 +73,16 @@ def assert_one_plain_line(result: subprocess.CompletedProcess, *hints: str) -> N
         ),
         pytest.param(("serve",), {"port": "eighty"}, ("EARM_PORT",), id="unparseable-setting"),
         pytest.param(
+            ("serve", "--no-background-work", "--port", "0"),
+            {"database_url": ""},
+            ("without background work", "EARM_DATABASE_URL"),
+            id="no-background-work-on-an-embedded-database",
+        ),
+        pytest.param(
+            ("worker",), {"database_url": ""}, ("earm worker", "EARM_DATABASE_URL"),
+            id="worker-without-a-database",
+        ),
+        pytest.param(
             ("keys", "create", "--namespaces", ""),
             {},
             ("--namespaces", "'agent-*'"),
