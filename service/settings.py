@@ -128,6 +128,12 @@ class Settings(BaseSettings):
         "refit takes seconds at a million observations); false runs it inside the request that "
         "makes it due, so a sequential replay is exactly reproducible.",
     )
+    reuse_observations: bool = Field(
+        default=True,
+        description="A query repeating an earlier one of its namespace (same normalised text, "
+        "or the same client vector) takes the observations of those askings instead of scoring "
+        "them again, and spends its budget on candidates not observed yet.",
+    )
     als_iterations: int = Field(default=10, ge=1, le=200)
     budget_schedule: str = DEFAULT_BUDGET_SCHEDULE
 

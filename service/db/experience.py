@@ -48,6 +48,8 @@ _RECORD_SQL = """
             scorer_calls = scorer_calls + %(calls)s,
             scorer_requests = scorer_requests + %(requests)s,
             full_rerank_calls = full_rerank_calls + %(n_candidates)s,
+            reused_cells = reused_cells + cardinality(%(reused_ids)s::bigint[]),
+            reuse_saved_calls = reuse_saved_calls + %(saved_calls)s,
             score_sum = score_sum + (SELECT coalesce(sum(s), 0) FROM live),
             score_count = score_count + (SELECT count(*) FROM live),
             queries_since_refit = queries_since_refit + 1
@@ -56,12 +58,14 @@ _RECORD_SQL = """
     ), q AS (
         INSERT INTO queries (namespace, query_index, text, embedding, policy, candidates,
                              budget, scorer_calls, bias, slope, factors, prequential_abs_error,
-                             prequential_count, returned_count, returned_estimated)
+                             prequential_count, returned_count, returned_estimated,
+                             family_key, reused_memory_ids)
         SELECT %(namespace)s::text, n.query_index, %(text)s::text, %(embedding)b,
                %(policy)s::text, %(n_candidates)s::int, %(budget)s::int, %(calls)s::int,
                %(bias)s::float8, %(slope)s::float8, %(factors)s::real[],
                %(prequential_error)s::float8, %(prequential_count)s::int,
-               %(returned_count)s::int, %(returned_estimated)s::int
+               %(returned_count)s::int, %(returned_estimated)s::int,
+               %(family_key)s::bytea, %(reused_ids)s::bigint[]
         FROM n
         RETURNING id, query_index
     ), s AS (
@@ -97,6 +101,9 @@ async def record_query(
     observed_ids: np.ndarray,
     observed_similarities: np.ndarray,
     observed_scores: np.ndarray,
+    family_key: bytes | None,
+    reused_ids: np.ndarray,
+    reuse_saved_calls: int,
     rank: int,
 ) -> tuple[RecordedQuery, RowObservations]:
     """Record a query and its observations in the caller's transaction, and read the full
@@ -135,6 +142,9 @@ async def record_query(
                 "memory_ids": [int(m) for m in observed_ids],
                 "scores": [float(x) for x in observed_scores],
                 "similarities": [float(c) for c in observed_similarities],
+                "family_key": family_key,
+                "reused_ids": [int(m) for m in reused_ids],
+                "saved_calls": reuse_saved_calls,
             },
         )
         history = (

@@ -104,6 +104,26 @@ _SEARCH_SETTINGS_SQL = (
 )
 
 
+@dataclass(frozen=True)
+class FamilyObservations:
+    """The observed cells of a query family: each memory once, with its latest score."""
+
+    memory_ids: np.ndarray  # int64
+    scores: np.ndarray  # float64
+
+
+NO_FAMILY = FamilyObservations(np.zeros(0, dtype=np.int64), np.zeros(0))
+
+# Through ix_queries_namespace_family_key, then the scores primary key per query. Of two
+# observations of one memory (feedback on an older asking, concurrent askings) the latest wins.
+_FAMILY_SQL = """
+    SELECT DISTINCT ON (s.memory_id) s.memory_id, s.score
+    FROM queries q JOIN scores s ON s.query_id = q.id
+    WHERE q.namespace = %(namespace)s AND q.family_key = %(family)s
+    ORDER BY s.memory_id, s.query_id DESC
+"""
+
+
 async def search(
     session: AsyncSession,
     namespace: str,
@@ -111,11 +131,13 @@ async def search(
     limit: int,
     rank: int,
     filters: dict[str, Any] | None = None,
-) -> tuple[NamespaceState, Candidates]:
-    """The namespace's counters and its top-``limit`` memories by cosine similarity, with
-    their completion-model parameters, in one round trip: the settings, both reads and the
-    COMMIT that ends this read-only transaction are pipelined. (The session's own commit is
-    then a no-op: psycopg skips COMMIT on an idle connection.)
+    family_key: bytes | None = None,
+) -> tuple[NamespaceState, Candidates, FamilyObservations]:
+    """The namespace's counters, its top-``limit`` memories by cosine similarity, with their
+    completion-model parameters, and (given a ``family_key``) the observations of the query's
+    family, in one round trip: the settings, the reads and the COMMIT that ends this read-only
+    transaction are pipelined. (The session's own commit is then a no-op: psycopg skips
+    COMMIT on an idle connection.)
 
     pgvector's HNSW scan yields at most ``hnsw.ef_search`` rows, and a namespace filter can
     leave fewer, so ef_search is raised to ``limit`` and iterative scanning is enabled for this
@@ -128,6 +150,7 @@ async def search(
         "query": np.asarray(query_embedding, dtype=np.float32),
         "limit": limit,
         "ef": str(min(1000, max(40, limit))),
+        "family": family_key,
     }
     filtered = filters is not None
     if filtered:
@@ -136,15 +159,26 @@ async def search(
         await conn.execute(_SEARCH_SETTINGS_SQL, params)
         state_cursor = await conn.execute(STATE_SQL, params)
         candidates_cursor = await conn.execute(_candidate_sql(False, filtered), params)
+        family_cursor = (
+            await conn.execute(_FAMILY_SQL, params) if family_key is not None else None
+        )
         await conn.commit()
     state = state_from_row(await state_cursor.fetchone(), namespace)
+    family = NO_FAMILY if family_cursor is None else _family(await family_cursor.fetchall())
     rows = await candidates_cursor.fetchall()
     if not rows or rows[0][7] < limit:  # row[7]: from_index, rows the HNSW index yielded
         async with conn.pipeline():
             exact_cursor = await conn.execute(_candidate_sql(True, filtered), params)
             await conn.commit()
         rows = await exact_cursor.fetchall()
-    return state, _candidates(rows, rank)
+    return state, _candidates(rows, rank), family
+
+
+def _family(rows: Sequence[Sequence[Any]]) -> FamilyObservations:
+    return FamilyObservations(
+        np.array([r[0] for r in rows], dtype=np.int64),
+        np.array([r[1] for r in rows], dtype=np.float64),
+    )
 
 
 def _candidates(rows: Sequence[Sequence[Any]], rank: int) -> Candidates:

@@ -32,6 +32,13 @@ from service.retrieve.rerank import (
     Source,
     rank_candidates,
 )
+from service.retrieve.reuse import (
+    NOTHING_REUSED,
+    Reused,
+    family_key,
+    reused_candidates,
+    unobserved_anchors,
+)
 from service.settings import BudgetSchedule, Settings
 
 Order = Literal["chronological", "relevance"]
@@ -87,6 +94,9 @@ class RetrieveResult:
     stage: int
     budget: int
     scorer_calls: int
+    # Candidates observed for earlier askings of this query (its family), taken from
+    # experience instead of scored again.
+    reused: int
     # HTTP requests the scorer made for those calls, retries included (0 for the local
     # scorer; one per batch of documents for a reranker).
     scorer_requests: int
@@ -117,7 +127,9 @@ class _Search:
     state: NamespaceState
     candidates: Candidates
     budget: int
-    anchors: np.ndarray  # candidate positions to score
+    family_key: bytes | None  # None: this request does not take part in reuse
+    reused: Reused  # candidates observed for the query's family
+    anchors: np.ndarray  # candidate positions to score (none of them reused)
     anchor_embeddings: np.ndarray  # theirs, for a scorer that reads embeddings (else 0 columns)
 
 
@@ -203,14 +215,16 @@ class RetrievalPipeline:
         succeeded = ~np.isnan(anchor_scores)
         observed_positions = found.anchors[succeeded]
         observed_scores = anchor_scores[succeeded]
+        reused = found.reused
         ranking = await asyncio.to_thread(
             rank_candidates,
             request.policy,
             _candidate_state(found),
-            observed_positions,
-            observed_scores,
+            np.concatenate([observed_positions, reused.positions]),
+            np.concatenate([observed_scores, reused.scores]),
             found.state.mean_score,
             self.settings.reg,
+            np.arange(len(observed_positions) + len(reused)) >= len(observed_positions),
         )
         memories = self._top_k(request, found.candidates, ranking)
         since = watch.lap("complete_ms", since)
@@ -231,6 +245,10 @@ class RetrievalPipeline:
             found.candidates.similarities[observed_positions],
             observed_scores,
             found.state.mean_score,
+            found.family_key,
+            found.candidates.ids[reused.positions],
+            # What the budget would have scored had the family not covered those candidates.
+            found.budget - len(found.anchors),
         )
         watch.lap("record_ms", since)
         return RetrieveResult(
@@ -240,30 +258,54 @@ class RetrievalPipeline:
             stage=self.schedule.stage_for(found.state.next_query_index),
             budget=found.budget,
             scorer_calls=len(found.anchors),
+            reused=len(reused),
             scorer_requests=scorer_requests,
             degraded=bool(np.any(~succeeded)),
             memories=memories,
             timings=watch.total(),
         )
 
+    def _family_key(self, request: RetrieveRequest, query_vector: np.ndarray) -> bytes | None:
+        # Semantic retrieval observes nothing, so it neither reuses nor joins a family.
+        if not self.settings.reuse_observations or request.policy == "semantic":
+            return None
+        return family_key(
+            request.query, query_vector if request.query_embedding is not None else None
+        )
+
     async def _search(self, request: RetrieveRequest, query_vector: np.ndarray) -> _Search:
-        """The candidates, the namespace's state and the anchors to score among them."""
+        """The candidates, the namespace's state, what the query's family observed of them and
+        the anchors to score among the rest."""
+        family = self._family_key(request, query_vector)
         async with self.sessions() as session:
-            state, candidates = await search(
+            state, candidates, family_observations = await search(
                 session,
                 request.namespace,
                 query_vector,
                 request.candidates,
                 self.settings.rank,
                 request.filters,
+                family,
+            )
+            reused = (
+                reused_candidates(
+                    candidates.ids, family_observations.memory_ids, family_observations.scores
+                )
+                if family is not None
+                else NOTHING_REUSED
             )
             # Stage, budget and anchors follow the index this query expects; under concurrent
-            # requests the recorded index can be a few higher, never lower.
+            # requests the recorded index can be a few higher, never lower. The budget goes to
+            # candidates the family has not observed, so coverage grows with each asking.
             budget = self._budget(request, state.next_query_index, len(candidates))
-            anchors = sample_anchors(
+            anchors = unobserved_anchors(
                 len(candidates),
-                budget,
-                anchor_seed(request.namespace, state.next_query_index, request.seed),
+                reused,
+                sample_anchors(
+                    len(candidates) - len(reused),
+                    budget,
+                    anchor_seed(request.namespace, state.next_query_index, request.seed),
+                ),
             )
             anchor_embeddings = (
                 await memory_embeddings(
@@ -273,7 +315,7 @@ class RetrievalPipeline:
                 else np.zeros((len(anchors), 0), dtype=np.float32)
             )
             await session.commit()
-        return _Search(state, candidates, budget, anchors, anchor_embeddings)
+        return _Search(state, candidates, budget, family, reused, anchors, anchor_embeddings)
 
     async def _score(
         self,
