@@ -134,6 +134,20 @@ class Settings(BaseSettings):
         "or the same client vector) takes the observations of those askings instead of scoring "
         "them again, and spends its budget on candidates not observed yet.",
     )
+    paraphrase_similarity: float | None = Field(
+        default=None,
+        gt=0,
+        lt=1,
+        description="Paraphrase transfer (earm policy): observations of earlier queries at "
+        "least this cosine-similar to a new one inform its estimates, weighted by "
+        "(cos - threshold) / (1 - threshold), and its anchors go to candidates they did not "
+        "observe. Unset: off (docs/benchmarks.md).",
+    )
+    paraphrase_prior: float = Field(
+        default=1.0,
+        gt=0,
+        description="Weight κ of the model's estimate against the paraphrases' observations.",
+    )
     als_iterations: int = Field(default=10, ge=1, le=200)
     budget_schedule: str = DEFAULT_BUDGET_SCHEDULE
 

@@ -105,14 +105,30 @@ _SEARCH_SETTINGS_SQL = (
 
 
 @dataclass(frozen=True)
-class FamilyObservations:
-    """The observed cells of a query family: each memory once, with its latest score."""
+class PastObservations:
+    """What earlier queries observed that a new one may use: its family's cells (each memory
+    once, with its latest score) and the cells of its nearest other queries (paraphrase
+    transfer; one entry per observation, with the observing query's cosine to this one)."""
 
-    memory_ids: np.ndarray  # int64
-    scores: np.ndarray  # float64
+    family_ids: np.ndarray  # int64
+    family_scores: np.ndarray  # float64
+    neighbour_ids: np.ndarray  # int64
+    neighbour_similarities: np.ndarray  # float64
+    neighbour_scores: np.ndarray  # float64
 
 
-NO_FAMILY = FamilyObservations(np.zeros(0, dtype=np.int64), np.zeros(0))
+@dataclass(frozen=True)
+class NeighbourSearch:
+    """Which earlier queries count as neighbours: the ``limit`` nearest by cosine, of those at
+    least ``min_similarity`` to the new one."""
+
+    min_similarity: float
+    limit: int
+
+
+_NONE = np.zeros(0)
+NOTHING_PAST = PastObservations(np.zeros(0, dtype=np.int64), _NONE,
+                                np.zeros(0, dtype=np.int64), _NONE, _NONE)
 
 # Through ix_queries_namespace_family_key, then the scores primary key per query. Of two
 # observations of one memory (feedback on an older asking, concurrent askings) the latest wins.
@@ -121,6 +137,18 @@ _FAMILY_SQL = """
     FROM queries q JOIN scores s ON s.query_id = q.id
     WHERE q.namespace = %(namespace)s AND q.family_key = %(family)s
     ORDER BY s.memory_id, s.query_id DESC
+"""
+
+# An exact scan of the namespace's queries (by uq_queries_namespace_query_index): one cosine
+# per recorded query.
+_NEIGHBOUR_SQL = """
+    WITH nb AS MATERIALIZED (
+        SELECT id, 1 - (embedding <=> %(query)b) AS similarity FROM queries
+        WHERE namespace = %(namespace)s AND family_key IS DISTINCT FROM %(family)s::bytea
+        ORDER BY embedding <=> %(query)b LIMIT %(neighbours)s
+    )
+    SELECT s.memory_id, nb.similarity, s.score FROM nb JOIN scores s ON s.query_id = nb.id
+    WHERE nb.similarity >= %(min_similarity)s
 """
 
 
@@ -132,10 +160,12 @@ async def search(
     rank: int,
     filters: dict[str, Any] | None = None,
     family_key: bytes | None = None,
-) -> tuple[NamespaceState, Candidates, FamilyObservations]:
+    neighbours: NeighbourSearch | None = None,
+) -> tuple[NamespaceState, Candidates, PastObservations]:
     """The namespace's counters, its top-``limit`` memories by cosine similarity, with their
     completion-model parameters, and (given a ``family_key``) the observations of the query's
-    family, in one round trip: the settings, the reads and the COMMIT that ends this read-only
+    family and (given ``neighbours``) those of its nearest other queries, in one round trip:
+    the settings, the reads and the COMMIT that ends this read-only
     transaction are pipelined. (The session's own commit is then a no-op: psycopg skips
     COMMIT on an idle connection.)
 
@@ -151,6 +181,8 @@ async def search(
         "limit": limit,
         "ef": str(min(1000, max(40, limit))),
         "family": family_key,
+        "neighbours": neighbours.limit if neighbours else 0,
+        "min_similarity": neighbours.min_similarity if neighbours else 1.0,
     }
     filtered = filters is not None
     if filtered:
@@ -162,22 +194,35 @@ async def search(
         family_cursor = (
             await conn.execute(_FAMILY_SQL, params) if family_key is not None else None
         )
+        neighbour_cursor = (
+            await conn.execute(_NEIGHBOUR_SQL, params) if neighbours is not None else None
+        )
         await conn.commit()
     state = state_from_row(await state_cursor.fetchone(), namespace)
-    family = NO_FAMILY if family_cursor is None else _family(await family_cursor.fetchall())
+    past = _past(
+        await family_cursor.fetchall() if family_cursor is not None else [],
+        await neighbour_cursor.fetchall() if neighbour_cursor is not None else [],
+    )
     rows = await candidates_cursor.fetchall()
     if not rows or rows[0][7] < limit:  # row[7]: from_index, rows the HNSW index yielded
         async with conn.pipeline():
             exact_cursor = await conn.execute(_candidate_sql(True, filtered), params)
             await conn.commit()
         rows = await exact_cursor.fetchall()
-    return state, _candidates(rows, rank), family
+    return state, _candidates(rows, rank), past
 
 
-def _family(rows: Sequence[Sequence[Any]]) -> FamilyObservations:
-    return FamilyObservations(
-        np.array([r[0] for r in rows], dtype=np.int64),
-        np.array([r[1] for r in rows], dtype=np.float64),
+def _past(
+    family: Sequence[Sequence[Any]], neighbours: Sequence[Sequence[Any]]
+) -> PastObservations:
+    if not family and not neighbours:
+        return NOTHING_PAST
+    return PastObservations(
+        np.array([r[0] for r in family], dtype=np.int64),
+        np.array([r[1] for r in family], dtype=np.float64),
+        np.array([r[0] for r in neighbours], dtype=np.int64),
+        np.array([r[1] for r in neighbours], dtype=np.float64),
+        np.array([r[2] for r in neighbours], dtype=np.float64),
     )
 
 

@@ -18,7 +18,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from service.completion.similarity import content_offsets
 from service.db.namespaces import NamespaceState
-from service.db.search import Candidates, memory_embeddings, search
+from service.db.search import Candidates, NeighbourSearch, memory_embeddings, search
 from service.errors import InvalidInput, LimitExceeded
 from service.providers.embedders import Embedder, check_embedding, embed_texts
 from service.providers.scorers import RelevanceScorer
@@ -34,14 +34,19 @@ from service.retrieve.rerank import (
 )
 from service.retrieve.reuse import (
     NOTHING_REUSED,
+    NeighbourEvidence,
     Reused,
     family_key,
+    neighbour_evidence,
     reused_candidates,
     unobserved_anchors,
 )
 from service.settings import BudgetSchedule, Settings
 
 Order = Literal["chronological", "relevance"]
+
+#: Paraphrase transfer reads the observations of at most this many nearest earlier queries.
+PARAPHRASE_NEIGHBOURS = 16
 
 
 @dataclass(frozen=True)
@@ -129,6 +134,7 @@ class _Search:
     budget: int
     family_key: bytes | None  # None: this request does not take part in reuse
     reused: Reused  # candidates observed for the query's family
+    neighbours: NeighbourEvidence | None  # paraphrase transfer (None: off)
     anchors: np.ndarray  # candidate positions to score (none of them reused)
     anchor_embeddings: np.ndarray  # theirs, for a scorer that reads embeddings (else 0 columns)
 
@@ -225,6 +231,8 @@ class RetrievalPipeline:
             found.state.mean_score,
             self.settings.reg,
             np.arange(len(observed_positions) + len(reused)) >= len(observed_positions),
+            found.neighbours,
+            self.settings.paraphrase_prior,
         )
         memories = self._top_k(request, found.candidates, ranking)
         since = watch.lap("complete_ms", since)
@@ -273,12 +281,21 @@ class RetrievalPipeline:
             request.query, query_vector if request.query_embedding is not None else None
         )
 
+    def _neighbour_search(
+        self, request: RetrieveRequest, family: bytes | None
+    ) -> NeighbourSearch | None:
+        threshold = self.settings.paraphrase_similarity
+        if threshold is None or family is None or request.policy != "earm":
+            return None
+        return NeighbourSearch(threshold, PARAPHRASE_NEIGHBOURS)
+
     async def _search(self, request: RetrieveRequest, query_vector: np.ndarray) -> _Search:
         """The candidates, the namespace's state, what the query's family observed of them and
         the anchors to score among the rest."""
         family = self._family_key(request, query_vector)
+        paraphrases = self._neighbour_search(request, family)
         async with self.sessions() as session:
-            state, candidates, family_observations = await search(
+            state, candidates, past = await search(
                 session,
                 request.namespace,
                 query_vector,
@@ -286,13 +303,28 @@ class RetrievalPipeline:
                 self.settings.rank,
                 request.filters,
                 family,
+                paraphrases,
             )
             reused = (
-                reused_candidates(
-                    candidates.ids, family_observations.memory_ids, family_observations.scores
-                )
+                reused_candidates(candidates.ids, past.family_ids, past.family_scores)
                 if family is not None
                 else NOTHING_REUSED
+            )
+            neighbours = (
+                neighbour_evidence(
+                    candidates.ids,
+                    past.neighbour_ids,
+                    past.neighbour_similarities,
+                    past.neighbour_scores,
+                    paraphrases.min_similarity,
+                )
+                if paraphrases is not None
+                else None
+            )
+            covered = (
+                reused.positions
+                if neighbours is None
+                else np.union1d(reused.positions, neighbours.covered)
             )
             # Stage, budget and anchors follow the index this query expects; under concurrent
             # requests the recorded index can be a few higher, never lower. The budget goes to
@@ -300,9 +332,9 @@ class RetrievalPipeline:
             budget = self._budget(request, state.next_query_index, len(candidates))
             anchors = unobserved_anchors(
                 len(candidates),
-                reused,
+                covered,
                 sample_anchors(
-                    len(candidates) - len(reused),
+                    len(candidates) - len(covered),
                     budget,
                     anchor_seed(request.namespace, state.next_query_index, request.seed),
                 ),
@@ -315,7 +347,9 @@ class RetrievalPipeline:
                 else np.zeros((len(anchors), 0), dtype=np.float32)
             )
             await session.commit()
-        return _Search(state, candidates, budget, family, reused, anchors, anchor_embeddings)
+        return _Search(
+            state, candidates, budget, family, reused, neighbours, anchors, anchor_embeddings
+        )
 
     async def _score(
         self,

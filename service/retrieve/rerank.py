@@ -17,6 +17,7 @@ from service.completion.similarity import (
     leave_one_out_with_similarity,
     predict_with_similarity,
 )
+from service.retrieve.reuse import NeighbourEvidence
 
 Policy = Literal["earm", "semantic", "full", "observed"]
 POLICIES: tuple[Policy, ...] = ("earm", "semantic", "full", "observed")
@@ -58,9 +59,13 @@ def rank_candidates(
     mean_score: float,
     reg: float,
     reused: np.ndarray | None = None,
+    neighbours: NeighbourEvidence | None = None,
+    neighbour_prior: float = 1.0,
 ) -> Ranking:
     """Final scores for every candidate and their order. ``reused`` marks the observed cells
     taken from earlier askings of the query (no prequential error: the model learned them).
+    ``neighbours`` (earm only): what near-paraphrases of the query observed; a candidate's
+    estimate becomes (κ·model + Σ w·s) / (κ + Σ w), κ = ``neighbour_prior``.
 
     - observed cells keep their score (every policy);
     - ``earm``: every unobserved memory gets the completion estimate from the model fitted on
@@ -99,6 +104,13 @@ def rank_candidates(
                 query,
             )
             learned = (candidates.observation_count > 0) | (candidates.prior_offsets != 0)
+            if neighbours is not None:
+                covered = neighbours.weights > 0
+                scores[covered] = (
+                    neighbour_prior * scores[covered]
+                    + neighbours.weights[covered] * neighbours.means[covered]
+                ) / (neighbour_prior + neighbours.weights[covered])
+                learned |= covered
             for position in np.flatnonzero(learned):
                 sources[position] = ESTIMATED
         else:

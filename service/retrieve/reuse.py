@@ -58,11 +58,45 @@ def reused_candidates(
     return Reused(positions, scores)
 
 
-def unobserved_anchors(n_candidates: int, reused: Reused, sampled: np.ndarray) -> np.ndarray:
-    """Map anchors sampled among the candidates not covered by ``reused`` (positions into that
-    shorter, still most-similar-first list) back to candidate positions."""
-    remaining: np.ndarray = np.setdiff1d(
-        np.arange(n_candidates, dtype=np.int64), reused.positions
-    )
+def unobserved_anchors(n_candidates: int, covered: np.ndarray, sampled: np.ndarray) -> np.ndarray:
+    """Map anchors sampled among the candidates not ``covered`` (positions into that shorter,
+    still most-similar-first list) back to candidate positions."""
+    remaining: np.ndarray = np.setdiff1d(np.arange(n_candidates, dtype=np.int64), covered)
     anchors: np.ndarray = remaining[sampled]
     return anchors
+
+
+@dataclass(frozen=True)
+class NeighbourEvidence:
+    """Per candidate, what near-paraphrases of the query observed of it: the summed kernel
+    weight of their observations (0: none) and the weighted mean of their scores."""
+
+    weights: np.ndarray  # (n,)
+    means: np.ndarray  # (n,), 0 where the weight is 0
+
+    @property
+    def covered(self) -> np.ndarray:
+        """Positions with neighbour evidence."""
+        return np.flatnonzero(self.weights > 0).astype(np.int64)
+
+
+def neighbour_evidence(
+    candidate_ids: np.ndarray,
+    neighbour_ids: np.ndarray,
+    neighbour_similarities: np.ndarray,
+    neighbour_scores: np.ndarray,
+    min_similarity: float,
+) -> NeighbourEvidence:
+    """Each observation weighs (cos − τ)/(1 − τ) in [0, 1]: nothing at the threshold τ, fully
+    for an identical query vector."""
+    weights = np.zeros(len(candidate_ids))
+    sums = np.zeros(len(candidate_ids))
+    kernel = np.clip((neighbour_similarities - min_similarity) / (1.0 - min_similarity), 0, 1)
+    position = {int(m): p for p, m in enumerate(candidate_ids)}
+    for memory, weight, score in zip(neighbour_ids, kernel, neighbour_scores, strict=True):
+        p = position.get(int(memory))
+        if p is not None and weight > 0:
+            weights[p] += weight
+            sums[p] += weight * score
+    means = np.divide(sums, weights, out=np.zeros_like(sums), where=weights > 0)
+    return NeighbourEvidence(weights, means)

@@ -164,3 +164,41 @@ def test_reuse_can_be_switched_off(
         )
         rounds = [ask(client, "Which memories are about topic 3?", policy="full") for _ in range(2)]
     assert [(r["scorer_calls"], r["reused"]) for r in rounds] == [(40, 0), (40, 0)]
+
+
+def test_with_paraphrase_transfer_a_rephrased_query_scores_what_its_paraphrase_did_not(
+    judge_settings: Callable[..., Settings], judge: tuple[RecordingJudge, str]
+) -> None:
+    recording = judge[0]
+    settings = judge_settings(
+        judge[1], embedder="local", refit_in_background=False, paraphrase_similarity=0.8
+    )
+    with TestClient(create_app(settings)) as client:
+        client.post(
+            "/memories",
+            json={"namespace": "agent-1", "memories": [{"text": t} for t in MEMORY_TEXTS]},
+        )
+        first = ask(client, "Which memories are about topic 3?")
+        first_scored = recording.memories_scored()
+        recording.scored.clear()
+        rephrased = ask(client, "Remind me: which memories are about topic 3?")
+    assert (rephrased["scorer_calls"], rephrased["reused"]) == (BUDGET, 0)
+    assert recording.memories_scored().isdisjoint(first_scored)
+    # The paraphrase's judgements move the estimates of the memories it scored: relevant
+    # ones above the irrelevant ones.
+    estimates = {m["text"]: m["score"] for m in rephrased["memories"]}
+    judged = {m["text"] for m in first["memories"] if m["source"] == "observed"}
+    relevant = [estimates[t] for t in judged if t.endswith("topic 3")]
+    irrelevant = [estimates[t] for t in judged if not t.endswith("topic 3")]
+    assert relevant and irrelevant and min(relevant) > max(irrelevant)
+
+
+def test_without_paraphrase_transfer_a_rephrased_query_rescores_its_paraphrases_top(
+    reuse_client: TestClient, judge: tuple[RecordingJudge, str]
+) -> None:
+    recording = judge[0]
+    ask(reuse_client, "Which memories are about topic 3?")
+    first_scored = recording.memories_scored()
+    recording.scored.clear()
+    ask(reuse_client, "Remind me: which memories are about topic 3?")
+    assert recording.memories_scored() & first_scored
