@@ -140,8 +140,8 @@ class Settings(BaseSettings):
         lt=1,
         description="Paraphrase transfer (earm policy): observations of earlier queries at "
         "least this cosine-similar to a new one inform its estimates, weighted by "
-        "(cos - threshold) / (1 - threshold), and its anchors go to candidates they did not "
-        "observe. Unset: off (docs/benchmarks.md).",
+        "(cos - threshold) / (1 - threshold), and its anchors avoid candidates they observed "
+        "with a summed weight of 0.7 or more. Unset: off (docs/benchmarks.md).",
     )
     paraphrase_prior: float = Field(
         default=1.0,

@@ -324,7 +324,7 @@ class RetrievalPipeline:
             covered = (
                 reused.positions
                 if neighbours is None
-                else np.union1d(reused.positions, neighbours.covered)
+                else np.union1d(reused.positions, neighbours.steering)
             )
             # Stage, budget and anchors follow the index this query expects; under concurrent
             # requests the recorded index can be a few higher, never lower. The budget goes to

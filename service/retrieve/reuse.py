@@ -66,6 +66,13 @@ def unobserved_anchors(n_candidates: int, covered: np.ndarray, sampled: np.ndarr
     return anchors
 
 
+#: Anchors avoid a candidate only when its paraphrases' summed weight reaches this: near-copies
+#: of the query (one neighbour at cos ≥ τ + 0.7·(1 − τ)) or several close ones. Steering
+#: anchors away from every candidate a neighbour observed cost the plain LoCoMo stream 1.9
+#: points of recall@10, since distinct questions can be that close too (docs/benchmarks.md).
+STEER_WEIGHT = 0.7
+
+
 @dataclass(frozen=True)
 class NeighbourEvidence:
     """Per candidate, what near-paraphrases of the query observed of it: the summed kernel
@@ -75,9 +82,9 @@ class NeighbourEvidence:
     means: np.ndarray  # (n,), 0 where the weight is 0
 
     @property
-    def covered(self) -> np.ndarray:
-        """Positions with neighbour evidence."""
-        return np.flatnonzero(self.weights > 0).astype(np.int64)
+    def steering(self) -> np.ndarray:
+        """Positions whose evidence is strong enough to spend no anchor on them."""
+        return np.flatnonzero(self.weights >= STEER_WEIGHT).astype(np.int64)
 
 
 def neighbour_evidence(

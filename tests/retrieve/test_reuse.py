@@ -36,4 +36,16 @@ def test_neighbour_evidence_weighs_each_observation_by_its_querys_similarity_ove
     # memory 1: weights 1 and 0.5; memory 2: weight 0 at the threshold; 7 is no candidate
     assert evidence.weights == pytest.approx([1.5, 0.0, 0.0])
     assert evidence.means == pytest.approx([1 / 1.5, 0.0, 0.0])
-    assert evidence.covered.tolist() == [0]
+    assert evidence.steering.tolist() == [0]  # 1.5 ≥ STEER_WEIGHT
+
+
+def test_only_strong_neighbour_evidence_steers_anchors_away() -> None:
+    evidence = neighbour_evidence(
+        candidate_ids=np.array([1, 2]),
+        neighbour_ids=np.array([1, 2]),
+        neighbour_similarities=np.array([0.96, 0.99]),
+        neighbour_scores=np.array([1.0, 1.0]),
+        min_similarity=0.9,
+    )
+    assert evidence.weights == pytest.approx([0.6, 0.9])
+    assert evidence.steering.tolist() == [1]
