@@ -144,6 +144,13 @@ class Metrics:
             ["scorer"],
             registry=registry,
         )
+        self.retrieve_reused = Counter(
+            "earm_retrieve_reused_cells",
+            "Cells /retrieve took from earlier askings of the same query instead of scoring "
+            "them, by policy.",
+            ["policy"],
+            registry=registry,
+        )
         self.returned = Counter(
             "earm_returned_memories",
             "Memories returned by /retrieve, by where their score came from.",
@@ -180,6 +187,8 @@ class Metrics:
         self.completion.labels(policy=policy).observe(result.timings.complete_ms / 1000.0)
         if result.scorer_calls:
             self.retrieve_scorer_calls.labels(policy=policy).inc(result.scorer_calls)
+        if result.reused:
+            self.retrieve_reused.labels(policy=policy).inc(result.reused)
         if result.scorer_requests:
             self.retrieve_scorer_requests.labels(scorer=scorer).inc(result.scorer_requests)
         for source, count in Tally(m.source for m in result.memories).items():
@@ -271,6 +280,18 @@ def database_gauges(snapshot: CounterSnapshot | None, schedule: BudgetSchedule) 
             "earm_full_rerank_calls",
             "Scorer calls full reranking would have made for the same queries, all namespaces.",
             snapshot.full_rerank_calls,
+        ),
+        total(
+            "earm_reused_cells",
+            "Cells repeated queries took from earlier askings instead of scoring them, all "
+            "namespaces.",
+            snapshot.reused_cells,
+        ),
+        total(
+            "earm_reuse_saved_calls",
+            "Scorer calls reuse saved (budget not spent: the family had observed the "
+            "candidates), all namespaces.",
+            snapshot.reuse_saved_calls,
         ),
         total(
             "earm_calls_saved_ratio",

@@ -140,6 +140,28 @@ class Settings(BaseSettings):
         gt=0,
         description="How often `earm worker` looks for namespaces due for a refit.",
     )
+    reuse_observations: bool = Field(
+        default=True,
+        description="A query repeating an earlier one of its namespace (same normalised text, "
+        "or the same client vector) takes the observations of those askings instead of scoring "
+        "them again, and spends its budget on candidates not observed yet. False: a repeat "
+        "still takes the client's feedback on earlier askings (feedback is authoritative), "
+        "nothing else.",
+    )
+    paraphrase_similarity: float | None = Field(
+        default=None,
+        gt=0,
+        lt=1,
+        description="Paraphrase transfer (earm policy): observations of earlier queries at "
+        "least this cosine-similar to a new one inform its estimates, weighted by "
+        "(cos - threshold) / (1 - threshold), and its anchors avoid candidates they observed "
+        "with a summed weight of 0.7 or more. Unset: off (docs/benchmarks.md).",
+    )
+    paraphrase_prior: float = Field(
+        default=1.0,
+        gt=0,
+        description="Weight κ of the model's estimate against the paraphrases' observations.",
+    )
     als_iterations: int = Field(default=10, ge=1, le=200)
     budget_schedule: str = DEFAULT_BUDGET_SCHEDULE
 

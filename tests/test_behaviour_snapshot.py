@@ -175,6 +175,8 @@ def canonical(value: Any) -> Any:
         return round(value, FLOAT_DECIMALS)
     if isinstance(value, datetime):
         return value.isoformat()
+    if isinstance(value, bytes):  # bytea columns (queries.family_key)
+        return value.hex()
     return value
 
 

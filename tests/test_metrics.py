@@ -97,7 +97,8 @@ def test_metrics_after_retrieves_show_phase_histograms_and_scorer_outcomes(
     judged_client: TestClient,
 ) -> None:
     ingest(judged_client)
-    results = [retrieve(judged_client, policy="full", k=5) for _ in range(3)]
+    # Three different questions (a repeat would reuse the pairs scored before).
+    results = [retrieve(judged_client, policy="full", k=5, query="q" * n) for n in (1, 2, 3)]
 
     response = judged_client.get("/metrics")
     assert response.status_code == 200

@@ -9,8 +9,6 @@ of replaced ones.
 - ``memories.content_changed_at``: when the text or embedding last changed (set under the
   namespace's lock), so a full refit that read the observations before that does not write the
   memory's row back from the retired ones.
-- ``ix_scores_feedback``: the namespace's feedback cells, which a retrieve repeating an earlier
-  query's text takes as its observations (few rows, so the lookup costs little per retrieve).
 
 Revision ID: 0009
 Revises: 0008
@@ -32,12 +30,6 @@ def upgrade() -> None:
     op.add_column("scores", sa.Column("retired_at", sa.DateTime(timezone=True), nullable=True))
     op.add_column(
         "memories", sa.Column("content_changed_at", sa.DateTime(timezone=True), nullable=True)
-    )
-    op.create_index(
-        "ix_scores_feedback",
-        "scores",
-        ["namespace"],
-        postgresql_where=sa.text("source = 'feedback' AND retired_at IS NULL"),
     )
     op.create_table(
         "score_history",
@@ -74,6 +66,5 @@ def upgrade() -> None:
 
 def downgrade() -> None:
     op.drop_table("score_history")
-    op.drop_index("ix_scores_feedback", table_name="scores")
     op.drop_column("memories", "content_changed_at")
     op.drop_column("scores", "retired_at")

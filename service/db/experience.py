@@ -58,6 +58,8 @@ _RECORD_SQL = """
             scorer_calls = scorer_calls + %(calls)s,
             scorer_requests = scorer_requests + %(requests)s,
             full_rerank_calls = full_rerank_calls + %(n_candidates)s,
+            reused_cells = reused_cells + cardinality(%(reused_ids)s::bigint[]),
+            reuse_saved_calls = reuse_saved_calls + %(saved_calls)s,
             score_sum = score_sum + (SELECT coalesce(sum(s), 0) FROM live),
             score_count = score_count + (SELECT count(*) FROM live),
             queries_since_refit = queries_since_refit + 1
@@ -66,12 +68,14 @@ _RECORD_SQL = """
     ), q AS (
         INSERT INTO queries (namespace, query_index, text, embedding, policy, candidates,
                              budget, scorer_calls, bias, slope, factors, prequential_abs_error,
-                             prequential_count, returned_count, returned_estimated)
+                             prequential_count, returned_count, returned_estimated,
+                             family_key, reused_memory_ids)
         SELECT %(namespace)s::text, n.query_index, %(text)s::text, %(embedding)b,
                %(policy)s::text, %(n_candidates)s::int, %(budget)s::int, %(calls)s::int,
                %(bias)s::float8, %(slope)s::float8, %(factors)s::real[],
                %(prequential_error)s::float8, %(prequential_count)s::int,
-               %(returned_count)s::int, %(returned_estimated)s::int
+               %(returned_count)s::int, %(returned_estimated)s::int,
+               %(family_key)s::bytea, %(reused_ids)s::bigint[]
         FROM n
         RETURNING id, query_index
     ), s AS (
@@ -107,6 +111,9 @@ async def record_query(
     observed_ids: np.ndarray,
     observed_similarities: np.ndarray,
     observed_scores: np.ndarray,
+    family_key: bytes | None,
+    reused_ids: np.ndarray,
+    reuse_saved_calls: int,
     rank: int,
 ) -> tuple[RecordedQuery, StoredRows]:
     """Record a query and its observations in the caller's transaction, and read what the
@@ -146,6 +153,9 @@ async def record_query(
                 "memory_ids": array_literal(observed_ids),
                 "scores": array_literal(observed_scores),
                 "similarities": array_literal(observed_similarities),
+                "family_key": family_key,
+                "reused_ids": array_literal(reused_ids),
+                "saved_calls": reuse_saved_calls,
             },
         )
         ids = {"ids": [int(m) for m in observed_ids]}
@@ -166,39 +176,6 @@ async def record_query(
             statistics=[r[1] for r in stored],
             history=_row_observations(history_rows, rank),
         ),
-    )
-
-
-@dataclass(frozen=True)
-class Corrections:
-    """Client feedback on earlier queries with the same text: the latest score per memory."""
-
-    memory_ids: np.ndarray
-    scores: np.ndarray
-
-
-_CORRECTIONS_SQL = text(
-    """
-    SELECT DISTINCT ON (s.memory_id) s.memory_id, s.score::text::float8
-    FROM scores s JOIN queries q ON q.id = s.query_id
-    WHERE s.namespace = :namespace AND s.source = 'feedback' AND s.retired_at IS NULL
-      AND q.text = :query_text
-    ORDER BY s.memory_id, s.created_at DESC, s.query_id DESC
-    """
-)
-
-
-async def corrections(session: AsyncSession, namespace: str, query_text: str) -> Corrections:
-    """The feedback given on earlier queries of the namespace with exactly this text: feedback
-    is authoritative, so a repeat of the query takes it as observed instead of asking the
-    scorer again (the latest feedback on a memory wins). Read through the partial index of
-    live feedback cells (``ix_scores_feedback``)."""
-    rows = (
-        await session.execute(_CORRECTIONS_SQL, {"namespace": namespace, "query_text": query_text})
-    ).all()
-    return Corrections(
-        memory_ids=np.array([r[0] for r in rows], dtype=np.int64),
-        scores=np.array([r[1] for r in rows], dtype=np.float64),
     )
 
 

@@ -15,6 +15,7 @@ from sqlalchemy import (
     Double,
     ForeignKey,
     Integer,
+    LargeBinary,
     MetaData,
     SmallInteger,
     Text,
@@ -57,6 +58,10 @@ class Namespace(Base):
     # HTTP requests the scorer made for them (a reranker scores a batch per request).
     scorer_requests: Mapped[int] = mapped_column(BigInteger, server_default="0")
     full_rerank_calls: Mapped[int] = mapped_column(BigInteger, server_default="0")
+    # Cells repeated queries took from their family's observations instead of scoring them,
+    # and the scorer calls that saved (budget - anchors scored, summed).
+    reused_cells: Mapped[int] = mapped_column(BigInteger, server_default="0")
+    reuse_saved_calls: Mapped[int] = mapped_column(BigInteger, server_default="0")
     queries_since_refit: Mapped[int] = mapped_column(Integer, server_default="0")
     last_refit_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     # The completion model's content prior γ·cos + w·e_m, written by each full refit.
@@ -108,6 +113,11 @@ class Query(Base):
     prequential_count: Mapped[int] = mapped_column(Integer, server_default="0")
     returned_count: Mapped[int] = mapped_column(Integer, server_default="0")
     returned_estimated: Mapped[int] = mapped_column(Integer, server_default="0")
+    # What was asked (service.retrieve.reuse.family_key; NULL for queries recorded before
+    # families existed): a repeat of the namespace's family reuses its observations.
+    family_key: Mapped[bytes | None] = mapped_column(LargeBinary)
+    # The candidates this query took from its family's observations instead of scoring them.
+    reused_memory_ids: Mapped[list[int]] = mapped_column(ARRAY(BigInteger), server_default="{}")
 
 
 class Score(Base):

@@ -104,6 +104,57 @@ _SEARCH_SETTINGS_SQL = (
 )
 
 
+@dataclass(frozen=True)
+class PastObservations:
+    """What earlier queries observed that a new one may use: its family's cells (each memory
+    once, with its latest score) and the cells of its nearest other queries (paraphrase
+    transfer; one entry per observation, with the observing query's cosine to this one)."""
+
+    family_ids: np.ndarray  # int64
+    family_scores: np.ndarray  # float64
+    neighbour_ids: np.ndarray  # int64
+    neighbour_similarities: np.ndarray  # float64
+    neighbour_scores: np.ndarray  # float64
+
+
+@dataclass(frozen=True)
+class NeighbourSearch:
+    """Which earlier queries count as neighbours: the ``limit`` nearest by cosine, of those at
+    least ``min_similarity`` to the new one."""
+
+    min_similarity: float
+    limit: int
+
+
+_NONE = np.zeros(0)
+NOTHING_PAST = PastObservations(np.zeros(0, dtype=np.int64), _NONE,
+                                np.zeros(0, dtype=np.int64), _NONE, _NONE)
+
+# Through ix_queries_namespace_family_key, then the scores primary key per query. Of two
+# observations of one memory (concurrent askings, reuse switched off) the client's feedback
+# wins, being authoritative, then the latest. Cells retired by an edit of their memory judged
+# its old content: never reused.
+_FAMILY_SQL = """
+    SELECT DISTINCT ON (s.memory_id) s.memory_id, s.score
+    FROM queries q JOIN scores s ON s.query_id = q.id
+    WHERE q.namespace = %(namespace)s AND q.family_key = %(family)s
+      AND s.retired_at IS NULL AND (s.source = 'feedback' OR NOT %(feedback_only)s)
+    ORDER BY s.memory_id, s.source = 'feedback' DESC, s.created_at DESC, s.query_id DESC
+"""
+
+# An exact scan of the namespace's queries (by uq_queries_namespace_query_index): one cosine
+# per recorded query.
+_NEIGHBOUR_SQL = """
+    WITH nb AS MATERIALIZED (
+        SELECT id, 1 - (embedding <=> %(query)b) AS similarity FROM queries
+        WHERE namespace = %(namespace)s AND family_key IS DISTINCT FROM %(family)s::bytea
+        ORDER BY embedding <=> %(query)b LIMIT %(neighbours)s
+    )
+    SELECT s.memory_id, nb.similarity, s.score FROM nb JOIN scores s ON s.query_id = nb.id
+    WHERE nb.similarity >= %(min_similarity)s AND s.retired_at IS NULL
+"""
+
+
 async def search(
     session: AsyncSession,
     namespace: str,
@@ -111,11 +162,16 @@ async def search(
     limit: int,
     rank: int,
     filters: dict[str, Any] | None = None,
-) -> tuple[NamespaceState, Candidates]:
-    """The namespace's counters and its top-``limit`` memories by cosine similarity, with
-    their completion-model parameters, in one round trip: the settings, both reads and the
-    COMMIT that ends this read-only transaction are pipelined. (The session's own commit is
-    then a no-op: psycopg skips COMMIT on an idle connection.)
+    family_key: bytes | None = None,
+    neighbours: NeighbourSearch | None = None,
+    family_feedback_only: bool = False,
+) -> tuple[NamespaceState, Candidates, PastObservations]:
+    """The namespace's counters, its top-``limit`` memories by cosine similarity, with their
+    completion-model parameters, and (given a ``family_key``) the observations of the query's
+    family (only its feedback with ``family_feedback_only``) and (given ``neighbours``) those
+    of its nearest other queries, in one round trip: the settings, the reads and the COMMIT
+    that ends this read-only transaction are pipelined. (The session's own commit is then a
+    no-op: psycopg skips COMMIT on an idle connection.)
 
     pgvector's HNSW scan yields at most ``hnsw.ef_search`` rows, and a namespace filter can
     leave fewer, so ef_search is raised to ``limit`` and iterative scanning is enabled for this
@@ -128,6 +184,10 @@ async def search(
         "query": np.asarray(query_embedding, dtype=np.float32),
         "limit": limit,
         "ef": str(min(1000, max(40, limit))),
+        "family": family_key,
+        "feedback_only": family_feedback_only,
+        "neighbours": neighbours.limit if neighbours else 0,
+        "min_similarity": neighbours.min_similarity if neighbours else 1.0,
     }
     filtered = filters is not None
     if filtered:
@@ -136,15 +196,39 @@ async def search(
         await conn.execute(_SEARCH_SETTINGS_SQL, params)
         state_cursor = await conn.execute(STATE_SQL, params)
         candidates_cursor = await conn.execute(_candidate_sql(False, filtered), params)
+        family_cursor = (
+            await conn.execute(_FAMILY_SQL, params) if family_key is not None else None
+        )
+        neighbour_cursor = (
+            await conn.execute(_NEIGHBOUR_SQL, params) if neighbours is not None else None
+        )
         await conn.commit()
     state = state_from_row(await state_cursor.fetchone(), namespace)
+    past = _past(
+        await family_cursor.fetchall() if family_cursor is not None else [],
+        await neighbour_cursor.fetchall() if neighbour_cursor is not None else [],
+    )
     rows = await candidates_cursor.fetchall()
     if not rows or rows[0][7] < limit:  # row[7]: from_index, rows the HNSW index yielded
         async with conn.pipeline():
             exact_cursor = await conn.execute(_candidate_sql(True, filtered), params)
             await conn.commit()
         rows = await exact_cursor.fetchall()
-    return state, _candidates(rows, rank)
+    return state, _candidates(rows, rank), past
+
+
+def _past(
+    family: Sequence[Sequence[Any]], neighbours: Sequence[Sequence[Any]]
+) -> PastObservations:
+    if not family and not neighbours:
+        return NOTHING_PAST
+    return PastObservations(
+        np.array([r[0] for r in family], dtype=np.int64),
+        np.array([r[1] for r in family], dtype=np.float64),
+        np.array([r[0] for r in neighbours], dtype=np.int64),
+        np.array([r[1] for r in neighbours], dtype=np.float64),
+        np.array([r[2] for r in neighbours], dtype=np.float64),
+    )
 
 
 def _candidates(rows: Sequence[Sequence[Any]], rank: int) -> Candidates:

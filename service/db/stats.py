@@ -73,6 +73,20 @@ class NamespaceStats:
     full_rerank_calls: Annotated[
         int, Field(description="Calls full reranking would have made for them.")
     ]
+    reused_cells: Annotated[
+        int,
+        Field(
+            description="Cells repeated queries took from the observations of their earlier "
+            "askings instead of scoring them again."
+        ),
+    ]
+    reuse_saved_calls: Annotated[
+        int,
+        Field(
+            description="Scorer calls that saved: budget a repeated query did not spend because "
+            "its family had observed the candidates already."
+        ),
+    ]
     # None before any query scored anything.
     calls_saved: Annotated[
         float | None, Field(description="1 − scorer_calls / full_rerank_calls.")
@@ -96,7 +110,7 @@ class NamespaceStats:
 
 _STATS_SQL = f"""
 SELECT n.name, n.next_query_index, n.scorer_calls, n.scorer_requests, n.full_rerank_calls,
-       n.last_refit_at,
+       n.reused_cells, n.reuse_saved_calls, n.last_refit_at,
        (SELECT count(*) FROM memories m WHERE m.namespace = n.name) AS memories,
        (SELECT count(*) FROM memories m WHERE m.namespace = n.name AND NOT m.indexed)
            AS memories_unindexed,
@@ -152,6 +166,8 @@ def _namespace_stats(
         scorer_calls=int(row.scorer_calls),
         scorer_requests=int(row.scorer_requests),
         full_rerank_calls=int(row.full_rerank_calls),
+        reused_cells=int(row.reused_cells),
+        reuse_saved_calls=int(row.reuse_saved_calls),
         calls_saved=None if saved is None else 1.0 - saved,
         estimated_share=_ratio(row.estimated, row.returned),
         prequential_error=None if row.error is None else float(row.error),
@@ -192,6 +208,8 @@ class NamespaceCounters:
     observations: int  # the running count kept for the model's mean (healed at each refit)
     scorer_calls: int
     full_rerank_calls: int
+    reused_cells: int
+    reuse_saved_calls: int
     last_refit_at: datetime | None
 
 
@@ -202,6 +220,8 @@ class CounterSnapshot:
     observations: int
     scorer_calls: int
     full_rerank_calls: int
+    reused_cells: int
+    reuse_saved_calls: int
     busiest: Sequence[NamespaceCounters]  # at most `limit`, most queries first
 
 
@@ -213,12 +233,14 @@ async def counter_snapshot(session: AsyncSession, limit: int) -> CounterSnapshot
             text(
                 """
                 SELECT name, next_query_index, score_count, scorer_calls, full_rerank_calls,
-                       last_refit_at,
+                       reused_cells, reuse_saved_calls, last_refit_at,
                        count(*) OVER () AS total_namespaces,
                        sum(next_query_index) OVER () AS total_queries,
                        sum(score_count) OVER () AS total_observations,
                        sum(scorer_calls) OVER () AS total_scorer_calls,
-                       sum(full_rerank_calls) OVER () AS total_full_rerank_calls
+                       sum(full_rerank_calls) OVER () AS total_full_rerank_calls,
+                       sum(reused_cells) OVER () AS total_reused_cells,
+                       sum(reuse_saved_calls) OVER () AS total_reuse_saved_calls
                 FROM namespaces
                 ORDER BY next_query_index DESC, name
                 LIMIT :limit
@@ -228,7 +250,7 @@ async def counter_snapshot(session: AsyncSession, limit: int) -> CounterSnapshot
         )
     ).all()
     if not rows:
-        return CounterSnapshot(0, 0, 0, 0, 0, [])
+        return CounterSnapshot(0, 0, 0, 0, 0, 0, 0, [])
     first = rows[0]
     return CounterSnapshot(
         namespaces=int(first.total_namespaces),
@@ -236,6 +258,8 @@ async def counter_snapshot(session: AsyncSession, limit: int) -> CounterSnapshot
         observations=int(first.total_observations),
         scorer_calls=int(first.total_scorer_calls),
         full_rerank_calls=int(first.total_full_rerank_calls),
+        reused_cells=int(first.total_reused_cells),
+        reuse_saved_calls=int(first.total_reuse_saved_calls),
         busiest=[
             NamespaceCounters(
                 namespace=r.name,
@@ -243,6 +267,8 @@ async def counter_snapshot(session: AsyncSession, limit: int) -> CounterSnapshot
                 observations=int(r.score_count),
                 scorer_calls=int(r.scorer_calls),
                 full_rerank_calls=int(r.full_rerank_calls),
+                reused_cells=int(r.reused_cells),
+                reuse_saved_calls=int(r.reuse_saved_calls),
                 last_refit_at=r.last_refit_at,
             )
             for r in rows

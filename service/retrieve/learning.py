@@ -142,9 +142,15 @@ class Learner:
         observed_scores: np.ndarray,
         observed_prior_offsets: np.ndarray,
         mean_score: float,
+        family_key: bytes | None,
+        reused_ids: np.ndarray,
+        reuse_saved_calls: int,
     ) -> RecordedQuery:
         """Record the query and its observations, update the touched memory rows online, and
-        commit, all before the response, so the next query learns from this one."""
+        commit, all before the response, so the next query learns from this one.
+
+        Cells reused from the query's family (``reused_ids``) are recorded as ids only, never
+        as observations: the judgement already has its row, and learning counts it once."""
         async with self.sessions() as session:
             recorded, stored = await experience.record_query(
                 session,
@@ -163,6 +169,9 @@ class Learner:
                 observed_ids=observed_ids,
                 observed_similarities=observed_similarities,
                 observed_scores=observed_scores,
+                family_key=family_key,
+                reused_ids=reused_ids,
+                reuse_saved_calls=reuse_saved_calls,
                 rank=self.settings.rank,
             )
             if ranking.query is not None and len(stored.memory_ids):

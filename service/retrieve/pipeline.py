@@ -17,9 +17,8 @@ from numpy.typing import NDArray
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from service.completion.similarity import content_offsets
-from service.db import experience
 from service.db.namespaces import NamespaceState
-from service.db.search import Candidates, memory_embeddings, search
+from service.db.search import Candidates, NeighbourSearch, memory_embeddings, search
 from service.errors import InvalidInput, LimitExceeded, NotFound
 from service.providers.embedders import Embedder, check_embedding, embed_texts
 from service.providers.scorers import RelevanceScorer
@@ -33,9 +32,21 @@ from service.retrieve.rerank import (
     Source,
     rank_candidates,
 )
+from service.retrieve.reuse import (
+    NOTHING_REUSED,
+    NeighbourEvidence,
+    Reused,
+    family_key,
+    neighbour_evidence,
+    reused_candidates,
+    unobserved_anchors,
+)
 from service.settings import BudgetSchedule, Settings
 
 Order = Literal["chronological", "relevance"]
+
+#: Paraphrase transfer reads the observations of at most this many nearest earlier queries.
+PARAPHRASE_NEIGHBOURS = 16
 
 
 @dataclass(frozen=True)
@@ -90,6 +101,9 @@ class RetrieveResult:
     stage: int
     budget: int
     scorer_calls: int
+    # Candidates observed for earlier askings of this query (its family), taken from
+    # experience instead of scored again.
+    reused: int
     # HTTP requests the scorer made for those calls, retries included (0 for the local
     # scorer; one per batch of documents for a reranker).
     scorer_requests: int
@@ -120,12 +134,11 @@ class _Search:
     state: NamespaceState
     candidates: Candidates
     budget: int
-    anchors: np.ndarray  # candidate positions to score
+    family_key: bytes | None  # None: this request does not take part in reuse
+    reused: Reused  # candidates observed for the query's family
+    neighbours: NeighbourEvidence | None  # paraphrase transfer (None: off)
+    anchors: np.ndarray  # candidate positions to score (none of them reused)
     anchor_embeddings: np.ndarray  # theirs, for a scorer that reads embeddings (else 0 columns)
-    # Candidate positions with client feedback on an earlier query of the same text, and that
-    # feedback: observed without a scorer call, never anchors.
-    corrected: np.ndarray
-    corrected_scores: np.ndarray
 
 
 def _candidate_state(found: _Search) -> CandidateState:
@@ -212,14 +225,18 @@ class RetrievalPipeline:
         succeeded = ~np.isnan(anchor_scores)
         observed_positions = found.anchors[succeeded]
         observed_scores = anchor_scores[succeeded]
+        reused = found.reused
         ranking = await asyncio.to_thread(
             rank_candidates,
             request.policy,
             _candidate_state(found),
-            np.concatenate([observed_positions, found.corrected]),
-            np.concatenate([observed_scores, found.corrected_scores]),
+            np.concatenate([observed_positions, reused.positions]),
+            np.concatenate([observed_scores, reused.scores]),
             found.state.mean_score,
             self.settings.reg,
+            np.arange(len(observed_positions) + len(reused)) >= len(observed_positions),
+            found.neighbours,
+            self.settings.paraphrase_prior,
         )
         memories = self._top_k(request, found.candidates, ranking)
         since = watch.lap("complete_ms", since)
@@ -245,6 +262,10 @@ class RetrievalPipeline:
                 found.candidates.content_scores[observed_positions],
             ),
             found.state.mean_score,
+            found.family_key,
+            found.candidates.ids[reused.positions],
+            # What the budget would have scored had the family not covered those candidates.
+            found.budget - len(found.anchors),
         )
         watch.lap("record_ms", since)
         return RetrieveResult(
@@ -254,6 +275,7 @@ class RetrievalPipeline:
             stage=self.schedule.stage_for(found.state.next_query_index),
             budget=found.budget,
             scorer_calls=len(found.anchors),
+            reused=len(reused),
             scorer_requests=scorer_requests,
             degraded=bool(np.any(~succeeded)),
             memories=memories,
@@ -276,40 +298,84 @@ class RetrievalPipeline:
             budget=0,
             scorer_calls=0,
             scorer_requests=0,
+            reused=0,
             degraded=False,
             memories=[],
             timings=watch.total(),
         )
 
+    def _family_key(self, request: RetrieveRequest, query_vector: np.ndarray) -> bytes | None:
+        # Semantic retrieval observes nothing, so it neither reuses nor joins a family. With
+        # reuse switched off a family still takes its feedback: feedback is authoritative.
+        if request.policy == "semantic":
+            return None
+        return family_key(
+            request.query, query_vector if request.query_embedding is not None else None
+        )
+
+    def _neighbour_search(
+        self, request: RetrieveRequest, family: bytes | None
+    ) -> NeighbourSearch | None:
+        threshold = self.settings.paraphrase_similarity
+        if threshold is None or family is None or request.policy != "earm":
+            return None
+        return NeighbourSearch(threshold, PARAPHRASE_NEIGHBOURS)
+
     async def _search(self, request: RetrieveRequest, query_vector: np.ndarray) -> _Search | None:
-        """The candidates, the namespace's state and the anchors to score among them; None
-        for a namespace that does not exist (nothing was ever stored in it)."""
+        """The candidates, the namespace's state, what the query's family observed of them and
+        the anchors to score among the rest; None for a namespace that does not exist (nothing
+        was ever stored in it)."""
+        family = self._family_key(request, query_vector)
+        paraphrases = self._neighbour_search(request, family)
         async with self.sessions() as session:
             try:
-                state, candidates = await search(
+                state, candidates, past = await search(
                     session,
                     request.namespace,
                     query_vector,
                     request.candidates,
                     self.settings.rank,
                     request.filters,
+                    family,
+                    paraphrases,
+                    family_feedback_only=not self.settings.reuse_observations,
                 )
             except NotFound:
                 return None
-            # Stage, budget and anchors follow the index this query expects; under concurrent
-            # requests the recorded index can be a few higher, never lower.
-            budget = self._budget(request, state.next_query_index, len(candidates))
-            anchors = sample_anchors(
-                len(candidates),
-                budget,
-                anchor_seed(request.namespace, state.next_query_index, request.seed),
+            reused = (
+                reused_candidates(candidates.ids, past.family_ids, past.family_scores)
+                if family is not None
+                else NOTHING_REUSED
             )
-            feedback = await experience.corrections(session, request.namespace, request.query)
-            corrected = np.flatnonzero(np.isin(candidates.ids, feedback.memory_ids))
-            corrected_scores = feedback.scores[
-                np.searchsorted(feedback.memory_ids, candidates.ids[corrected])
-            ]
-            anchors = anchors[~np.isin(anchors, corrected)]
+            neighbours = (
+                neighbour_evidence(
+                    candidates.ids,
+                    past.neighbour_ids,
+                    past.neighbour_similarities,
+                    past.neighbour_scores,
+                    paraphrases.min_similarity,
+                )
+                if paraphrases is not None
+                else None
+            )
+            covered = (
+                reused.positions
+                if neighbours is None
+                else np.union1d(reused.positions, neighbours.steering)
+            )
+            # Stage, budget and anchors follow the index this query expects; under concurrent
+            # requests the recorded index can be a few higher, never lower. The budget goes to
+            # candidates the family has not observed, so coverage grows with each asking.
+            budget = self._budget(request, state.next_query_index, len(candidates))
+            anchors = unobserved_anchors(
+                len(candidates),
+                covered,
+                sample_anchors(
+                    len(candidates) - len(covered),
+                    budget,
+                    anchor_seed(request.namespace, state.next_query_index, request.seed),
+                ),
+            )
             anchor_embeddings = (
                 await memory_embeddings(
                     session, candidates.ids[anchors], self.settings.embedding_dim
@@ -319,7 +385,7 @@ class RetrievalPipeline:
             )
             await session.commit()
         return _Search(
-            state, candidates, budget, anchors, anchor_embeddings, corrected, corrected_scores
+            state, candidates, budget, family, reused, neighbours, anchors, anchor_embeddings
         )
 
     async def _score(

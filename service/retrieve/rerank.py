@@ -17,6 +17,7 @@ from service.completion.similarity import (
     leave_one_out_with_similarity,
     predict_with_similarity,
 )
+from service.retrieve.reuse import NeighbourEvidence
 
 Policy = Literal["earm", "semantic", "full", "observed"]
 POLICIES: tuple[Policy, ...] = ("earm", "semantic", "full", "observed")
@@ -57,8 +58,14 @@ def rank_candidates(
     observed_scores: np.ndarray,
     mean_score: float,
     reg: float,
+    reused: np.ndarray | None = None,
+    neighbours: NeighbourEvidence | None = None,
+    neighbour_prior: float = 1.0,
 ) -> Ranking:
-    """Final scores for every candidate and their order.
+    """Final scores for every candidate and their order. ``reused`` marks the observed cells
+    taken from earlier askings of the query (no prequential error: the model learned them).
+    ``neighbours`` (earm only): what near-paraphrases of the query observed; a candidate's
+    estimate becomes (κ·model + Σ w·s) / (κ + Σ w), κ = ``neighbour_prior``.
 
     - observed cells keep their score (every policy);
     - ``earm``: every unobserved memory gets the completion estimate from the model fitted on
@@ -81,8 +88,12 @@ def rank_candidates(
         # learns from all traffic, not only from earm requests.
         # The content prior is a known offset per cell, like the memory bias it sits beside.
         memory_offsets = candidates.memory_bias + candidates.prior_offsets
+        fresh = (
+            np.ones(len(observed_positions), dtype=bool) if reused is None else ~reused
+        )
         query, prequential_errors = _fold_in_query(
-            candidates, memory_offsets, observed_positions, observed_scores, mean_score, reg
+            candidates, memory_offsets, observed_positions, observed_scores, fresh, mean_score,
+            reg,
         )
         if policy == "earm":
             scores = predict_with_similarity(
@@ -93,6 +104,13 @@ def rank_candidates(
                 query,
             )
             learned = (candidates.observation_count > 0) | (candidates.prior_offsets != 0)
+            if neighbours is not None:
+                covered = neighbours.weights > 0
+                scores[covered] = (
+                    neighbour_prior * scores[covered]
+                    + neighbours.weights[covered] * neighbours.means[covered]
+                ) / (neighbour_prior + neighbours.weights[covered])
+                learned |= covered
             for position in np.flatnonzero(learned):
                 sources[position] = ESTIMATED
         else:
@@ -115,11 +133,12 @@ def _fold_in_query(
     memory_offsets: np.ndarray,
     observed_positions: np.ndarray,
     observed_scores: np.ndarray,
+    fresh: np.ndarray,
     mean_score: float,
     reg: float,
 ) -> tuple[QueryParameters, np.ndarray]:
-    """This query's parameters solved from its observed anchors, and the prequential errors of
-    the anchors that had history."""
+    """This query's parameters solved from its observed cells, and the prequential errors of
+    the ``fresh`` ones (scored for this query) that had history."""
     anchors = (
         mean_score,
         memory_offsets[observed_positions],
@@ -130,8 +149,8 @@ def _fold_in_query(
     )
     query = fold_in_with_similarity(*anchors)
     prequential_errors = np.zeros(0)
-    had_history = candidates.observation_count[observed_positions] > 0
-    if np.any(had_history):
+    measured = (candidates.observation_count[observed_positions] > 0) & fresh
+    if np.any(measured):
         left_out = leave_one_out_with_similarity(*anchors)
-        prequential_errors = np.abs(left_out - observed_scores)[had_history]
+        prequential_errors = np.abs(left_out - observed_scores)[measured]
     return query, prequential_errors

@@ -48,6 +48,7 @@ from service.bench.locomo.metrics import (
     rolling_mean,
     summarize_policy,
 )
+from service.bench.locomo.replay import askings
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 LOCOMO_DIR = Path(
@@ -376,3 +377,64 @@ def test_locomo_judge_gives_the_same_recall_through_chat_and_rerank(tmp_path: Pa
         assert chat_entry["scorer_requests"] == chat_entry["scorer_calls"]
         assert rerank_entry["scorer_requests"] == rerank_entry["queries"]
     assert rerank["settings"]["judge_model"]["stats"]["unknown"] == 0
+
+
+def test_repeat_rounds_reask_every_question_half_verbatim_half_rephrased() -> None:
+    conv = parse_conversation(synthetic_sample())
+    config = LocomoConfig(data_dir=Path("."), repeat=3, seed=5)
+    stream = askings(conv, config)
+    questions = [q.question for q in conv.replay_questions(config.categories)]
+    assert [a.text for a in stream[: len(questions)]] == questions
+    assert {a.kind for a in stream[: len(questions)]} == {"plain"}
+    for round_ in (1, 2, 3):
+        this_round = [a for a in stream if a.round == round_]
+        assert sorted(a.question.question for a in this_round) == sorted(questions)
+        verbatim = [a for a in this_round if a.kind == "verbatim"]
+        assert len(verbatim) == len(questions) // 2
+        assert all(a.text == a.question.question for a in verbatim)
+    rephrased = [a for a in stream if a.kind == "rephrased"]
+    assert all(a.question.question in a.text != a.question.question for a in rephrased)
+    # The same question keeps its kind across rounds and never repeats a rephrasing.
+    by_question: dict[str, list[str]] = {}
+    for a in rephrased:
+        by_question.setdefault(a.question.question, []).append(a.text)
+    assert all(len(set(texts)) == 3 for texts in by_question.values())
+    assert askings(conv, config) == stream  # seeded
+    assert askings(conv, LocomoConfig(data_dir=Path("."))) == stream[: len(questions)]
+
+
+@pytest.mark.skipif(not LOCOMO_DIR.is_dir(), reason=f"LoCoMo data not found at {LOCOMO_DIR}")
+def test_locomo_repeat_smoke_reuses_for_earm_and_keeps_full_stateless(tmp_path: Path) -> None:
+    n_questions, candidates, repeat = 10, 40, 2
+    config = LocomoConfig(
+        data_dir=LOCOMO_DIR,
+        conversations=("conv-26",),
+        max_sessions=4,
+        max_questions=n_questions,
+        candidates=candidates,
+        ks=(10,),
+        policies=("earm", "full"),
+        schedule="0:1.0,5:0.5,10:0.25",
+        judge_miss=0.0,
+        judge_false=0.0,
+        judge_noise=0.0,
+        repeat=repeat,
+        progress=False,
+    )
+    results = run_locomo(config)
+    # The policy tables are the plain stream's.
+    assert results["policies"]["full"]["queries"] == n_questions
+    assert results["policies"]["full"]["scorer_calls"] == n_questions * candidates
+    rounds = results["repeat"]["earm"]["rounds"]
+    assert set(rounds) == {"0", "1", "2"} and set(rounds["0"]) == {"plain"}
+    assert set(rounds["1"]) == set(rounds["2"]) == {"verbatim", "rephrased"}
+    # full is stateless: every asking scores every candidate, nothing reused.
+    full = results["repeat"]["full"]
+    assert full["scorer_calls"] == (1 + repeat) * n_questions * candidates
+    assert full["reused"] == 0
+    # earm re-asks verbatim from experience: more reused each round, and cheaper than full.
+    assert 0 < rounds["1"]["verbatim"]["reused"] < rounds["2"]["verbatim"]["reused"]
+    assert rounds["1"]["rephrased"]["reused"] == 0
+    assert results["repeat"]["earm"]["calls_vs_full"] < 1.0
+    assert results["settings"]["judge_model"]["stats"]["unknown"] == 0
+    assert "--repeat: per round and kind" in format_markdown(results)

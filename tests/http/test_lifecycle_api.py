@@ -5,6 +5,7 @@ database: authoritative feedback (by id or external_id, history kept, latest win
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Iterator
 from typing import Any
 
@@ -73,7 +74,10 @@ def stock(api: TestClient, namespace: str = "agent-1") -> list[int]:
 
 
 def retrieve(api: TestClient, query: str, namespace: str = "agent-1", **body: Any) -> dict:
-    request = {"namespace": namespace, "query": query, "query_embedding": unit(100)} | body
+    """A retrieve with a client vector of its own per text: a repeated vector would make
+    distinct questions one query family (reuse)."""
+    vector = unit(100 + zlib.crc32(query.encode()) % 10_000)
+    request = {"namespace": namespace, "query": query, "query_embedding": vector} | body
     response = api.post("/retrieve", json=request)
     assert response.status_code == 200, response.text
     return response.json()
@@ -137,22 +141,31 @@ def test_feedback_replaces_the_scorers_observation_keeps_history_and_latest_wins
     assert stats["observations"] == N  # replaced in place, not added
 
 
+@pytest.mark.parametrize(("reuse", "calls_on_repeat"), [(True, 0), (False, N - 1)])
 def test_the_next_retrieve_of_a_corrected_query_shows_the_feedback_without_scoring_it(
-    api: TestClient,
+    learning_settings: Settings, reuse: bool, calls_on_repeat: int
 ) -> None:
-    ids = stock(api)
-    first = retrieve(api, "where is it?", policy="full", k=N)
-    target = ids[4]
-    assert by_id(first)[target]["score"] != pytest.approx(0.05)
-    assert feedback(api, first["query_id"], {"memory_id": target, "score": 0.05}).status_code == 200
+    """With reuse the repeat takes every cell of its first asking, the feedback winning over the
+    scorer's value; without it, it still takes the feedback (authoritative) and scores the
+    rest afresh."""
+    settings = learning_settings.model_copy(update={"reuse_observations": reuse})
+    with TestClient(create_app(settings)) as api:
+        ids = stock(api)
+        first = retrieve(api, "where is it?", policy="full", k=N)
+        target = ids[4]
+        assert by_id(first)[target]["score"] != pytest.approx(0.05)
+        assert feedback(
+            api, first["query_id"], {"memory_id": target, "score": 0.05}
+        ).status_code == 200
 
-    repeated = retrieve(api, "where is it?", policy="full", k=N)
-    shown = by_id(repeated)[target]
-    assert (shown["source"], shown["score"]) == ("observed", pytest.approx(0.05))
-    assert repeated["scorer_calls"] == N - 1  # the corrected pair is not scored again
-    other_text = retrieve(api, "something else", policy="full", k=N)
-    assert other_text["scorer_calls"] == N
-    assert by_id(other_text)[target]["score"] != pytest.approx(0.05)
+        repeated = retrieve(api, "where is it?", policy="full", k=N)
+        shown = by_id(repeated)[target]
+        assert (shown["source"], shown["score"]) == ("observed", pytest.approx(0.05))
+        assert repeated["scorer_calls"] == calls_on_repeat
+        assert repeated["reused"] == N - calls_on_repeat
+        other_text = retrieve(api, "something else", policy="full", k=N)
+        assert other_text["scorer_calls"] == N
+        assert by_id(other_text)[target]["score"] != pytest.approx(0.05)
 
 
 def test_feedback_names_memories_by_external_id(api: TestClient, learning_settings) -> None:

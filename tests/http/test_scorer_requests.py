@@ -27,10 +27,12 @@ def ingest(client: TestClient, namespace: str = "agent-1") -> None:
     assert response.status_code in (200, 201), response.text
 
 
-def retrieve_all(client: TestClient, namespace: str = "agent-1") -> dict[str, Any]:
+def retrieve_all(
+    client: TestClient, namespace: str = "agent-1", query: str = "topic 3"
+) -> dict[str, Any]:
     response = client.post(
         "/retrieve",
-        json={"namespace": namespace, "query": "topic 3", "candidates": MEMORIES, "policy": "full"},
+        json={"namespace": namespace, "query": query, "candidates": MEMORIES, "policy": "full"},
     )
     assert response.status_code == 200, response.text
     body: dict[str, Any] = response.json()
@@ -63,7 +65,8 @@ def test_a_reranker_scores_all_anchors_of_a_retrieve_in_one_request_per_batch(
             assert first["degraded"] is False
         smaller = settings.model_copy(update={"scorer_batch_size": 10})
         with TestClient(create_app(smaller)) as client:
-            second = retrieve_all(client)
+            # Another question: a repeat would reuse the first one's scores (test_reuse_api.py).
+            second = retrieve_all(client, query="topic 4")
             assert (second["scorer_calls"], second["scorer_requests"]) == (MEMORIES, 4)
             stats = client.get("/stats", params={"namespace": "agent-1"}).json()
             assert (stats["scorer_calls"], stats["scorer_requests"]) == (2 * MEMORIES, 5)

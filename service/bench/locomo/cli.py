@@ -77,6 +77,10 @@ def add_locomo_parser(
     parser.add_argument("--max-sessions", type=int, default=None,
                         help="ingest only the first sessions (keeps questions whose evidence "
                              "lies inside them)")
+    parser.add_argument("--repeat", type=int, default=0,
+                        help="after each conversation's stream, re-ask its questions this many "
+                             "more rounds (shuffled; half verbatim, half rephrased by a "
+                             "template); reported per round and kind (default 0)")
     parser.add_argument("--scorer-concurrency", type=int, default=32,
                         help="the in-process service's scorer concurrency (default 32)")
     parser.add_argument("--database-url", default=None,

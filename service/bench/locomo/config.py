@@ -35,6 +35,9 @@ class LocomoConfig:
     conversations: tuple[str, ...] | None = None
     max_questions: int | None = None  # per conversation, after the category filter
     max_sessions: int | None = None
+    # After each conversation's stream, this many rounds re-ask its questions (shuffled; half
+    # verbatim, half rephrased by a template).
+    repeat: int = 0
     scorer_concurrency: int = 32
     database_url: str | None = None  # None: embedded Postgres in a temporary directory
     request_timeout_s: float = 600.0
@@ -56,6 +59,8 @@ class LocomoConfig:
             raise ValueError("--candidates must be at least max(--k)")
         if self.judge not in ("oracle", "local"):
             raise ValueError("--judge must be 'oracle' or 'local'")
+        if self.repeat < 0:
+            raise ValueError("--repeat must be 0 or more")
         if self.judge_protocol not in ("chat", "rerank"):
             raise ValueError("--judge-protocol must be 'chat' or 'rerank'")
 

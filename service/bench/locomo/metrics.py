@@ -31,11 +31,16 @@ class QueryRecord:
     stage: int = 0
     budget: int = 0
     scorer_calls: int = 0
+    reused: int = 0  # cells taken from earlier askings of the same question
     scorer_requests: int = 0
     degraded: bool = False
     total_ms: float = 0.0
     score_ms: float = 0.0
     client_ms: float = 0.0
+    # --repeat: 0 is the plain stream; rounds 1..R re-ask the questions "verbatim" or
+    # "rephrased" (round 0's kind is "plain")
+    round: int = 0
+    kind: str = "plain"
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
 
     @property
@@ -175,6 +180,22 @@ def summarize_policy(
     out["by_stage"] = by_stage
     out["latency_ms"] = latency(records)
     out["degraded"] = sum(1 for r in records if r.degraded)
+    return out
+
+
+def repeat_rounds(records: Sequence[QueryRecord], ks: Sequence[int]) -> dict[str, Any]:
+    """Per round of a ``--repeat`` replay, and per kind of asking within it: quality, scorer
+    calls and reused cells (categories as given: the caller filters)."""
+    out: dict[str, Any] = {}
+    for round_, in_round in sorted(group(records, lambda r: r.round).items()):
+        out[str(round_)] = {
+            kind: quality(recs, ks)
+            | {
+                "scorer_calls": int(sum(r.scorer_calls for r in recs)),
+                "reused": int(sum(r.reused for r in recs)),
+            }
+            for kind, recs in sorted(group(in_round, lambda r: r.kind).items())
+        }
     return out
 
 

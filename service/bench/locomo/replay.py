@@ -4,9 +4,11 @@ questions through ``POST /retrieve``, one namespace per (conversation, policy)."
 from __future__ import annotations
 
 import logging
+import random
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
@@ -22,10 +24,17 @@ logger = logging.getLogger(__name__)
 
 INGEST_CHUNK = 500
 
+#: How ``--repeat`` rephrases a question: templates that wrap its text.
+REPHRASINGS = ("Remind me: {q}", "{q} Do you remember?", "Quick question: {q}")
+
 
 @contextmanager
-def service_for(config: LocomoConfig, judge: RunningJudge) -> Iterator[tuple[str, dict[str, Any]]]:
-    """The base URL of the service to use and a description of its settings."""
+def service_for(
+    config: LocomoConfig, judge: RunningJudge, policies: Sequence[str]
+) -> Iterator[tuple[str, dict[str, Any]]]:
+    """The base URL of the service to use and a description of its settings. A service of
+    ``full`` alone is stateless full reranking, as peers do: every asking scores every
+    candidate (no reuse of earlier askings' observations)."""
     if config.url:
         if config.schedule:
             logger.warning("--schedule is ignored with --url: the service's schedule applies")
@@ -43,6 +52,7 @@ def service_for(config: LocomoConfig, judge: RunningJudge) -> Iterator[tuple[str
         # Refits inside the request that makes them due: the replay is then exactly
         # reproducible (a background refit lands after a timing-dependent number of queries).
         "refit_in_background": False,
+        "reuse_observations": tuple(policies) != ("full",),
         **judge.service_settings(),
     }
     logger.info("starting the service")
@@ -90,8 +100,9 @@ def retrieve(
     return check(response), elapsed_ms
 
 
-def to_record(question: Question, reply: dict[str, Any], client_ms: float) -> QueryRecord:
-    """A :class:`QueryRecord` from a question and the service's answer."""
+def to_record(asking: Asking, reply: dict[str, Any], client_ms: float) -> QueryRecord:
+    """A :class:`QueryRecord` from an asking and the service's answer."""
+    question = asking.question
     memories = sorted(reply.get("memories", []), key=lambda m: m.get("rank") or 1 << 30)
     timings = reply.get("timings") or {}
     return QueryRecord(
@@ -105,11 +116,14 @@ def to_record(question: Question, reply: dict[str, Any], client_ms: float) -> Qu
         stage=int(reply.get("stage") or 0),
         budget=int(reply.get("budget") or 0),
         scorer_calls=int(reply.get("scorer_calls") or 0),
+        reused=int(reply.get("reused") or 0),
         scorer_requests=int(reply.get("scorer_requests") or 0),
         degraded=bool(reply.get("degraded")),
         total_ms=float(timings.get("total_ms") or 0.0),
         score_ms=float(timings.get("score_ms") or 0.0),
         client_ms=client_ms,
+        round=asking.round,
+        kind=asking.kind,
     )
 
 
@@ -125,7 +139,7 @@ def replay(
 ) -> dict[str, list[QueryRecord]]:
     """Replay every conversation under the given policies; records per policy."""
     k = max(config.ks)
-    streams = {c.sample_id: question_stream(c, config) for c in conversations}
+    streams = {c.sample_id: askings(c, config) for c in conversations}
     records: dict[str, list[QueryRecord]] = {p: [] for p in policies}
     with httpx.Client(base_url=base_url, timeout=config.request_timeout_s) as client:
         for conv in conversations:
@@ -142,12 +156,12 @@ def replay(
                 logger.info("%s: ingested %d turns (%d new) in %.1f s", namespace, len(memories),
                             created, time.perf_counter() - started)
                 bar.set_postfix_str(f"{conv.sample_id} {policy}")
-                for question in streams[conv.sample_id]:
+                for asking in streams[conv.sample_id]:
                     reply, client_ms = retrieve(
-                        client, namespace, question.question, policy, k, config.candidates,
+                        client, namespace, asking.text, policy, k, config.candidates,
                         config.seed,
                     )
-                    records[policy].append(to_record(question, reply, client_ms))
+                    records[policy].append(to_record(asking, reply, client_ms))
                     bar.update(1)
     return records
 
@@ -174,3 +188,39 @@ def question_stream(conv: Conversation, config: LocomoConfig) -> list[Question]:
         questions = questions[: config.max_questions]
     return questions
 
+
+@dataclass(frozen=True)
+class Asking:
+    """One ``POST /retrieve`` of the replay: a question, the text sent for it, and its round."""
+
+    question: Question
+    text: str
+    round: int = 0  # 0: the plain stream; 1..R: the --repeat rounds
+    kind: str = "plain"  # "plain" | "verbatim" | "rephrased"
+
+
+def askings(conv: Conversation, config: LocomoConfig) -> list[Asking]:
+    """The conversation's questions in file order, then ``config.repeat`` rounds re-asking
+    them, each round in its own shuffled order. Which half of the questions is re-asked
+    verbatim and which rephrased is drawn once per conversation; a rephrased question takes
+    the next template (:data:`REPHRASINGS`) each round, so no two of its rephrasings repeat
+    the same text. Seeded by (seed, conversation): every policy asks the same stream."""
+    questions = question_stream(conv, config)
+    stream = [Asking(q, q.question) for q in questions]
+    if config.repeat == 0:
+        return stream
+    rng = random.Random(f"{config.seed}|{conv.sample_id}")
+    positions = list(range(len(questions)))
+    rng.shuffle(positions)
+    rephrased = set(positions[len(positions) // 2 :])
+    for round_ in range(1, config.repeat + 1):
+        rng.shuffle(positions)
+        for i in positions:
+            question = questions[i]
+            if i in rephrased:
+                template = REPHRASINGS[(i + round_ - 1) % len(REPHRASINGS)]
+                stream.append(Asking(question, template.format(q=question.question), round_,
+                                     "rephrased"))
+            else:
+                stream.append(Asking(question, question.question, round_, "verbatim"))
+    return stream

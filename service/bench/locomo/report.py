@@ -122,6 +122,28 @@ def _adversarial(adversarial: dict[str, Any] | None, ks: Sequence[int]) -> list[
             *table(["policy", *names, "n"], rows)]
 
 
+def _repeat(repeat: dict[str, Any] | None, ks: Sequence[int]) -> list[str]:
+    if not repeat:
+        return []
+    k0 = ks[0]
+    head = ["policy", "round", "kind", "n", *(f"recall@{k}" for k in ks),
+            f"recall@{k0} % of full", "scorer calls", "reused"]
+    rows = [
+        [policy, round_, kind, str(q.get("n")), *(pct(q.get(f"recall@{k}")) for k in ks),
+         pct((entry.get("recall_vs_full") or {}).get(round_, {}).get(kind, {})
+              .get(f"recall@{k0}")),
+         f"{q.get('scorer_calls', 0):,}", f"{q.get('reused', 0):,}"]
+        for policy, entry in repeat.items()
+        for round_, kinds in entry["rounds"].items()
+        for kind, q in kinds.items()
+    ]
+    totals = [[policy, f"{entry['scorer_calls']:,}", pct(entry.get("calls_vs_full")),
+               f"{entry['reused']:,}"] for policy, entry in repeat.items()]
+    return ["", "### --repeat: per round and kind of asking (round 0 = the plain stream, %)", "",
+            *table(head, rows), "", "whole stream, all rounds:", "",
+            *table(["policy", "scorer calls", "% of full", "reused cells"], totals)]
+
+
 def format_markdown(results: dict[str, Any]) -> str:
     """The markdown report printed on stdout: policies, categories, stages, derived rows."""
     policies: Policies = results.get("policies", {})
@@ -135,5 +157,6 @@ def format_markdown(results: dict[str, Any]) -> str:
         *_by_stage(policies, ks[0]),
         *_derived(results.get("derived", {}), ks, cats),
         *_adversarial(results.get("adversarial"), ks),
+        *_repeat(results.get("repeat"), ks),
     ]
     return "\n".join(lines) + "\n"

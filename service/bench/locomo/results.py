@@ -46,9 +46,11 @@ def build_results(
     records: dict[str, list[QueryRecord]],
     conversations: Sequence[Conversation],
 ) -> dict[str, Any]:
-    """The RESULTS dict (without settings) from the replay records."""
+    """The RESULTS dict (without settings) from the replay records. The policy tables cover
+    the plain stream (round 0); ``repeat`` the rounds of ``--repeat``."""
+    plain = plain_stream(records)
     policies: dict[str, Any] = {}
-    for policy, recs in records.items():
+    for policy, recs in plain.items():
         policies[policy] = metrics.summarize_policy(recs, config.ks, DEFAULT_CATEGORIES)
     full_calls = policies["full"]["scorer_calls"] if "full" in policies else None
     for entry in policies.values():
@@ -63,8 +65,10 @@ def build_results(
     if config.include_adversarial:
         out["adversarial"] = {
             policy: metrics.quality([r for r in recs if r.category == ADVERSARIAL], config.ks)
-            for policy, recs in records.items()
+            for policy, recs in plain.items()
         }
+    if config.repeat:
+        out["repeat"] = repeat_results(records, config.ks)
     if config.per_query:
         out["per_query"] = {
             policy: [
@@ -72,10 +76,13 @@ def build_results(
                     "sample_id": r.sample_id,
                     "qa_index": r.qa_index,
                     "t": r.query_index,
+                    "round": r.round,
+                    "kind": r.kind,
                     "category": r.category,
                     "stage": r.stage,
                     "budget": r.budget,
                     "scorer_calls": r.scorer_calls,
+                    "reused": r.reused,
                     "scorer_requests": r.scorer_requests,
                     **{
                         f"recall@{k}": metrics.recall_at_k(r.ranked, r.evidence, k)
@@ -91,3 +98,46 @@ def build_results(
         }
     return out
 
+
+def plain_stream(records: dict[str, list[QueryRecord]]) -> dict[str, list[QueryRecord]]:
+    """Each policy's records of the plain stream (round 0), without the --repeat rounds."""
+    return {policy: [r for r in recs if r.round == 0] for policy, recs in records.items()}
+
+
+def repeat_results(records: dict[str, list[QueryRecord]], ks: Sequence[int]) -> dict[str, Any]:
+    """The ``repeat`` block: per policy, quality/calls/reuse per round and kind (categories
+    1–4), the whole stream's calls, and each round's recall as a share of ``full``'s on the
+    same askings."""
+    policies: dict[str, Any] = {}
+    for policy, recs in records.items():
+        main = [r for r in recs if r.category in DEFAULT_CATEGORIES]
+        policies[policy] = {
+            "rounds": metrics.repeat_rounds(main, ks),
+            "scorer_calls": int(sum(r.scorer_calls for r in recs)),
+            "reused": int(sum(r.reused for r in recs)),
+        }
+    full = policies.get("full")
+    for entry in policies.values():
+        entry["calls_vs_full"] = (
+            entry["scorer_calls"] / full["scorer_calls"] if full and full["scorer_calls"] else None
+        )
+        entry["recall_vs_full"] = (
+            {
+                round_: {
+                    kind: {
+                        f"recall@{k}": _share(q.get(f"recall@{k}"),
+                                              full["rounds"][round_][kind].get(f"recall@{k}"))
+                        for k in ks
+                    }
+                    for kind, q in kinds.items()
+                }
+                for round_, kinds in entry["rounds"].items()
+            }
+            if full
+            else None
+        )
+    return policies
+
+
+def _share(value: float | None, reference: float | None) -> float | None:
+    return value / reference if value is not None and reference else None

@@ -14,8 +14,8 @@ from service.bench.locomo.data import load_conversations
 from service.bench.locomo.judge import JudgeKind, JudgeProtocol, NoiseModel, start_judge
 from service.bench.locomo.metrics import QueryRecord
 from service.bench.locomo.plot import plot_results
-from service.bench.locomo.replay import question_stream, replay, service_for
-from service.bench.locomo.results import build_results
+from service.bench.locomo.replay import askings, replay, service_for
+from service.bench.locomo.results import build_results, plain_stream
 
 logger = logging.getLogger(__name__)
 
@@ -32,9 +32,12 @@ def run_locomo(config: LocomoConfig) -> dict[str, Any]:
         miss=config.judge_miss, false=config.judge_false, noise=config.judge_noise, seed=config.seed
     )
     judge_kind = cast(JudgeKind, config.judge)  # LocomoConfig.__post_init__ checked it
-    total = sum(len(question_stream(c, config)) for c in conversations) * len(config.policies)
+    total = sum(len(askings(c, config)) for c in conversations) * len(config.policies)
     records: dict[str, list[QueryRecord]] = {}
     shared_service = bool(config.url or config.database_url)
+    if shared_service and config.repeat and "full" in config.policies:
+        logger.warning("with a shared service, full reuses earlier askings' observations too: "
+                       "its --repeat rounds are not stateless full reranking")
     # One service (and empty database) per policy in-process, so policies never share
     # experience yet replay identical namespaces; one shared service otherwise.
     policy_groups = [config.policies] if shared_service else [(p,) for p in config.policies]
@@ -45,7 +48,7 @@ def run_locomo(config: LocomoConfig) -> dict[str, Any]:
         total, "locomo", config.progress, unit="q"
     ) as bar:
         for policies in policy_groups:
-            with service_for(config, judge) as (base_url, service_settings):
+            with service_for(config, judge, policies) as (base_url, service_settings):
                 records |= replay(config, base_url, conversations, judge, run_id, policies, bar)
         judge_block = judge.describe()
         if judge.oracle is not None:
@@ -69,7 +72,7 @@ def run_locomo(config: LocomoConfig) -> dict[str, Any]:
         write_json(config.out, results)
         logger.info("wrote %s", config.out)
     if config.plot is not None:
-        plot_results(records, results, config.plot, config.ks, config.rolling_window)
+        plot_results(plain_stream(records), results, config.plot, config.ks, config.rolling_window)
         logger.info("wrote %s", config.plot)
     return results
 

@@ -1,0 +1,51 @@
+"""Query families and paraphrase evidence, as pure functions (service.retrieve.reuse)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from service.retrieve.reuse import (
+    neighbour_evidence,
+    reused_candidates,
+    unobserved_anchors,
+)
+
+
+def test_reused_candidates_are_the_candidates_the_family_observed_with_their_scores() -> None:
+    candidates = np.array([10, 11, 12, 13])
+    reused = reused_candidates(candidates, np.array([13, 99, 11]), np.array([0.3, 0.9, 0.7]))
+    assert reused.positions.tolist() == [1, 3]
+    assert reused.scores.tolist() == [0.7, 0.3]
+
+
+def test_anchors_sampled_among_the_rest_map_back_to_candidate_positions() -> None:
+    assert unobserved_anchors(6, np.array([0, 2]), np.array([0, 1, 3])).tolist() == [1, 3, 5]
+    assert unobserved_anchors(3, np.zeros(0, dtype=np.int64), np.array([0, 2])).tolist() == [0, 2]
+
+
+def test_neighbour_evidence_weighs_each_observation_by_its_querys_similarity_over_the_threshold(
+) -> None:
+    evidence = neighbour_evidence(
+        candidate_ids=np.array([1, 2, 3]),
+        neighbour_ids=np.array([1, 1, 2, 7]),
+        neighbour_similarities=np.array([1.0, 0.95, 0.9, 1.0]),
+        neighbour_scores=np.array([1.0, 0.0, 1.0, 1.0]),
+        min_similarity=0.9,
+    )
+    # memory 1: weights 1 and 0.5; memory 2: weight 0 at the threshold; 7 is no candidate
+    assert evidence.weights == pytest.approx([1.5, 0.0, 0.0])
+    assert evidence.means == pytest.approx([1 / 1.5, 0.0, 0.0])
+    assert evidence.steering.tolist() == [0]  # 1.5 ≥ STEER_WEIGHT
+
+
+def test_only_strong_neighbour_evidence_steers_anchors_away() -> None:
+    evidence = neighbour_evidence(
+        candidate_ids=np.array([1, 2]),
+        neighbour_ids=np.array([1, 2]),
+        neighbour_similarities=np.array([0.96, 0.99]),
+        neighbour_scores=np.array([1.0, 1.0]),
+        min_similarity=0.9,
+    )
+    assert evidence.weights == pytest.approx([0.6, 0.9])
+    assert evidence.steering.tolist() == [1]
