@@ -214,6 +214,7 @@ def protected_requests(memory_id: int = 1) -> list[tuple[str, str, dict]]:
             },
         ),
         ("GET", "/stats", {"params": {"namespace": "agent-1"}}),
+        ("GET", "/queries/1", {}),
     ]
 
 

@@ -8,6 +8,7 @@ in binary, the history read without SQLAlchemy's per-row processing.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -25,6 +26,26 @@ from service.db.model_state import content_sql
 from service.db.models import Memory, Query
 from service.db.namespaces import STATE_SQL
 from service.errors import NotFound
+
+#: The origin of an observation the scorer made for the query (``scores.source``, as
+#: _RECORD_SQL writes it).
+SCORER_ORIGIN = "scorer"
+
+
+@dataclass(frozen=True)
+class QueryTrace:
+    """What the trace of a retrieve keeps (``GET /queries/{id}``): its stage, the phase timings
+    known when it is recorded, and its candidates in rank order (best first)."""
+
+    stage: int
+    timings: dict[str, float]
+    memory_ids: np.ndarray
+    similarities: np.ndarray
+    estimates: np.ndarray  # the policy's estimate, what an unobserved candidate ranked by
+    scores: np.ndarray  # the final score
+    sources: Sequence[str]  # "observed" | "estimated" | "semantic"
+    origins: Sequence[str | None]  # the observation's origin ("scorer", ...), None: unobserved
+    anchors: np.ndarray  # bool: sampled as an anchor (scored, or failed: degraded)
 
 
 @dataclass(frozen=True)
@@ -56,12 +77,18 @@ _RECORD_SQL = """
     ), q AS (
         INSERT INTO queries (namespace, query_index, text, embedding, policy, candidates,
                              budget, scorer_calls, bias, slope, factors, prequential_abs_error,
-                             prequential_count, returned_count, returned_estimated)
+                             prequential_count, returned_count, returned_estimated, stage,
+                             timings, trace_memory_ids, trace_similarities, trace_estimates,
+                             trace_scores, trace_sources, trace_origins, trace_anchors)
         SELECT %(namespace)s::text, n.query_index, %(text)s::text, %(embedding)b,
                %(policy)s::text, %(n_candidates)s::int, %(budget)s::int, %(calls)s::int,
                %(bias)s::float8, %(slope)s::float8, %(factors)s::real[],
                %(prequential_error)s::float8, %(prequential_count)s::int,
-               %(returned_count)s::int, %(returned_estimated)s::int
+               %(returned_count)s::int, %(returned_estimated)s::int, %(stage)s::smallint,
+               %(timings)s::jsonb, %(trace_memory_ids)s::bigint[],
+               %(trace_similarities)s::real[], %(trace_estimates)s::real[],
+               %(trace_scores)s::real[], %(trace_sources)s::text[], %(trace_origins)s::text[],
+               %(trace_anchors)s::boolean[]
         FROM n
         RETURNING id, query_index
     ), s AS (
@@ -97,6 +124,7 @@ async def record_query(
     observed_ids: np.ndarray,
     observed_similarities: np.ndarray,
     observed_scores: np.ndarray,
+    trace: QueryTrace,
     rank: int,
 ) -> tuple[RecordedQuery, RowObservations]:
     """Record a query and its observations in the caller's transaction, and read the full
@@ -135,6 +163,7 @@ async def record_query(
                 "memory_ids": [int(m) for m in observed_ids],
                 "scores": [float(x) for x in observed_scores],
                 "similarities": [float(c) for c in observed_similarities],
+                **_trace_parameters(trace),
             },
         )
         history = (
@@ -150,6 +179,20 @@ async def record_query(
         RecordedQuery(int(query_id), int(query_index), int(since_refit)),
         _row_observations(await history.fetchall() if history is not None else [], rank),
     )
+
+
+def _trace_parameters(trace: QueryTrace) -> dict[str, Any]:
+    return {
+        "stage": trace.stage,
+        "timings": json.dumps(trace.timings),
+        "trace_memory_ids": trace.memory_ids.tolist(),
+        "trace_similarities": trace.similarities.tolist(),
+        "trace_estimates": trace.estimates.tolist(),
+        "trace_scores": trace.scores.tolist(),
+        "trace_sources": list(trace.sources),
+        "trace_origins": list(trace.origins),
+        "trace_anchors": trace.anchors.tolist(),
+    }
 
 
 async def insert_scores(

@@ -13,7 +13,7 @@ from service.db.engine import open_database, supervised
 from service.http.deps import Components, authenticate
 from service.http.error_handlers import install_error_handlers
 from service.http.middleware import BodyLimits, RequestObservabilityMiddleware
-from service.http.routes import health, memories, retrieve, stats
+from service.http.routes import health, memories, queries, retrieve, stats
 from service.ingest.indexer import BackgroundIndexer
 from service.integrations import mount_mcp
 from service.metrics import Metrics
@@ -48,6 +48,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(health.router)
     app.include_router(memories.router)
     app.include_router(retrieve.router)
+    app.include_router(queries.router)
     app.include_router(stats.router)
     mount_mcp(app, settings)
     return app

@@ -18,7 +18,12 @@ from service.completion.similarity import (
     fold_in_with_similarity,
 )
 from service.db import experience, model_state
-from service.db.experience import NamespaceObservations, RecordedQuery, RowObservations
+from service.db.experience import (
+    NamespaceObservations,
+    QueryTrace,
+    RecordedQuery,
+    RowObservations,
+)
 from service.db.model_state import RefittedModel
 from service.db.namespaces import (
     namespace_state,
@@ -80,6 +85,7 @@ class Learner:
         observed_similarities: np.ndarray,
         observed_scores: np.ndarray,
         mean_score: float,
+        trace: QueryTrace,
     ) -> RecordedQuery:
         """Record the query and its observations, update the touched memory rows online, and
         commit, all before the response, so the next query learns from this one."""
@@ -101,6 +107,7 @@ class Learner:
                 observed_ids=observed_ids,
                 observed_similarities=observed_similarities,
                 observed_scores=observed_scores,
+                trace=trace,
                 rank=self.settings.rank,
             )
             # The upsert carries the COMMIT (one round trip); session.commit() is then a no-op.
