@@ -10,6 +10,7 @@ from fastapi import Depends, FastAPI
 
 from service.auth import Authenticator
 from service.db.engine import open_database, supervised
+from service.http.dashboard import mount_dashboard
 from service.http.deps import Components, authenticate
 from service.http.docs import install_offline_docs
 from service.http.error_handlers import install_error_handlers
@@ -56,6 +57,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(queries.router)
     app.include_router(stats.router)
     mount_mcp(app, settings)
+    mount_dashboard(app)
     return app
 
 
