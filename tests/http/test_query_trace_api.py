@@ -3,7 +3,7 @@ and the local scorer (the embedding cosine, deterministic)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import numpy as np
 import pytest
@@ -134,19 +134,10 @@ def test_an_unknown_query_is_404(app_client: TestClient) -> None:
     assert app_client.get("/queries/0").status_code == 422
 
 
-def test_a_query_outside_the_key_namespaces_is_403(app_client: TestClient) -> None:
-    from service.auth import create_key  # the key store, as `earm keys create` uses it
-
-    components = app_client.app.state.components
-
-    async def make_keys() -> tuple[str, str]:
-        async with components.database.sessions() as session:
-            admin, _ = await create_key(session, ["*"])
-            scoped, _ = await create_key(session, ["team-*"])
-            await session.commit()
-        return admin, scoped
-
-    admin, scoped = app_client.portal.call(make_keys)
+def test_a_query_outside_the_key_namespaces_is_403(
+    app_client: TestClient, create_api_key: Callable[[str], str]
+) -> None:
+    admin, scoped = create_api_key("*"), create_api_key("team-*")
     admin_headers = {"Authorization": f"Bearer {admin}"}
     fill(app_client, headers=admin_headers)
     response = app_client.post(
