@@ -168,9 +168,9 @@ def colour_scale() -> Markup:
     for step in range(11):
         score = step / 10
         out.append(
-            f'<rect x="{12 + step * 16}" y="4" width="16" height="14" '
+            f'<rect class="part" x="{12 + step * 16}" y="4" width="16" height="14" '
             f'fill="{score_colour(score)}"/>'
-            f'<rect x="{230 + step * 16}" y="4" width="16" height="14" '
+            f'<rect class="part" x="{230 + step * 16}" y="4" width="16" height="14" '
             f'fill="{score_colour(score)}" fill-opacity="0.3"/>'
         )
     out.append(
