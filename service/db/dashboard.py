@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession
@@ -175,12 +176,16 @@ GROUP BY 1, 2
 """
 
 
-async def experience_matrix(
-    session: AsyncSession, namespace: str, rows: int, columns: int, before: int | None = None
-) -> ExperienceMatrix:
-    """The last ``rows`` queries before query index ``before`` (None: the latest), their
-    observed cells and estimated candidates, with the namespace's memories grouped into at most
-    ``columns`` equal ranges of ids (a memory's column: its id's range)."""
+@dataclass(frozen=True)
+class _Columns:
+    lowest_memory_id: int
+    ids_per_column: float
+    columns: int
+    memories: int
+
+
+async def _columns(session: AsyncSession, namespace: str, columns: int) -> _Columns:
+    """The namespace's memory ids cut into at most ``columns`` equal ranges."""
     bounds = (
         await session.execute(
             text(
@@ -191,16 +196,26 @@ async def experience_matrix(
         )
     ).one()
     lowest = int(bounds.lowest or 1)
-    id_span = int(bounds.highest or lowest) - lowest + 1
     n_columns = max(1, min(columns, int(bounds.n)))
-    ids_per_column = id_span / n_columns
+    id_span = int(bounds.highest or lowest) - lowest + 1
+    return _Columns(lowest, id_span / n_columns, n_columns, int(bounds.n))
+
+
+async def experience_matrix(
+    session: AsyncSession, namespace: str, rows: int, columns: int, before: int | None = None
+) -> ExperienceMatrix:
+    """The last ``rows`` queries before query index ``before`` (None: the latest), their
+    observed cells and estimated candidates, with the namespace's memories grouped into at most
+    ``columns`` equal ranges of ids (a memory's column: its id's range)."""
+    grid = await _columns(session, namespace, columns)
+    window = {"namespace": namespace, "before": _before(before), "rows": rows}
     shown = (
         await session.execute(
             text(
                 "SELECT id, query_index FROM queries WHERE namespace = :namespace "
                 "AND query_index < :before ORDER BY query_index DESC LIMIT :rows"
             ),
-            {"namespace": namespace, "before": _before(before), "rows": rows},
+            window,
         )
     ).all()
     query_ids = [int(r.id) for r in reversed(shown)]
@@ -208,35 +223,33 @@ async def experience_matrix(
     cells = (
         await session.execute(
             text(_MATRIX_SQL),
-            {
-                "namespace": namespace,
-                "before": _before(before),
-                "rows": rows,
-                "lowest": lowest,
-                "ids_per_column": ids_per_column,
-                "columns": n_columns,
+            window
+            | {
+                "lowest": grid.lowest_memory_id,
+                "ids_per_column": grid.ids_per_column,
+                "columns": grid.columns,
             },
         )
     ).all()
     return ExperienceMatrix(
         query_ids=query_ids,
         query_indexes=[int(r.query_index) for r in reversed(shown)],
-        memories=int(bounds.n),
-        lowest_memory_id=lowest,
-        ids_per_column=ids_per_column,
-        columns=n_columns,
-        tiles=[
-            MatrixTile(
-                row=row_of[int(c.query_id)],
-                column=int(c.column),
-                observed_mean=None if c.observed_mean is None else float(c.observed_mean),
-                observed_count=int(c.observed_count),
-                estimated_mean=None if c.estimated_mean is None else float(c.estimated_mean),
-                estimated_count=int(c.estimated_count),
-            )
-            for c in cells
-            if int(c.query_id) in row_of
-        ],
+        memories=grid.memories,
+        lowest_memory_id=grid.lowest_memory_id,
+        ids_per_column=grid.ids_per_column,
+        columns=grid.columns,
+        tiles=[_tile(row_of[int(c.query_id)], c) for c in cells if int(c.query_id) in row_of],
+    )
+
+
+def _tile(row: int, cell: Any) -> MatrixTile:
+    return MatrixTile(
+        row=row,
+        column=int(cell.column),
+        observed_mean=None if cell.observed_mean is None else float(cell.observed_mean),
+        observed_count=int(cell.observed_count),
+        estimated_mean=None if cell.estimated_mean is None else float(cell.estimated_mean),
+        estimated_count=int(cell.estimated_count),
     )
 
 

@@ -201,18 +201,26 @@ async def namespace_page(request: Request, namespace: str, principal: PrincipalD
     return _page(request, "namespace.html", context)
 
 
+def _cumulative(
+    history: list[dashboard_sql.HistoryBucket],
+    calls: Callable[[dashboard_sql.HistoryBucket], int],
+) -> list[tuple[float, float]]:
+    """Running totals of ``calls`` at the end of each bucket of queries."""
+    total, points = 0, []
+    for bucket in history:
+        total += calls(bucket)
+        points.append((bucket.last_index + 1.0, float(total)))
+    return points
+
+
 def _namespace_charts(
     history: list[dashboard_sql.HistoryBucket],
     sources: dict[str, int],
     stage_for: Callable[[int], int],
 ) -> dict[str, Any]:
-    calls, full = 0, 0
-    cumulative_calls, cumulative_full = [], []
-    for bucket in history:
-        calls += bucket.scorer_calls
-        full += bucket.full_rerank_calls
-        cumulative_calls.append((bucket.last_index + 1.0, float(calls)))
-        cumulative_full.append((bucket.last_index + 1.0, float(full)))
+    cumulative_calls = _cumulative(history, lambda b: b.scorer_calls)
+    cumulative_full = _cumulative(history, lambda b: b.full_rerank_calls)
+    # Buckets recorded before stages were kept take the schedule's stage of their first query.
     stages = [
         (float(b.first_index), float(b.stage if b.stage is not None else stage_for(b.first_index)))
         for b in history
