@@ -131,10 +131,8 @@ async def recent_queries(session: AsyncSession, namespace: str, last: int) -> li
 class MatrixTile:
     row: int  # 0 = the oldest query shown
     column: int  # 0 = the lowest memory ids
-    observed_mean: float | None
-    observed_count: int
-    estimated_mean: float | None
-    estimated_count: int
+    observed_mean: float | None  # of the observed cells in the tile (None: none)
+    estimated_mean: float | None  # of the estimated candidates in the tile (None: none)
 
 
 @dataclass(frozen=True)
@@ -167,9 +165,7 @@ WITH q AS MATERIALIZED (
 SELECT cell.query_id,
        least(floor((cell.memory_id - :lowest) / :ids_per_column), :columns - 1)::int AS column,
        avg(value) FILTER (WHERE observed) AS observed_mean,
-       count(*) FILTER (WHERE observed) AS observed_count,
-       avg(value) FILTER (WHERE NOT observed) AS estimated_mean,
-       count(*) FILTER (WHERE NOT observed) AS estimated_count
+       avg(value) FILTER (WHERE NOT observed) AS estimated_mean
 FROM cell
 WHERE cell.memory_id >= :lowest
 GROUP BY 1, 2
@@ -247,9 +243,7 @@ def _tile(row: int, cell: Any) -> MatrixTile:
         row=row,
         column=int(cell.column),
         observed_mean=None if cell.observed_mean is None else float(cell.observed_mean),
-        observed_count=int(cell.observed_count),
         estimated_mean=None if cell.estimated_mean is None else float(cell.estimated_mean),
-        estimated_count=int(cell.estimated_count),
     )
 
 

@@ -157,7 +157,7 @@ def service_settings(judge_settings: Callable[..., Settings], judge_url: str) ->
 
 #: For every svg.chart: its name and how many of its marks draw something visible.
 DRAWN_MARKS_JS = """() => Array.from(document.querySelectorAll('svg.chart')).map(svg => {
-  const marks = svg.querySelectorAll('polyline, rect.part, rect.observed, rect.estimated');
+  const marks = svg.querySelectorAll('polyline, rect.part, path.observed, path.estimated');
   const drawn = Array.from(marks).filter(mark => {
     const box = mark.getBBox();
     if (mark.tagName === 'polyline') return mark.points.numberOfItems >= 2 && box.width > 0;
@@ -220,6 +220,8 @@ def test_after_a_replay_every_page_loads_clean_draws_its_charts_and_links_to_tra
 
         watched.visit(f"/dashboard/namespaces/{NAMESPACE}/matrix")
         assert_charts_drawn(watched, {"matrix", "matrix-legend"})
+        for kind in ("observed", "estimated"):
+            assert watched.page.locator(f"svg[data-chart=matrix] path.{kind}").count() > 0
         watched.assert_clean()
 
         for docs, rendered in (("/docs", ".swagger-ui .info"), ("/redoc", "[role=search]")):

@@ -291,6 +291,7 @@ async def matrix_page(
         "matrix": matrix,
         "chart": charts.matrix_chart(matrix),
         "legend": charts.colour_scale(),
+        "shades": charts.MATRIX_SHADES,
         "older": matrix.query_indexes[0] if matrix.query_indexes else None,
     }
     return _page(request, "matrix.html", context)

@@ -133,30 +133,39 @@ def score_colour(score: float) -> str:
     return f"#{r:02x}{g:02x}{b:02x}"
 
 
+#: Matrix tiles are drawn in this many shades per kind (observed, estimated): one SVG path per
+#: shade keeps a 100 × 200 matrix of tiles a few hundred kilobytes (a rect each was 1.7 MB).
+MATRIX_SHADES = 10
+
+
 def matrix_chart(matrix: ExperienceMatrix, cell: int = 4) -> Markup:
     """Queries (rows, oldest on top) × memory-id ranges (columns): a tile with observed cells
     is coloured by their mean score, one with only estimated candidates shaded (pale, its mean
-    estimate's colour at low opacity). Each tile's tooltip gives its counts."""
+    estimate's colour at low opacity); scores are rounded to :data:`MATRIX_SHADES` shades, each
+    shade one path whose tooltip names its kind and score range."""
     rows = max(1, len(matrix.query_ids))
     width, height = matrix.columns * cell + 2, rows * cell + 2
+    shades: dict[tuple[str, int], list[str]] = {}
+    for tile in matrix.tiles:
+        kind, mean = (
+            ("observed", tile.observed_mean)
+            if tile.observed_mean is not None
+            else ("estimated", tile.estimated_mean)
+        )
+        if mean is None:
+            continue
+        shade = min(MATRIX_SHADES - 1, max(0, int(mean * MATRIX_SHADES)))
+        x, y = 1 + tile.column * cell, 1 + tile.row * cell
+        shades.setdefault((kind, shade), []).append(f"M{x} {y}h{cell}v{cell}h-{cell}z")
     out = [_svg_open("matrix", "Experience matrix", width, height)]
     out.append(f'<rect class="matrix-frame" x="0" y="0" width="{width}" height="{height}"/>')
-    for tile in matrix.tiles:
-        x, y = 1 + tile.column * cell, 1 + tile.row * cell
-        if tile.observed_mean is not None:
-            fill, opacity = score_colour(tile.observed_mean), 1.0
-            what = f"{tile.observed_count} observed, mean {tile.observed_mean:.2f}"
-        elif tile.estimated_mean is not None:
-            fill, opacity = score_colour(tile.estimated_mean), 0.3
-            what = f"{tile.estimated_count} estimated, mean {tile.estimated_mean:.2f}"
-        else:
-            continue
+    for (kind, shade), tiles in sorted(shades.items()):
+        low, high = shade / MATRIX_SHADES, (shade + 1) / MATRIX_SHADES
+        opacity = 1.0 if kind == "observed" else 0.3
         out.append(
-            f'<rect class="{"observed" if opacity == 1.0 else "estimated"}" x="{x}" y="{y}" '
-            f'width="{cell}" height="{cell}" fill="{fill}" fill-opacity="{opacity}">'
-            f"<title>query #{matrix.query_indexes[tile.row]}, memories from id "
-            f"{matrix.lowest_memory_id + int(tile.column * matrix.ids_per_column)}: "
-            f"{what}</title></rect>"
+            f'<path class="{kind}" fill="{score_colour((low + high) / 2)}" '
+            f'fill-opacity="{opacity}" d="{"".join(tiles)}"><title>{kind}, mean score '
+            f"{low:.1f}–{high:.1f}: {len(tiles)} tiles</title></path>"
         )
     out.append("</svg>")
     return Markup("".join(out))
