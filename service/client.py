@@ -15,6 +15,8 @@ pydantic), so they cannot drift from the service::
             print(memory.rank, memory.score, memory.source, memory.text)
         earm.feedback("agent-42", result.query_id, {result.memories[0].id: 1.0})
         print(earm.stats("agent-42").calls_saved)
+        for candidate in earm.trace(result.query_id).candidates:   # why was it returned?
+            print(candidate.rank, candidate.source, candidate.estimate, candidate.origin)
 
 Any non-2xx answer raises :class:`EarmAPIError` with the API's stable error ``code``; transport
 failures (connection refused, timeouts) raise httpx's exceptions unchanged.
@@ -30,6 +32,7 @@ from pydantic import TypeAdapter
 
 from service.db.namespaces import ErasedNamespace
 from service.db.stats import NamespaceStats
+from service.db.traces import QueryTraceResult, TracedCandidate
 from service.http.schemas import StatsListOut
 from service.ingest.memories import (
     IngestResult,
@@ -51,11 +54,14 @@ __all__ = [
     "Memory",
     "MemoryPage",
     "NamespaceStats",
+    "QueryTrace",
     "RetrieveResult",
+    "TracedCandidate",
     "UpdatedMemory",
 ]
 
 Memory = StoredMemory
+QueryTrace = QueryTraceResult
 
 #: A memory to add: its text, or the fields of ``POST /memories`` (text, embedding,
 #: external_id, occurred_at, metadata).
@@ -253,6 +259,11 @@ class EarmClient:
         """``GET /stats``: one namespace's stats, or (no namespace) a list of every visible one."""
         return _stats_result(self._call("GET", "/stats", params=_stats_params(namespace)).json())
 
+    def trace(self, query_id: int) -> QueryTrace:
+        """``GET /queries/{id}``: what one retrieve did, every candidate with its similarity,
+        anchor or not, observed score and origin, estimate, final score, source and rank."""
+        return self._parse(QueryTrace, "GET", f"/queries/{int(query_id)}")
+
     def get(self, memory_id: int) -> Memory:
         return self._parse(Memory, "GET", f"/memories/{int(memory_id)}")
 
@@ -334,6 +345,9 @@ class AsyncEarmClient:
     ) -> NamespaceStats | list[NamespaceStats]:
         params = _stats_params(namespace)
         return _stats_result((await self._call("GET", "/stats", params=params)).json())
+
+    async def trace(self, query_id: int) -> QueryTrace:
+        return await self._parse(QueryTrace, "GET", f"/queries/{int(query_id)}")
 
     async def get(self, memory_id: int) -> Memory:
         return await self._parse(Memory, "GET", f"/memories/{int(memory_id)}")

@@ -216,6 +216,7 @@ def protected_requests(memory_id: int = 1) -> list[tuple[str, str, dict]]:
         ("GET", "/stats", {"params": {"namespace": "agent-1"}}),
         ("PATCH", f"/memories/{memory_id}", {"json": {"metadata": {"edited": True}}}),
         ("DELETE", "/namespaces/agent-1", {}),
+        ("GET", "/queries/1", {}),
     ]
 
 
@@ -267,6 +268,8 @@ def test_a_namespace_outside_the_key_scope_is_forbidden_everywhere(api: TestClie
     admin = create_key(keys, "*")
     other = create_key(keys, "team-*")
     memory_id = ingest(api, "agent-1", admin)
+    query = {"namespace": "agent-1", "query": "q", "query_embedding": VECTOR}
+    assert api.post("/retrieve", json=query, headers=bearer(admin)).json()["query_id"] == 1
     for method, path, kwargs in protected_requests(memory_id):
         if path == "/stats" and not has_route(api.app, "/stats"):
             continue

@@ -9,6 +9,7 @@ in binary, the history read without SQLAlchemy's per-row processing.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -34,6 +35,29 @@ from service.db.model_state import content_sql
 from service.db.models import Memory, Query, Score
 from service.db.namespaces import STATE_SQL
 from service.errors import NotFound
+
+#: The origin of an observation the scorer made for the query (``scores.source``, as
+#: _RECORD_SQL writes it).
+SCORER_ORIGIN = "scorer"
+#: The origin of a cell taken from an earlier asking of the query's family (no scores row of
+#: its own: ``queries.reused_memory_ids``).
+REUSED_ORIGIN = "reused"
+
+
+@dataclass(frozen=True)
+class QueryTrace:
+    """What the trace of a retrieve keeps (``GET /queries/{id}``): its stage, the phase timings
+    known when it is recorded, and its candidates in rank order (best first)."""
+
+    stage: int
+    timings: dict[str, float]
+    memory_ids: np.ndarray
+    similarities: np.ndarray
+    estimates: np.ndarray  # the policy's estimate, what an unobserved candidate ranked by
+    scores: np.ndarray  # the final score
+    sources: Sequence[str]  # "observed" | "estimated" | "semantic"
+    origins: Sequence[str | None]  # the observation's origin ("scorer", ...), None: unobserved
+    anchors: np.ndarray  # bool: sampled as an anchor (scored, or failed: degraded)
 
 
 @dataclass(frozen=True)
@@ -69,13 +93,19 @@ _RECORD_SQL = """
         INSERT INTO queries (namespace, query_index, text, embedding, policy, candidates,
                              budget, scorer_calls, bias, slope, factors, prequential_abs_error,
                              prequential_count, returned_count, returned_estimated,
-                             family_key, reused_memory_ids)
+                             family_key, reused_memory_ids, stage, timings,
+                             trace_memory_ids, trace_similarities, trace_estimates,
+                             trace_scores, trace_sources, trace_origins, trace_anchors)
         SELECT %(namespace)s::text, n.query_index, %(text)s::text, %(embedding)b,
                %(policy)s::text, %(n_candidates)s::int, %(budget)s::int, %(calls)s::int,
                %(bias)s::float8, %(slope)s::float8, %(factors)s::real[],
                %(prequential_error)s::float8, %(prequential_count)s::int,
                %(returned_count)s::int, %(returned_estimated)s::int,
-               %(family_key)s::bytea, %(reused_ids)s::bigint[]
+               %(family_key)s::bytea, %(reused_ids)s::bigint[], %(stage)s::smallint,
+               %(timings)s::jsonb, %(trace_memory_ids)s::bigint[],
+               %(trace_similarities)s::float8[]::real[], %(trace_estimates)s::float8[]::real[],
+               %(trace_scores)s::float8[]::real[], %(trace_sources)s::text[],
+               %(trace_origins)s::text[], %(trace_anchors)s::boolean[]
         FROM n
         RETURNING id, query_index
     ), s AS (
@@ -114,6 +144,7 @@ async def record_query(
     family_key: bytes | None,
     reused_ids: np.ndarray,
     reuse_saved_calls: int,
+    trace: QueryTrace,
     rank: int,
 ) -> tuple[RecordedQuery, StoredRows]:
     """Record a query and its observations in the caller's transaction, and read what the
@@ -156,6 +187,7 @@ async def record_query(
                 "family_key": family_key,
                 "reused_ids": array_literal(reused_ids),
                 "saved_calls": reuse_saved_calls,
+                **_trace_parameters(trace),
             },
         )
         ids = {"ids": [int(m) for m in observed_ids]}
@@ -177,6 +209,22 @@ async def record_query(
             history=_row_observations(history_rows, rank),
         ),
     )
+
+
+def _trace_parameters(trace: QueryTrace) -> dict[str, Any]:
+    return {
+        "stage": trace.stage,
+        "timings": json.dumps(trace.timings),
+        # One literal per number array (codecs.array_literal: what psycopg's list dumper sends,
+        # joined once); float8 first, so each value rounds to real as a float8 parameter's does.
+        "trace_memory_ids": array_literal(trace.memory_ids),
+        "trace_similarities": array_literal(trace.similarities),
+        "trace_estimates": array_literal(trace.estimates),
+        "trace_scores": array_literal(trace.scores),
+        "trace_sources": list(trace.sources),
+        "trace_origins": list(trace.origins),
+        "trace_anchors": array_literal(trace.anchors),
+    }
 
 
 @dataclass(frozen=True)

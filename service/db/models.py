@@ -118,6 +118,17 @@ class Query(Base):
     family_key: Mapped[bytes | None] = mapped_column(LargeBinary)
     # The candidates this query took from its family's observations instead of scoring them.
     reused_memory_ids: Mapped[list[int]] = mapped_column(ARRAY(BigInteger), server_default="{}")
+    # The query's trace (service/db/traces.py; NULL for queries recorded before 0012): its
+    # budget stage, phase timings, and its candidates in rank order, one array element each.
+    stage: Mapped[int | None] = mapped_column(SmallInteger)
+    timings: Mapped[dict[str, float] | None] = mapped_column(JSONB)
+    trace_memory_ids: Mapped[list[int] | None] = mapped_column(ARRAY(BigInteger))
+    trace_similarities: Mapped[list[float] | None] = mapped_column(ARRAY(REAL))
+    trace_estimates: Mapped[list[float] | None] = mapped_column(ARRAY(REAL))
+    trace_scores: Mapped[list[float] | None] = mapped_column(ARRAY(REAL))
+    trace_sources: Mapped[list[str] | None] = mapped_column(ARRAY(Text))
+    trace_origins: Mapped[list[str | None] | None] = mapped_column(ARRAY(Text))
+    trace_anchors: Mapped[list[bool] | None] = mapped_column(ARRAY(Boolean))
 
 
 class Score(Base):

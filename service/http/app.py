@@ -10,10 +10,12 @@ from fastapi import Depends, FastAPI
 
 from service.auth import Authenticator
 from service.db.engine import open_database, supervised
+from service.http.dashboard import mount_dashboard
 from service.http.deps import Components, authenticate
+from service.http.docs import install_offline_docs
 from service.http.error_handlers import install_error_handlers
 from service.http.middleware import BodyLimits, RequestObservabilityMiddleware
-from service.http.routes import health, memories, namespaces, retrieve, stats
+from service.http.routes import health, memories, namespaces, queries, retrieve, stats
 from service.ingest.indexer import BackgroundIndexer
 from service.integrations import mount_mcp
 from service.metrics import Metrics
@@ -38,6 +40,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         # Every route needs a key once key enforcement is on, except deps.PUBLIC_PATHS
         # (docs/security.md).
         dependencies=[Depends(authenticate)],
+        # Served by service.http.docs with local assets instead of FastAPI's CDN ones.
+        docs_url=None,
+        redoc_url=None,
     )
     app.add_middleware(
         BodyLimits, max_bytes=settings.max_body_bytes, timeout_s=settings.body_timeout_s
@@ -45,12 +50,15 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.metrics = metrics
     app.add_middleware(RequestObservabilityMiddleware, metrics=metrics)
     install_error_handlers(app)
+    install_offline_docs(app)
     app.include_router(health.router)
     app.include_router(memories.router)
     app.include_router(namespaces.router)
     app.include_router(retrieve.router)
+    app.include_router(queries.router)
     app.include_router(stats.router)
     mount_mcp(app, settings)
+    mount_dashboard(app)
     return app
 
 

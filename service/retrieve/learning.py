@@ -30,6 +30,7 @@ from service.db import memories as memory_table
 from service.db.codecs import real_as_read
 from service.db.experience import (
     NamespaceObservations,
+    QueryTrace,
     RecordedQuery,
     RowObservations,
     StoredRows,
@@ -145,6 +146,7 @@ class Learner:
         family_key: bytes | None,
         reused_ids: np.ndarray,
         reuse_saved_calls: int,
+        trace: QueryTrace,
     ) -> RecordedQuery:
         """Record the query and its observations, update the touched memory rows online, and
         commit, all before the response, so the next query learns from this one.
@@ -172,6 +174,7 @@ class Learner:
                 family_key=family_key,
                 reused_ids=reused_ids,
                 reuse_saved_calls=reuse_saved_calls,
+                trace=trace,
                 rank=self.settings.rank,
             )
             if ranking.query is not None and len(stored.memory_ids):

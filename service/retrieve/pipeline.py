@@ -17,6 +17,7 @@ from numpy.typing import NDArray
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from service.completion.similarity import content_offsets
+from service.db.experience import REUSED_ORIGIN, SCORER_ORIGIN, QueryTrace
 from service.db.namespaces import NamespaceState
 from service.db.search import Candidates, NeighbourSearch, memory_embeddings, search
 from service.errors import InvalidInput, LimitExceeded, NotFound
@@ -154,6 +155,36 @@ def _candidate_state(found: _Search) -> CandidateState:
     )
 
 
+def _trace(
+    found: _Search,
+    ranking: Ranking,
+    observed_positions: np.ndarray,
+    stage: int,
+    timings: dict[str, float],
+) -> QueryTrace:
+    """The query's trace, its candidates in rank order (``timings``: the phases so far)."""
+    n = len(found.candidates)
+    anchors = np.zeros(n, dtype=bool)
+    anchors[found.anchors] = True
+    origins: list[str | None] = [None] * n
+    for position in observed_positions:
+        origins[position] = SCORER_ORIGIN
+    for position in found.reused.positions:
+        origins[position] = REUSED_ORIGIN
+    order = ranking.order
+    return QueryTrace(
+        stage=stage,
+        timings=timings,
+        memory_ids=found.candidates.ids[order],
+        similarities=found.candidates.similarities[order],
+        estimates=ranking.estimates[order],
+        scores=ranking.scores[order],
+        sources=[ranking.sources[p] for p in order],
+        origins=[origins[p] for p in order],
+        anchors=anchors[order],
+    )
+
+
 class RetrievalPipeline:
     def __init__(
         self,
@@ -240,6 +271,7 @@ class RetrievalPipeline:
         )
         memories = self._top_k(request, found.candidates, ranking)
         since = watch.lap("complete_ms", since)
+        stage = self.schedule.stage_for(found.state.next_query_index)
 
         recorded = await self.learner.record_and_learn(
             request.namespace,
@@ -266,13 +298,14 @@ class RetrievalPipeline:
             found.candidates.ids[reused.positions],
             # What the budget would have scored had the family not covered those candidates.
             found.budget - len(found.anchors),
+            _trace(found, ranking, observed_positions, stage, dict(watch.timings)),
         )
         watch.lap("record_ms", since)
         return RetrieveResult(
             query_id=recorded.query_id,
             query_index=recorded.query_index,
             policy=request.policy,
-            stage=self.schedule.stage_for(found.state.next_query_index),
+            stage=stage,
             budget=found.budget,
             scorer_calls=len(found.anchors),
             reused=len(reused),

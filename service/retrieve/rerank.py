@@ -44,6 +44,10 @@ class CandidateState:
 class Ranking:
     order: np.ndarray  # candidate positions, best first
     scores: np.ndarray  # final score of each candidate position
+    # What the policy's model estimates for each candidate position, observed ones included
+    # (the completion with this query folded in, the calibrated similarity, or the similarity
+    # itself): an unobserved candidate is ranked by it. Kept for the query's trace.
+    estimates: np.ndarray
     sources: list[str]  # "observed" | "estimated" | "semantic" per candidate position
     query: QueryParameters | None  # this query's solved parameters (None: nothing observed)
     # |estimate - observed| for the observed anchors that had history, each estimated as if
@@ -118,6 +122,8 @@ def rank_candidates(
                 candidates.similarities[observed_positions], observed_scores
             )
             scores = calibration.estimate(candidates.similarities)
+    estimates = scores.copy()
+    if len(observed_positions):
         scores[observed_positions] = observed_scores
         for position in observed_positions:
             sources[position] = OBSERVED
@@ -125,7 +131,7 @@ def rank_candidates(
     # Ties (e.g. equal observed scores) keep the semantic order: the candidates arrive most
     # similar first and the sort is stable.
     order = np.argsort(-scores, kind="stable")
-    return Ranking(order, scores, sources, query, prequential_errors)
+    return Ranking(order, scores, estimates, sources, query, prequential_errors)
 
 
 def _fold_in_query(

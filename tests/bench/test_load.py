@@ -53,10 +53,14 @@ def test_report_has_every_section(report: dict) -> None:
     assert [f["concurrency"] for f in report["floor"]] == [1, 4]
     assert [f["concurrency"] for f in report["floor_replayed"]] == [1, 4]
     assert len(report["observations"]) == 2
-    assert len(report["targets"]) == 5
+    assert len(report["targets"]) == 6
+    for tier in report["observations"]:
+        pages = {row["page"]: row for row in tier["dashboard"]}
+        assert set(pages) == {"namespaces", "namespace", "experience matrix", "query trace"}
+        assert all(row["bytes"] > 0 and row["client_ms"]["n"] == 10 for row in pages.values())
     markdown = render_markdown(report)
     for heading in ("## Ingest", "## Retrieve", "## Floor", "## Slow judge",
-                    "## Completion, refit and memory", "## Targets"):
+                    "## Completion, refit and memory", "## Dashboard pages", "## Targets"):
         assert heading in markdown
 
 

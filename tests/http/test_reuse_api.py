@@ -4,6 +4,7 @@ loopback chat-completions judge that records every pair it is asked to score."""
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -100,6 +101,20 @@ def test_a_repeated_query_never_asks_the_scorer_for_a_pair_it_has_observed(
     second_scores = {m["text"]: m["score"] for m in second["memories"]}
     assert observed_texts(second) >= set(first_scores)
     assert all(second_scores[t] == pytest.approx(s, abs=1e-6) for t, s in first_scores.items())
+
+
+def test_the_trace_of_a_repeat_names_the_cells_it_reused_and_those_it_scored(
+    reuse_client: TestClient,
+) -> None:
+    first = ask(reuse_client, "Which memories are about topic 3?")
+    second = ask(reuse_client, "Which memories are about topic 3?")
+    trace = reuse_client.get(f"/queries/{second['query_id']}")
+    assert trace.status_code == 200, trace.text
+    origins = Counter(c["origin"] for c in trace.json()["candidates"])
+    assert origins["reused"] == second["reused"] == first["scorer_calls"]
+    assert origins["scorer"] == second["scorer_calls"]
+    reused = [c for c in trace.json()["candidates"] if c["origin"] == "reused"]
+    assert all(c["observed_score"] == c["score"] and not c["anchor"] for c in reused)
 
 
 def test_coverage_grows_with_each_repetition_until_nothing_is_left_to_score(

@@ -33,14 +33,18 @@ It reports, as markdown on stdout and JSON with ``--out``:
    database is vacuumed and analyzed (as after each ingest path), then sequential ``earm``
    retrieves report ``timings.complete_ms``; one more retrieve is made to
    trigger a full refit inside the service (its latency is reported), and the service's
-   resident memory (psutil RSS, and the peak) is read after it.
+   resident memory (psutil RSS, and the peak) is read after it;
+6. **dashboard**: at each tier, every page of the namespace (``/dashboard/`` and the namespace,
+   its experience matrix, its latest query's trace) fetched ``--dashboard-requests`` times,
+   client-side p50/p95/p99 over HTTP, against the target of 500 ms.
 
 The judge runs in a child process of the bench, the service in another; all of them, and
 Postgres, share the machine. Numbers are as measured, on whatever machine runs the command.
 """
 
 # The package: config (the flags), world (the data), judge, session (what the phases share, and
-# timed retrieves), ingest, floor, observations, database, run (the phases in order), targets,
+# timed retrieves), ingest, floor, observations, dashboard, database, run (the phases in order),
+# targets,
 # report, plot and cli. The docstring above is `earm bench load --help`'s description.
 
 from service.bench.load.cli import add_load_parser

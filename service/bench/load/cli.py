@@ -40,6 +40,8 @@ def _add_size_flags(parser: argparse.ArgumentParser, defaults: LoadConfig) -> No
                         help="sequential earm retrieves per observation tier (default 30)")
     parser.add_argument("--slow-requests", type=int, default=defaults.slow_requests,
                         help="retrieves per slow-judge cell (default 24)")
+    parser.add_argument("--dashboard-requests", type=int, default=defaults.dashboard_requests,
+                        help="fetches of each dashboard page per observation tier (default 10)")
     parser.add_argument("--latency-ms", type=float, default=defaults.latency_ms,
                         help="judge latency per call in the latency matrix (default 0)")
     parser.add_argument("--slow-latency-ms", type=float, default=defaults.slow_latency_ms,

@@ -22,6 +22,7 @@ class LoadConfig:
     requests: int = 64
     completion_requests: int = 30
     slow_requests: int = 24
+    dashboard_requests: int = 10
     latency_ms: float = 0.0
     slow_latency_ms: float = 50.0
     candidates: int = 200

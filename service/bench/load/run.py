@@ -19,6 +19,7 @@ from service.bench.common.processes import (
 )
 from service.bench.common.stats import percentiles
 from service.bench.load.config import LoadConfig
+from service.bench.load.dashboard import dashboard_pages
 from service.bench.load.database import (
     analyze,
     environment,
@@ -148,6 +149,7 @@ async def observation_tier(
     tier["earm"] = samples.summary()
     tier["complete_ms"] = percentiles(samples.timing("complete_ms"))
     tier["service_refit"] = await trigger_service_refit(run)
+    tier["dashboard"] = await dashboard_pages(run, run.config.dashboard_requests)
     tier["rss_after"] = run.service.rss_mb()
     return tier
 

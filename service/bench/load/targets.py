@@ -6,6 +6,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+from service.bench.load.dashboard import PAGE_TARGET_MS
+
 Target = dict[str, Any]
 
 
@@ -89,8 +91,23 @@ def _rerank(report: dict[str, Any]) -> Iterator[Target]:
             }
 
 
+def _dashboard(report: dict[str, Any]) -> Iterator[Target]:
+    tiers = report.get("observations", [])
+    if tiers and tiers[-1].get("dashboard"):
+        last = tiers[-1]
+        slowest = max(last["dashboard"], key=lambda row: row["client_ms"]["p95"])
+        p95 = slowest["client_ms"]["p95"]
+        yield {
+            "target": f"every dashboard page p95 ≤ {PAGE_TARGET_MS:g} ms at the largest tier "
+                      f"({last['observations']:,} observations)",
+            "measured": f"slowest: {slowest['page']} {p95:.1f} ms",
+            "met": p95 <= PAGE_TARGET_MS,
+            "margin": f"{p95 / PAGE_TARGET_MS:.2f} × the allowed {PAGE_TARGET_MS:g} ms",
+        }
+
+
 def targets(report: dict[str, Any]) -> list[Target]:
     """The issue's targets, each with the measured value and whether it holds."""
     floors = {f["concurrency"]: f["latency_ms"]["p50"] for f in report.get("floor", [])}
     return [*_overhead(report, floors), *_completion(report), *_ingest(report),
-            *_slow_judge(report, floors), *_rerank(report)]
+            *_slow_judge(report, floors), *_rerank(report), *_dashboard(report)]

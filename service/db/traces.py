@@ -1,0 +1,151 @@
+"""The trace of one recorded retrieve (``GET /queries/{id}``, the dashboard's query page).
+
+Read from the query's row, where the retrieve stored its candidates in rank order (migration
+0012), joined with the memories (their text now) and the query's observations (their score and
+origin now: a client's feedback may have come after the retrieve). Two statements, by primary
+keys: the row, then its candidates unnested.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Annotated, Any
+
+from pydantic import Field
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from service.errors import NotFound
+
+
+@dataclass(frozen=True)
+class TracedCandidate:
+    """One candidate of a retrieve, as it was ranked."""
+
+    rank: Annotated[int, Field(description="1 = best; the first `returned` were returned.")]
+    memory_id: int
+    external_id: str | None
+    text: Annotated[str | None, Field(description="The memory's text now (null: deleted).")]
+    similarity: Annotated[float, Field(description="Cosine similarity to the query.")]
+    anchor: Annotated[bool, Field(description="Sampled for the scorer (the query's budget).")]
+    returned: bool
+    observed_score: Annotated[
+        float | None,
+        Field(description="The pair's observed score (its current value: feedback replaces it)."),
+    ]
+    origin: Annotated[
+        str | None,
+        Field(description="Where the observation came from: scorer, feedback, reused (null: none)"),
+    ]
+    estimate: Annotated[
+        float,
+        Field(
+            description="The policy's estimate when the query ranked (earm: the completion model "
+            "with this query folded in); an unobserved candidate was ranked by it."
+        ),
+    ]
+    score: Annotated[float, Field(description="The final score it was ranked by.")]
+    source: Annotated[str, Field(description="observed | estimated | semantic, as returned.")]
+
+
+@dataclass(frozen=True)
+class QueryTraceResult:
+    """What one retrieve did: enough to answer "why was this returned, and what did it cost"."""
+
+    query_id: int
+    namespace: str
+    query_index: int
+    text: str
+    policy: str
+    stage: Annotated[int | None, Field(description="Budget stage (null: recorded before 0012).")]
+    budget: int
+    scorer_calls: int
+    candidate_count: int
+    returned: int
+    created_at: datetime
+    timings: Annotated[
+        dict[str, float] | None,
+        Field(
+            description="Milliseconds per phase up to recording (embed, search, score, "
+            "complete); the record phase ends after the row is written, so it is not kept."
+        ),
+    ]
+    prequential_error: float | None
+    candidates: Annotated[
+        list[TracedCandidate],
+        Field(description="Every candidate, best first (empty for queries before 0012)."),
+    ]
+
+
+_QUERY_SQL = """
+SELECT id, namespace, query_index, text, policy, stage, budget, scorer_calls, candidates,
+       returned_count, created_at, timings, prequential_abs_error
+FROM queries WHERE id = :query_id
+"""
+
+_CANDIDATES_SQL = """
+SELECT c.rank, c.memory_id, m.external_id, m.text, c.similarity, c.anchor, c.estimate, c.score,
+       c.source, coalesce(s.source, c.origin) AS origin,
+       CASE WHEN s.score IS NOT NULL THEN s.score
+            WHEN c.origin IS NOT NULL THEN c.score END AS observed_score
+FROM queries q
+CROSS JOIN LATERAL unnest(q.trace_memory_ids, q.trace_similarities, q.trace_estimates,
+                          q.trace_scores, q.trace_sources, q.trace_origins, q.trace_anchors)
+    WITH ORDINALITY AS c(memory_id, similarity, estimate, score, source, origin, anchor, rank)
+LEFT JOIN memories m ON m.id = c.memory_id
+LEFT JOIN scores s ON s.query_id = q.id AND s.memory_id = c.memory_id
+WHERE q.id = :query_id
+ORDER BY c.rank
+"""
+
+
+async def query_namespace(session: AsyncSession, query_id: int) -> str:
+    """The namespace of a recorded query, or NotFound."""
+    namespace = await session.scalar(
+        text("SELECT namespace FROM queries WHERE id = :query_id"), {"query_id": query_id}
+    )
+    if namespace is None:
+        raise NotFound(f"query {query_id} does not exist")
+    return str(namespace)
+
+
+async def query_trace(session: AsyncSession, query_id: int) -> QueryTraceResult:
+    """The trace of a recorded query, or NotFound."""
+    row = (await session.execute(text(_QUERY_SQL), {"query_id": query_id})).first()
+    if row is None:
+        raise NotFound(f"query {query_id} does not exist")
+    rows = (await session.execute(text(_CANDIDATES_SQL), {"query_id": query_id})).all()
+    return QueryTraceResult(
+        query_id=int(row.id),
+        namespace=row.namespace,
+        query_index=int(row.query_index),
+        text=row.text,
+        policy=row.policy,
+        stage=row.stage,
+        budget=int(row.budget),
+        scorer_calls=int(row.scorer_calls),
+        candidate_count=int(row.candidates),
+        returned=int(row.returned_count),
+        created_at=row.created_at,
+        timings=row.timings,
+        prequential_error=row.prequential_abs_error,
+        candidates=[_candidate(r, int(row.returned_count)) for r in rows],
+    )
+
+
+def _candidate(row: Any, returned: int) -> TracedCandidate:
+    return TracedCandidate(
+        rank=int(row.rank),
+        memory_id=int(row.memory_id),
+        external_id=row.external_id,
+        text=row.text,
+        similarity=float(row.similarity),
+        anchor=bool(row.anchor),
+        returned=int(row.rank) <= returned,
+        observed_score=None if row.observed_score is None else float(row.observed_score),
+        origin=row.origin,
+        estimate=float(row.estimate),
+        score=float(row.score),
+        source=row.source,
+    )

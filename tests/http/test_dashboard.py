@@ -1,0 +1,167 @@
+"""The dashboard over HTTP: who may see what (the API's keys, through a login cookie), errors as
+pages, bounded aggregation of the experience matrix, and the files the wheel must ship. The
+pages themselves are checked in a real browser by test_dashboard_browser.py."""
+
+from __future__ import annotations
+
+import tomllib
+from collections.abc import Callable, Iterator
+from fnmatch import fnmatch
+from pathlib import Path
+
+import numpy as np
+import pytest
+from fastapi.testclient import TestClient
+
+from service.http.app import create_app
+from service.http.dashboard.app import COOKIE_NAME, MATRIX_COLUMNS
+from service.settings import Settings
+
+ROOT = Path(__file__).resolve().parents[2]
+DIM = 384
+
+
+@pytest.fixture
+def app_client(clean_database: str) -> Iterator[TestClient]:
+    settings = Settings(
+        database_url=clean_database,
+        embedder="none",
+        scorer="local",
+        auth_cache_ttl_s=0,
+        refit_in_background=False,
+        _env_file=None,
+    )
+    with TestClient(create_app(settings), follow_redirects=False) as client:
+        yield client
+
+
+def vectors(n: int, seed: int = 0) -> list[list[float]]:
+    return np.random.default_rng(seed).normal(size=(n, DIM)).tolist()
+
+
+def fill(client: TestClient, namespace: str, n: int, headers: dict | None = None) -> int:
+    """n memories with client vectors, then one retrieve; returns its query id."""
+    memories = [{"text": f"{namespace} memory {i}", "embedding": v} for i, v in enumerate(
+        vectors(n)
+    )]
+    response = client.post(
+        "/memories", json={"namespace": namespace, "memories": memories}, headers=headers or {}
+    )
+    assert response.status_code == 201, response.text
+    response = client.post(
+        "/retrieve",
+        json={"namespace": namespace, "query": "q", "query_embedding": vectors(1, 1)[0],
+              "budget": 5, "candidates": min(n, 50)},
+        headers=headers or {},
+    )
+    assert response.status_code == 200, response.text
+    return int(response.json()["query_id"])
+
+
+def log_in(client: TestClient, key: str) -> None:
+    response = client.post("/dashboard/login", data={"key": key})
+    assert response.status_code == 303 and response.headers["location"] == "/dashboard/"
+
+
+def test_on_loopback_without_keys_the_dashboard_is_open_like_the_api(
+    app_client: TestClient,
+) -> None:
+    query_id = fill(app_client, "agent-1", 20)
+    for path in (
+        "/dashboard/",
+        "/dashboard/namespaces/agent-1",
+        "/dashboard/namespaces/agent-1/matrix",
+        f"/dashboard/queries/{query_id}",
+    ):
+        response = app_client.get(path)
+        assert response.status_code == 200, path
+        assert response.headers["content-security-policy"].startswith("default-src 'self'")
+    assert "agent-1" in app_client.get("/dashboard/").text
+
+
+def test_once_keys_exist_the_dashboard_asks_for_one(
+    app_client: TestClient, create_api_key: Callable[[str], str]
+) -> None:
+    create_api_key("*")
+    response = app_client.get("/dashboard/namespaces/agent-1")
+    assert response.status_code == 303 and response.headers["location"] == "/dashboard/login"
+
+
+def test_login_refuses_a_wrong_key(
+    app_client: TestClient, create_api_key: Callable[[str], str]
+) -> None:
+    create_api_key("*")
+    response = app_client.post("/dashboard/login", data={"key": "earm_not-a-key"})
+    assert response.status_code == 401
+    assert "unknown or revoked" in response.text
+    assert "set-cookie" not in response.headers
+    assert app_client.get("/dashboard/").status_code == 303
+
+
+def test_login_keeps_the_key_in_an_httponly_samesite_strict_cookie(
+    app_client: TestClient, create_api_key: Callable[[str], str]
+) -> None:
+    key = create_api_key("agent-*")
+    response = app_client.post("/dashboard/login", data={"key": key})
+    cookie = response.headers["set-cookie"]
+    assert cookie.startswith(f"{COOKIE_NAME}=")
+    assert "HttpOnly" in cookie and "SameSite=strict" in cookie and "Path=/dashboard" in cookie
+    assert app_client.get("/dashboard/").status_code == 200
+
+
+def test_a_key_sees_only_its_namespaces(
+    app_client: TestClient, create_api_key: Callable[[str], str]
+) -> None:
+    admin, agent = create_api_key("*"), create_api_key("agent-*")
+    admin_headers = {"Authorization": f"Bearer {admin}"}
+    fill(app_client, "agent-1", 20, admin_headers)
+    team_query = fill(app_client, "team-1", 20, admin_headers)
+    log_in(app_client, agent)
+    listing = app_client.get("/dashboard/").text
+    assert "agent-1" in listing and "team-1" not in listing
+    for path in (
+        "/dashboard/namespaces/team-1",
+        "/dashboard/namespaces/team-1/matrix",
+        f"/dashboard/queries/{team_query}",
+    ):
+        response = app_client.get(path)
+        assert response.status_code == 403, path
+        assert "not allowed to use namespace &#39;team-1&#39;" in response.text
+
+
+def test_logout_forgets_the_key(
+    app_client: TestClient, create_api_key: Callable[[str], str]
+) -> None:
+    log_in(app_client, create_api_key("*"))
+    response = app_client.post("/dashboard/logout")
+    assert response.status_code == 303 and response.headers["location"] == "/dashboard/login"
+    assert f'{COOKIE_NAME}=""' in response.headers["set-cookie"]
+    assert app_client.get("/dashboard/").status_code == 303
+
+
+def test_an_unknown_namespace_or_query_is_a_404_page(app_client: TestClient) -> None:
+    for path in ("/dashboard/namespaces/nowhere", "/dashboard/queries/4242"):
+        response = app_client.get(path)
+        assert response.status_code == 404 and "<h1>Error 404</h1>" in response.text
+
+
+def test_the_matrix_groups_many_memories_into_a_bounded_number_of_columns(
+    app_client: TestClient,
+) -> None:
+    fill(app_client, "agent-1", MATRIX_COLUMNS * 3)
+    page = app_client.get("/dashboard/namespaces/agent-1/matrix").text
+    assert f"{MATRIX_COLUMNS} equal ranges of ids" in page
+    assert "about 3 ids per column" in page
+    assert 'class="observed"' in page and 'class="estimated"' in page
+
+
+def test_the_wheel_ships_every_dashboard_template_and_asset() -> None:
+    """pyproject's package-data globs cover every file the dashboard loads."""
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    globs = config["tool"]["setuptools"]["package-data"]["service.http.dashboard"]
+    package = ROOT / "service" / "http" / "dashboard"
+    files = [p.relative_to(package).as_posix() for p in package.glob("[st]*/*") if p.is_file()]
+    assert any(f.startswith("templates/") for f in files)
+    assert any(f.startswith("static/") for f in files)
+    for file in files:
+        assert any(fnmatch(file, pattern) for pattern in globs), file
