@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from sqlalchemy import create_engine, text
 
-from service.bench.common.processes import free_port, wait_ready
+from service.bench.common.processes import free_port, interrupt, wait_ready
 
 DIM = 384
 NAMESPACE = "shared"
@@ -70,13 +70,7 @@ class Processes:
 
     def stop_all(self) -> None:
         for process in self.started:
-            if process.poll() is None:
-                process.send_signal(signal.SIGINT)
-                try:
-                    process.wait(30)
-                except subprocess.TimeoutExpired:
-                    process.kill()
-                    process.wait(10)
+            interrupt(process)
 
 
 @pytest.fixture

@@ -146,7 +146,8 @@ def wait_ready(url: str, timeout_s: float, process: subprocess.Popen[bytes] | No
     return False
 
 
-def _interrupt(process: subprocess.Popen[bytes]) -> None:
+def interrupt(process: subprocess.Popen[bytes]) -> None:
+    """Stop a service process as Ctrl-C would (its shutdown runs), killing it after 30 s."""
     if process.poll() is None:
         process.send_signal(signal.SIGINT)
         try:
@@ -179,4 +180,4 @@ def service_process(settings: Mapping[str, str], workdir: Path) -> Iterator[Serv
         shown = {k: v for k, v in settings.items() if k != "EARM_DATABASE_URL"}
         yield ServiceProcess(process, url, log_path, shown)
     finally:
-        _interrupt(process)
+        interrupt(process)
