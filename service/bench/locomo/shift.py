@@ -53,7 +53,8 @@ def segment_record(
     return replace(
         record,
         evidence=tuple(scoped_id(question.sample_id, e) for e in question.evidence),
-        extra={"segment": segment, "position": position},
+        extra={"segment": segment, "position": position,
+               "budget_reason": str(reply.get("budget_reason", ""))},
     )
 
 
