@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Literal
 
 import platformdirs
-from pydantic import Field, SecretStr, field_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 DEFAULT_BUDGET_SCHEDULE = "0:1.0,5:0.5,15:0.3,30:0.175"
@@ -164,6 +164,36 @@ class Settings(BaseSettings):
     )
     als_iterations: int = Field(default=10, ge=1, le=200)
     budget_schedule: str = DEFAULT_BUDGET_SCHEDULE
+    budget_policy: Literal["schedule", "adaptive"] = Field(
+        default="schedule",
+        description="How a query's budget is set: 'schedule' by the query index alone; "
+        "'adaptive' follows the schedule until its last stage, then spends more where the model "
+        "knows less (new memories, a recent error above the scorer's noise) and less elsewhere, "
+        "within EARM_BUDGET_TARGET on average (service/retrieve/budget.py).",
+    )
+    budget_target: float = Field(
+        default=0.175,
+        gt=0,
+        le=1,
+        description="adaptive: the average share of candidates scored after the warm-up.",
+    )
+    budget_floor: float = Field(
+        default=0.05, ge=0, le=1, description="adaptive: the least share of candidates scored."
+    )
+    budget_ceiling: float = Field(
+        default=0.5, gt=0, le=1, description="adaptive: the largest share of candidates scored."
+    )
+    budget_noise: float = Field(
+        default=0.1,
+        gt=0,
+        description="adaptive: the scorer's own noise as a mean absolute error; a recent "
+        "prequential error up to it asks for no extra budget, twice it for the ceiling.",
+    )
+    budget_window: int = Field(
+        default=50,
+        ge=2,
+        description="adaptive: recent queries whose error and spending steer the next budget.",
+    )
 
     # --- request limits -------------------------------------------------------------------
     max_batch: int = Field(default=1000, ge=1, description="Memories per POST /memories.")
@@ -237,6 +267,14 @@ class Settings(BaseSettings):
     def _parseable_schedule(cls, schedule: str) -> str:
         BudgetSchedule.parse(schedule)  # raises ValueError naming the bad entry
         return schedule
+
+    @model_validator(mode="after")
+    def _floor_below_ceiling(self) -> Settings:
+        if not self.budget_floor <= self.budget_target <= self.budget_ceiling:
+            raise ValueError(
+                "EARM_BUDGET_FLOOR <= EARM_BUDGET_TARGET <= EARM_BUDGET_CEILING is required"
+            )
+        return self
 
     @field_validator("mcp_default_namespace")
     @classmethod

@@ -20,10 +20,19 @@ from service.completion.similarity import content_offsets
 from service.db.experience import REUSED_ORIGIN, SCORER_ORIGIN, QueryTrace
 from service.db.namespaces import NamespaceState
 from service.db.search import Candidates, NeighbourSearch, memory_embeddings, search
+from service.db.spending import recent_spending
 from service.errors import InvalidInput, LimitExceeded, NotFound
 from service.providers.embedders import Embedder, check_embedding, embed_texts
 from service.providers.scorers import RelevanceScorer
-from service.retrieve.budget import anchor_seed, sample_anchors
+from service.retrieve.budget import (
+    AdaptivePolicy,
+    BudgetDecision,
+    adaptive_budget,
+    anchor_seed,
+    budget_history,
+    cold_head_share,
+    sample_anchors,
+)
 from service.retrieve.learning import FeedbackResult, Learner, MemoryRef
 from service.retrieve.rerank import (
     ESTIMATED,
@@ -101,6 +110,7 @@ class RetrieveResult:
     policy: str  # the request's Policy, documented as a plain string in the API
     stage: int
     budget: int
+    budget_reason: str  # why the budget is what it is (the policy and what it read)
     scorer_calls: int
     # Candidates observed for earlier askings of this query (its family), taken from
     # experience instead of scored again.
@@ -134,7 +144,7 @@ class _Search:
 
     state: NamespaceState
     candidates: Candidates
-    budget: int
+    budget: BudgetDecision
     family_key: bytes | None  # None: this request does not take part in reuse
     reused: Reused  # candidates observed for the query's family
     neighbours: NeighbourEvidence | None  # paraphrase transfer (None: off)
@@ -198,6 +208,7 @@ class RetrievalPipeline:
         self.scorer = scorer
         self.settings = settings
         self.schedule = BudgetSchedule.parse(settings.budget_schedule)
+        self.adaptive = AdaptivePolicy.from_settings(settings)
         self.learner = Learner(sessions, settings)
 
     # ----------------------------------------------------------------------------- retrieve
@@ -228,14 +239,40 @@ class RetrievalPipeline:
         query_vector: NDArray[np.float32] = (await embed_texts(self.embedder, [request.query]))[0]
         return query_vector
 
-    def _budget(self, request: RetrieveRequest, query_index: int, n_candidates: int) -> int:
+    async def _budget(
+        self,
+        session: AsyncSession,
+        request: RetrieveRequest,
+        query_index: int,
+        candidates: Candidates,
+    ) -> BudgetDecision:
+        n_candidates = len(candidates)
         if request.policy == "semantic":
-            return 0
+            return BudgetDecision(0, "policy semantic: no scorer calls")
         if request.policy == "full":
-            return n_candidates
+            return BudgetDecision(n_candidates, "policy full: every candidate")
         if request.budget is not None:
-            return min(request.budget, n_candidates)
-        return self.schedule.budget_for_query(query_index, n_candidates)
+            return BudgetDecision(min(request.budget, n_candidates), "set by the request")
+        stage = self.schedule.stage_for(query_index)
+        # The adaptive policy follows the schedule until its last stage: a new namespace's
+        # model has too little to go on, and the warm-up costs what the schedule says.
+        warm_up_end = self.schedule.stages[-1][0]
+        if self.settings.budget_policy == "schedule" or query_index < warm_up_end:
+            warm_up = "warm-up, " if self.settings.budget_policy == "adaptive" else ""
+            return BudgetDecision(
+                self.schedule.budget_for_query(query_index, n_candidates),
+                f"{self.settings.budget_policy}: {warm_up}stage {stage} of the schedule, "
+                f"ratio {self.schedule.stages[stage][1]:g}",
+            )
+        recent = await recent_spending(
+            session, request.namespace, warm_up_end, self.settings.budget_window - 1
+        )
+        return adaptive_budget(
+            n_candidates,
+            cold_head_share(candidates.observation_count),
+            budget_history(recent, self.adaptive.target),
+            self.adaptive,
+        )
 
     async def retrieve(self, request: RetrieveRequest) -> RetrieveResult:
         self._check_limits(request)
@@ -279,7 +316,7 @@ class RetrievalPipeline:
             query_vector,
             request.policy,
             len(found.candidates),
-            found.budget,
+            found.budget.budget,
             len(found.anchors),
             scorer_requests,
             ranking,
@@ -297,7 +334,7 @@ class RetrievalPipeline:
             found.family_key,
             found.candidates.ids[reused.positions],
             # What the budget would have scored had the family not covered those candidates.
-            found.budget - len(found.anchors),
+            found.budget.budget - len(found.anchors),
             _trace(found, ranking, observed_positions, stage, dict(watch.timings)),
         )
         watch.lap("record_ms", since)
@@ -306,7 +343,8 @@ class RetrievalPipeline:
             query_index=recorded.query_index,
             policy=request.policy,
             stage=stage,
-            budget=found.budget,
+            budget=found.budget.budget,
+            budget_reason=found.budget.reason,
             scorer_calls=len(found.anchors),
             reused=len(reused),
             scorer_requests=scorer_requests,
@@ -329,6 +367,7 @@ class RetrievalPipeline:
             policy=request.policy,
             stage=self.schedule.stage_for(found.state.next_query_index if found else 0),
             budget=0,
+            budget_reason="no candidates: nothing to score",
             scorer_calls=0,
             scorer_requests=0,
             reused=0,
@@ -399,13 +438,13 @@ class RetrievalPipeline:
             # Stage, budget and anchors follow the index this query expects; under concurrent
             # requests the recorded index can be a few higher, never lower. The budget goes to
             # candidates the family has not observed, so coverage grows with each asking.
-            budget = self._budget(request, state.next_query_index, len(candidates))
+            budget = await self._budget(session, request, state.next_query_index, candidates)
             anchors = unobserved_anchors(
                 len(candidates),
                 covered,
                 sample_anchors(
                     len(candidates) - len(covered),
-                    budget,
+                    budget.budget,
                     anchor_seed(request.namespace, state.next_query_index, request.seed),
                 ),
             )

@@ -7,6 +7,7 @@ The LoCoMo data is read from ``../shared/data/locomo`` next to the repository (o
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import statistics
 from pathlib import Path
@@ -49,6 +50,7 @@ from service.bench.locomo.metrics import (
     summarize_policy,
 )
 from service.bench.locomo.replay import askings
+from service.bench.locomo.shift import summarize_shift
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 LOCOMO_DIR = Path(
@@ -215,6 +217,19 @@ def test_judge_identifies_the_pair_in_a_prompt() -> None:
     assert judge.stats()["unknown"] == 2
 
 
+def test_judge_scores_a_question_with_another_conversations_turn_as_not_evidence() -> None:
+    a = _conversation("conv-a", "Ann", ["I painted a lake yesterday."],
+                      [("What did Ann paint?", ["D1:1"])])
+    b = _conversation("conv-b", "Bob", ["I sold my boat."], [("What did Bob sell?", ["D1:1"])])
+    judge = OracleJudge([a, b], NoiseModel(miss=0.0, false=0.0, noise=0.0))
+    judge.set_active(["conv-a"])
+    pair = judge.identify(prompt("What did Ann paint?", "Bob: I sold my boat."))
+    assert pair is not None and pair.sample_id == "conv-a" and not pair.relevant
+    assert pair.dia_ids == ("conv-b/D1:1",)
+    assert judge.reply(prompt("What did Ann paint?", "Bob: I sold my boat.")) == "0.000"
+    assert judge.stats()["unknown"] == 0
+
+
 def test_judge_serves_chat_completions_on_loopback() -> None:
     conv = parse_conversation(synthetic_sample())
     model = NoiseModel(miss=0.0, false=0.0, noise=0.0)
@@ -282,6 +297,23 @@ def test_metrics_on_hand_made_rankings() -> None:
     assert rows["earm_minus_observed"]["recall@1"] == 0.0
     assert rows["earm_minus_semantic"]["by_category"]["4"]["recall@1"] == pytest.approx(0.5)
     assert "full_minus_earm" not in rows
+
+
+def test_shift_summary_splits_segments_and_the_queries_after_each_shift() -> None:
+    def rec(segment: int, position: int, hit: bool, calls: int) -> QueryRecord:
+        base = _rec("a b", "a" if hit else "z", t=10 * segment + position, calls=calls)
+        return dataclasses.replace(base, extra={"segment": segment, "position": position})
+
+    records = [rec(0, 0, True, 5), rec(0, 1, True, 5),
+               rec(1, 0, False, 3), rec(1, 1, True, 3), rec(1, 2, True, 1),
+               rec(2, 0, False, 2), rec(2, 1, False, 2), rec(2, 2, True, 1)]
+    summary = summarize_shift(records, [1], window=2)
+    assert summary["segments"]["0"]["recall@1"] == 1.0
+    assert summary["segments"]["1"]["scorer_calls"] == 7
+    after = summary["after_shift"]  # positions 0 and 1 of segments 1 and 2
+    assert after["n"] == 4 and after["recall@1"] == pytest.approx(0.25)
+    assert after["scorer_calls"] == 10
+    assert summary["settled"]["n"] == 2 and summary["settled"]["recall@1"] == 1.0
 
 
 def test_cli_parser_registers_locomo() -> None:
@@ -438,3 +470,41 @@ def test_locomo_repeat_smoke_reuses_for_earm_and_keeps_full_stateless(tmp_path: 
     assert results["repeat"]["earm"]["calls_vs_full"] < 1.0
     assert results["settings"]["judge_model"]["stats"]["unknown"] == 0
     assert "--repeat: per round and kind" in format_markdown(results)
+
+
+@pytest.mark.skipif(not LOCOMO_DIR.is_dir(), reason=f"LoCoMo data not found at {LOCOMO_DIR}")
+def test_locomo_shift_replays_conversations_into_one_namespace(tmp_path: Path) -> None:
+    per_conversation = 6
+    config = LocomoConfig(
+        data_dir=LOCOMO_DIR,
+        conversations=("conv-26", "conv-30"),
+        max_sessions=2,
+        max_questions=per_conversation,
+        candidates=30,
+        ks=(10,),
+        policies=("semantic", "earm"),
+        schedule="0:1.0,3:0.5,6:0.2",
+        shift=True,
+        shift_window=2,
+        per_query=True,
+        progress=False,
+    )
+    results = run_locomo(config)
+    for policy in ("semantic", "earm"):
+        rows = results["per_query"][policy]
+        # One namespace: the query index runs on across the conversations.
+        assert [r["t"] for r in rows] == list(range(2 * per_conversation))
+        assert [r["segment"] for r in rows] == [0] * per_conversation + [1] * per_conversation
+        shift = results["shift"][policy]
+        assert [s["sample_id"] for s in shift["segments"].values()] == ["conv-26", "conv-30"]
+        assert shift["after_shift"]["queries"] == 2
+        assert shift["after_shift"]["scorer_calls"] == sum(
+            r["scorer_calls"] for r in rows if r["segment"] == 1 and r["position"] < 2
+        )
+    earm_rows = results["per_query"]["earm"]
+    # The second conversation starts at stage 2 of the schedule: its first query scores 20%
+    # of the candidates, which now include the first conversation's turns.
+    assert earm_rows[per_conversation]["budget"] == 6
+    assert results["policies"]["semantic"]["recall@10"] > 0  # scoped evidence ids resolve
+    assert results["settings"]["judge_model"]["stats"]["unknown"] == 0
+    assert "after each shift" in format_markdown(results)

@@ -13,6 +13,12 @@ scorer calls (absolute and relative to ``full``), the share of the top-K whose s
 estimated, and retrieve latency with and without scorer time; plus the derived rows of the
 paper (observed − semantic: what direct scores add; earm − observed: what completion adds).
 
+With ``--shift`` the conversations are replayed one after another into ONE namespace per
+policy (each conversation's turns ingested when its questions start; turn ids prefixed with the
+conversation), so experience learned on one conversation meets the next; recall and scorer
+calls are also reported per conversation (segment) and for the first ``--shift-window`` queries
+after each shift.
+
 By default the service runs in-process on a loopback port over an embedded Postgres in a
 temporary directory. With ``--url`` an already running service is used instead: the operator
 must then point that service's scorer at the judge, i.e. start the benchmark with a fixed

@@ -89,6 +89,12 @@ def add_locomo_parser(
                         help="rolling-mean window of the plot (default 25)")
     parser.add_argument("--per-query", action="store_true",
                         help="also store per-query rows (ids and numbers only) in RESULTS.json")
+    parser.add_argument("--shift", action="store_true",
+                        help="replay the conversations one after another into one namespace "
+                             "and report recall and calls per segment")
+    parser.add_argument("--shift-window", type=int, default=20,
+                        help="--shift: the first queries of each later segment reported as "
+                             "'after shift' (default 20)")
     parser.add_argument("--no-progress", dest="progress", action="store_const", const=False,
                         default=None, help="hide the progress bar")
     parser.set_defaults(func=run_locomo_command)

@@ -43,6 +43,9 @@ class LocomoConfig:
     request_timeout_s: float = 600.0
     rolling_window: int = 25
     per_query: bool = False
+    # --shift: all conversations in one namespace, one after another (service.bench.locomo.shift)
+    shift: bool = False
+    shift_window: int = 20  # the first queries of each later segment, reported "after shift"
     progress: bool | None = None  # None: show the bar when stderr is a terminal
 
     def __post_init__(self) -> None:
@@ -61,6 +64,10 @@ class LocomoConfig:
             raise ValueError("--judge must be 'oracle' or 'local'")
         if self.repeat < 0:
             raise ValueError("--repeat must be 0 or more")
+        if self.shift_window < 1:
+            raise ValueError("--shift-window needs a positive integer")
+        if self.shift and self.repeat:
+            raise ValueError("--shift and --repeat are separate streams: choose one")
         if self.judge_protocol not in ("chat", "rerank"):
             raise ValueError("--judge-protocol must be 'chat' or 'rerank'")
 

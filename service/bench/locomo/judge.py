@@ -247,6 +247,23 @@ class OracleJudge:
                 )
                 sample = chosen[0]
                 return sample, q.text, m_samples[sample], relevant
+        return self._cross_conversation(questions, memories)
+
+    def _cross_conversation(
+        self, questions: list[_Match], memories: list[_Match]
+    ) -> tuple[str, str, tuple[str, ...], bool] | None:
+        """A question of one conversation with a turn of another (``--shift`` puts several
+        conversations in one namespace): a known pair that is not evidence; the turn's ids carry
+        its conversation so the noise differs from a same-id turn of the question's own."""
+        for q in questions:
+            for m in memories:
+                if m.start < q.end and q.start < m.end:
+                    continue
+                q_samples = sorted(self._questions[q.text])
+                sample = next((s for s in q_samples if s in self._active), q_samples[0])
+                ids = tuple(f"{s}/{dia}" for s, dias in sorted(self._memories[m.text].items())
+                            for dia in dias)
+                return sample, q.text, ids, False
         return None
 
     def identify(self, prompt: str) -> JudgedPair | None:

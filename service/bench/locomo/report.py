@@ -144,6 +144,26 @@ def _repeat(repeat: dict[str, Any] | None, ks: Sequence[int]) -> list[str]:
             *table(["policy", "scorer calls", "% of full", "reused cells"], totals)]
 
 
+def _shift(shift: dict[str, Any] | None, ks: Sequence[int]) -> list[str]:
+    if not shift:
+        return []
+    k0, window = ks[0], next(iter(shift.values())).get("window")
+    segments = sorted({s for p in shift.values() for s in p.get("segments", {})}, key=int)
+
+    def cell(entry: dict[str, Any]) -> str:
+        return f"{pct(entry.get(f'recall@{k0}'))} ({entry.get('scorer_calls', 0):,})"
+
+    first = next(iter(shift.values()))["segments"]
+    head = ["policy", *(f"segment {s} {first.get(s, {}).get('sample_id', '')} "
+                        f"(n={first.get(s, {}).get('n', 0)})" for s in segments),
+            f"first {window} after each shift", "rest of later segments"]
+    rows = [[name, *(cell(p["segments"].get(s, {})) for s in segments),
+             cell(p.get("after_shift", {})), cell(p.get("settled", {}))]
+            for name, p in shift.items()]
+    return ["", f"### --shift: recall@{k0} (%) and (scorer calls) per segment", "",
+            *table(head, rows)]
+
+
 def format_markdown(results: dict[str, Any]) -> str:
     """The markdown report printed on stdout: policies, categories, stages, derived rows."""
     policies: Policies = results.get("policies", {})
@@ -158,5 +178,6 @@ def format_markdown(results: dict[str, Any]) -> str:
         *_derived(results.get("derived", {}), ks, cats),
         *_adversarial(results.get("adversarial"), ks),
         *_repeat(results.get("repeat"), ks),
+        *_shift(results.get("shift"), ks),
     ]
     return "\n".join(lines) + "\n"

@@ -10,6 +10,7 @@ from service.bench.locomo.config import ADVERSARIAL, LocomoConfig
 from service.bench.locomo.data import CATEGORY_NAMES, DEFAULT_CATEGORIES, Conversation
 from service.bench.locomo.metrics import QueryRecord
 from service.bench.locomo.replay import question_stream
+from service.bench.locomo.shift import summarize_shift
 
 
 def dataset_summary(conversations: Sequence[Conversation], config: LocomoConfig) -> dict[str, Any]:
@@ -62,6 +63,11 @@ def build_results(
         "policies": policies,
         "derived": metrics.derived(policies, config.ks),
     }
+    if config.shift:
+        out["shift"] = {
+            policy: summarize_shift(recs, config.ks, config.shift_window)
+            for policy, recs in records.items()
+        }
     if config.include_adversarial:
         out["adversarial"] = {
             policy: metrics.quality([r for r in recs if r.category == ADVERSARIAL], config.ks)
@@ -84,6 +90,7 @@ def build_results(
                     "scorer_calls": r.scorer_calls,
                     "reused": r.reused,
                     "scorer_requests": r.scorer_requests,
+                    **r.extra,  # --shift: segment and position in it
                     **{
                         f"recall@{k}": metrics.recall_at_k(r.ranked, r.evidence, k)
                         for k in config.ks

@@ -16,6 +16,7 @@ from service.bench.locomo.metrics import QueryRecord
 from service.bench.locomo.plot import plot_results
 from service.bench.locomo.replay import askings, replay, service_for
 from service.bench.locomo.results import build_results, plain_stream
+from service.bench.locomo.shift import replay_shift
 
 logger = logging.getLogger(__name__)
 
@@ -42,6 +43,7 @@ def run_locomo(config: LocomoConfig) -> dict[str, Any]:
     # experience yet replay identical namespaces; one shared service otherwise.
     policy_groups = [config.policies] if shared_service else [(p,) for p in config.policies]
     protocol = cast(JudgeProtocol, config.judge_protocol)
+    replay_stream = replay_shift if config.shift else replay
     with start_judge(
         judge_kind, conversations, noise, port=config.judge_port, protocol=protocol
     ) as judge, progress(
@@ -49,7 +51,9 @@ def run_locomo(config: LocomoConfig) -> dict[str, Any]:
     ) as bar:
         for policies in policy_groups:
             with service_for(config, judge, policies) as (base_url, service_settings):
-                records |= replay(config, base_url, conversations, judge, run_id, policies, bar)
+                records |= replay_stream(
+                    config, base_url, conversations, judge, run_id, policies, bar
+                )
         judge_block = judge.describe()
         if judge.oracle is not None:
             judge_block["stats"] = judge.oracle.stats()
