@@ -105,6 +105,16 @@ def test_compose_documents_every_setting(compose: dict) -> None:
     assert not missing, f"add these settings to x-earm-environment in docker-compose.yml: {missing}"
 
 
+def test_the_readme_settings_table_names_every_setting() -> None:
+    readme = (ROOT / "README.md").read_text()
+    missing = [
+        setting_env_name(field)
+        for field in Settings.model_fields
+        if f"`{setting_env_name(field)}`" not in readme
+    ]
+    assert not missing, f"add these settings to the README's settings table: {missing}"
+
+
 #: Compose defaults that differ from Settings on purpose.
 COMPOSE_OVERRIDES = {
     "database_url": "points at the db service",
