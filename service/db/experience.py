@@ -239,6 +239,9 @@ class FeedbackWrite:
 # cell's value (a retired cell is live again: the client judged the current content), and the
 # namespace's running mean swaps the old live values for the new ones. Every CTE reads the
 # same snapshot, so `old` holds the values before the upsert.
+# Stamped with clock_timestamp(), taken after the namespace lock (not now(), the transaction's
+# start): a refit whose read began before it sees the stamp is later than its horizon
+# (model_state._still_current) and leaves the memory's row to be rebuilt.
 _RECORD_FEEDBACK_SQL = text(
     """
     WITH t AS (
@@ -252,11 +255,11 @@ _RECORD_FEEDBACK_SQL = text(
                                    retired_at)
         SELECT :query_id, memory_id, :namespace, score, source, created_at, retired_at FROM old
     ), upsert AS (
-        INSERT INTO scores (query_id, memory_id, namespace, score, similarity, source)
-        SELECT :query_id, m, :namespace, s, c, 'feedback' FROM t
+        INSERT INTO scores (query_id, memory_id, namespace, score, similarity, source, created_at)
+        SELECT :query_id, m, :namespace, s, c, 'feedback', clock_timestamp() FROM t
         ON CONFLICT (query_id, memory_id) DO UPDATE SET
             score = EXCLUDED.score, similarity = EXCLUDED.similarity, source = 'feedback',
-            created_at = now(), retired_at = NULL
+            created_at = EXCLUDED.created_at, retired_at = NULL
     ), live_old AS (
         SELECT score FROM old WHERE retired_at IS NULL
     ), mean AS (

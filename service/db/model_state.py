@@ -123,14 +123,16 @@ async def refit_horizon(session: AsyncSession, namespace: str) -> datetime:
 async def _still_current(
     conn: psycopg.AsyncConnection[Any], memory_ids: np.ndarray, read_from: datetime
 ) -> np.ndarray:
-    """A mask of the ``memory_ids`` neither deleted nor edited since ``read_from`` (their
-    rows would be fitted on observations deleted or retired since). Run under the namespace's
-    lock, which deletes and edits take too: none is under way, and this statement sees every
-    one committed."""
+    """A mask of the ``memory_ids`` neither deleted, edited nor given feedback since
+    ``read_from`` (their rows would be fitted on observations deleted, retired or replaced
+    since). Run under the namespace's lock, which deletes, edits and feedback take too: none is
+    under way, and this statement sees every one committed."""
     cursor = await conn.execute(
         "SELECT t.id FROM unnest(%(ids)s::bigint[]) AS t(id) "
         "WHERE NOT EXISTS (SELECT FROM memories m WHERE m.id = t.id "
-        "AND (m.content_changed_at IS NULL OR m.content_changed_at < %(read_from)s))",
+        "AND (m.content_changed_at IS NULL OR m.content_changed_at < %(read_from)s)) "
+        "OR EXISTS (SELECT FROM scores s WHERE s.memory_id = t.id AND s.source = 'feedback' "
+        "AND s.created_at >= %(read_from)s)",
         {"ids": [int(m) for m in memory_ids], "read_from": read_from},
     )
     changed = [row[0] for row in await cursor.fetchall()]

@@ -24,6 +24,7 @@ from sqlalchemy import create_engine, text
 
 from service.bench.loopback import LoopbackServer, chat_completions_app
 from service.db.engine import Database, open_database
+from service.db.experience import record_feedback
 from service.db.namespaces import erase_namespace, namespace_state
 from service.errors import NotFound
 from service.http.app import create_app
@@ -262,6 +263,46 @@ def test_a_refit_writes_no_row_for_a_memory_edited_while_it_fitted(clean_databas
     assert refitted and retired == 4
     assert ids[0] not in rows  # the edit reset it; the refit fitted the old observations
     assert set(rows) == set(ids[1:]) and set(rows.values()) == {4}
+
+
+def test_a_refit_writes_no_row_for_a_memory_given_feedback_while_it_fitted(
+    clean_database: str,
+) -> None:
+    """Feedback replaces a scorer's observation in place (issue #14.3): the count of the
+    memory's observations does not change, so only the refit's horizon tells that the fit read
+    the replaced value; it must not write the memory's row back from it."""
+    settings = pipeline_settings(clean_database)
+
+    async def scenario() -> tuple[bool, list[int], dict[int, int]]:
+        async with open_database(settings) as database:
+            pipeline = RetrievalPipeline(database.sessions, None, LocalScorer(), settings)
+            ids = await observed_namespace(database, pipeline)
+            async with database.sessions() as client:
+                await client.execute(text("LOCK TABLE memories IN ACCESS EXCLUSIVE MODE"))
+                refit = asyncio.create_task(pipeline.refit(NAMESPACE))
+                await wait_until_waiting_for_a_lock(database)
+                # What /feedback writes, in the session that holds the memories table.
+                await namespace_state(client, NAMESPACE, for_update=True)
+                query_id = await client.scalar(
+                    text("SELECT min(query_id) FROM scores WHERE memory_id = :m"), {"m": ids[0]}
+                )
+                written = await record_feedback(
+                    client, NAMESPACE, query_id, np.array([ids[0]]), np.array([0.5]),
+                    np.array([0.0]),
+                )
+                await client.commit()
+            refitted = await refit
+            async with database.engine.connect() as conn:
+                rows = dict((await conn.execute(
+                    text("SELECT memory_id, observation_count FROM memory_factors")
+                )).all())
+        assert written.replaced == 1
+        return refitted, ids, rows
+
+    refitted, ids, rows = asyncio.run(scenario())
+    assert refitted
+    assert ids[0] not in rows  # fitted on the scorer's value the feedback replaced
+    assert set(rows) == set(ids[1:])
 
 
 def namespace_row_counts(database_url: str) -> dict[str, int]:
