@@ -145,7 +145,7 @@ class _Search:
     state: NamespaceState
     candidates: Candidates
     budget: BudgetDecision
-    family_key: bytes | None  # None: this request does not take part in reuse
+    family_key: bytes | None  # None: a semantic retrieve (it observes nothing, joins no family)
     reused: Reused  # candidates observed for the query's family
     neighbours: NeighbourEvidence | None  # paraphrase transfer (None: off)
     anchors: np.ndarray  # candidate positions to score (none of them reused)
