@@ -254,6 +254,7 @@ _RECORD_FEEDBACK_SQL = text(
         INSERT INTO score_history (query_id, memory_id, namespace, score, source, observed_at,
                                    retired_at)
         SELECT :query_id, memory_id, :namespace, score, source, created_at, retired_at FROM old
+        ORDER BY memory_id  -- history ids in a stable order, not in scan order
     ), upsert AS (
         INSERT INTO scores (query_id, memory_id, namespace, score, similarity, source, created_at)
         SELECT :query_id, m, :namespace, s, c, 'feedback', clock_timestamp() FROM t
