@@ -152,9 +152,17 @@ async def observed_namespace(database: Database, pipeline: RetrievalPipeline) ->
     return result.ids
 
 
-async def wait_until_waiting_for_a_lock(database: Database) -> None:
+async def wait_until_waiting_for_a_lock(database: Database, request: asyncio.Task[Any]) -> None:
+    """Poll pg_stat_activity until some backend waits for a lock (up to 30 s: the machine may
+    be loaded by other test runs); fail at once if ``request`` ends without waiting."""
+    # Autocommit, so each poll is its own transaction: a transaction sees pg_stat_activity as
+    # it was at its first read, and a request that was still connecting then would never be
+    # seen waiting (the cause of this file's intermittent failures).
     async with database.engine.connect() as conn:
-        for _ in range(1200):  # up to 30 s: the machine may be loaded by other test runs
+        await conn.execution_options(isolation_level="AUTOCOMMIT")
+        for _ in range(1200):
+            if request.done():
+                raise AssertionError(f"the request ended without waiting: {request.result()!r}")
             waiting = await conn.scalar(text(
                 "SELECT count(*) FROM pg_stat_activity "
                 "WHERE datname = current_database() AND wait_event_type = 'Lock'"
@@ -174,7 +182,7 @@ async def delete_while_blocked(
     async with database.sessions() as deleter:
         await namespace_state(deleter, NAMESPACE, for_update=True)
         request = asyncio.create_task(start_request())
-        await wait_until_waiting_for_a_lock(database)
+        await wait_until_waiting_for_a_lock(database, request)
         assert not request.done()
         await delete_memory(deleter, memory_id, NAMESPACE)
         await deleter.commit()
@@ -248,7 +256,7 @@ def test_a_refit_writes_no_row_for_a_memory_edited_while_it_fitted(clean_databas
                 # memories table makes it wait right after its read of the observations.
                 await editor.execute(text("LOCK TABLE memories IN ACCESS EXCLUSIVE MODE"))
                 refit = asyncio.create_task(pipeline.refit(NAMESPACE))
-                await wait_until_waiting_for_a_lock(database)
+                await wait_until_waiting_for_a_lock(database, refit)
                 patch = MemoryPatch(embedding=vector(777))
                 edited = await update_memory(editor, None, DIM, ids[0], patch)
                 await editor.commit()
@@ -280,7 +288,7 @@ def test_a_refit_writes_no_row_for_a_memory_given_feedback_while_it_fitted(
             async with database.sessions() as client:
                 await client.execute(text("LOCK TABLE memories IN ACCESS EXCLUSIVE MODE"))
                 refit = asyncio.create_task(pipeline.refit(NAMESPACE))
-                await wait_until_waiting_for_a_lock(database)
+                await wait_until_waiting_for_a_lock(database, refit)
                 # What /feedback writes, in the session that holds the memories table.
                 await namespace_state(client, NAMESPACE, for_update=True)
                 query_id = await client.scalar(
@@ -330,7 +338,7 @@ def test_a_namespace_erased_while_a_refit_fits_stays_erased(clean_database: str)
             async with database.sessions() as eraser:
                 await eraser.execute(text("LOCK TABLE memories IN ACCESS EXCLUSIVE MODE"))
                 refit = asyncio.create_task(pipeline.refit(NAMESPACE))
-                await wait_until_waiting_for_a_lock(database)
+                await wait_until_waiting_for_a_lock(database, refit)
                 erased = await erase_namespace(eraser, NAMESPACE)
                 await eraser.commit()
             with pytest.raises(NotFound):
