@@ -50,11 +50,8 @@ class Worker:
             await session.commit()
         refitted = 0
         for namespace in due:
-            try:
-                refitted += await self.learner.refit(namespace)
-            except Exception:
-                # Its counter was not reset: the next round tries again.
-                log.exception("full refit of namespace %r failed", namespace)
+            # A failed refit leaves its counter as it was: the next round tries again.
+            refitted += await self.learner.refit_logged(namespace)
         return refitted
 
     async def run(self, stop: asyncio.Event) -> None:

@@ -197,17 +197,23 @@ class Learner:
             if self.settings.refit_in_background:
                 self._start_background_refit(namespace)
             else:
-                await self._refit_logged(namespace)
+                await self.refit_logged(namespace)
         return recorded
 
-    async def _refit_logged(self, namespace: str) -> None:
+    async def refit_logged(self, namespace: str) -> bool:
+        """:meth:`refit` for background callers (a query's refit, the worker's loop): a
+        failure is logged, not raised; whether the namespace was refitted."""
         try:
-            await self.refit(namespace)
+            return await self.refit(namespace)
+        except NotFound:
+            # Erased (DELETE /namespaces) after the refit was due: nothing left to refit.
+            log.info("namespace %r was erased before its refit", namespace)
         except Exception:
             # The query is committed and the online state is consistent; a failed refit is
-            # retried by the next query (its counter was not reset), so the client gets its
-            # answer instead of an error that would invite a duplicate retry.
+            # retried later (its counter was not reset), so a client gets its answer instead
+            # of an error that would invite a duplicate retry.
             log.exception("full refit of namespace %r failed", namespace)
+        return False
 
     def _start_background_refit(self, namespace: str) -> None:
         """At most one refit task per namespace in this process. A query that finds one
@@ -225,10 +231,10 @@ class Learner:
         task.add_done_callback(lambda _: self._forget_refit(namespace, task))
 
     async def _refit_until_current(self, namespace: str) -> None:
-        await self._refit_logged(namespace)
+        await self.refit_logged(namespace)
         while namespace in self._refit_again:
             self._refit_again.discard(namespace)
-            await self._refit_logged(namespace)
+            await self.refit_logged(namespace)
 
     def _forget_refit(self, namespace: str, task: asyncio.Task[None]) -> None:
         if self._background_refits.get(namespace) is task:

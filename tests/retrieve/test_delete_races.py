@@ -481,3 +481,25 @@ def test_retrieves_deletes_and_refits_at_once_answer_no_5xx_and_every_refit_comp
     assert mix.refits >= 3 and not mix.refit_errors, (mix.refits, mix.refit_errors[:3])
     # Background refits (refit_every) log their failures instead of raising them.
     assert not [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+
+
+def test_a_background_refit_of_an_erased_namespace_logs_no_error(
+    clean_database: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A refit falls due, then the namespace is erased before it runs (the worker's loop or a
+    query's background refit): nothing is left to refit, which is not an error to page on."""
+    settings = pipeline_settings(clean_database)
+
+    async def scenario() -> bool:
+        async with open_database(settings) as database:
+            pipeline = RetrievalPipeline(database.sessions, None, LocalScorer(), settings)
+            await observed_namespace(database, pipeline)
+            async with database.sessions() as eraser:
+                await erase_namespace(eraser, NAMESPACE)
+                await eraser.commit()
+            with caplog.at_level(logging.INFO, logger="service.retrieve.learning"):
+                return await pipeline.learner.refit_logged(NAMESPACE)
+
+    assert asyncio.run(scenario()) is False
+    assert not [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert any("erased" in r.getMessage() for r in caplog.records)
