@@ -94,6 +94,18 @@ async def make_refit_due(run: LoadRun) -> None:
         await conn.close()
 
 
+async def last_refit_at(run: LoadRun) -> Any:
+    """When the namespace's latest full refit was written (None before the first)."""
+    conn = await run.connect()
+    try:
+        cursor = await conn.execute(
+            "SELECT last_refit_at FROM namespaces WHERE name = %s", (run.namespace,)
+        )
+        return (await cursor.fetchone())[0]
+    finally:
+        await conn.close()
+
+
 def _machine() -> dict[str, Any]:
     info: dict[str, Any] = {
         "python": platform.python_version(),
