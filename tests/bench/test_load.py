@@ -64,7 +64,8 @@ def test_report_has_every_section(report: dict) -> None:
         assert all(row["bytes"] > 0 and row["client_ms"]["n"] == 10 for row in pages.values())
     markdown = render_markdown(report)
     for heading in ("## Ingest", "## Retrieve", "## Floor", "## Slow judge",
-                    "## Completion, refit and memory", "## Scale-out", "## Dashboard pages",
+                    "## Completion, refit and memory", "## Database size", "## Scale-out",
+                    "## Dashboard pages",
                     "## Targets"):
         assert heading in markdown
 
@@ -101,6 +102,12 @@ def test_report_values_are_sane(report: dict) -> None:
         assert 0 < tier["record_ms"]["p50"] < tier["earm"]["total_ms"]["p50"]
         refit = tier["service_refit"]
         assert 0 < refit["rss_mb"] <= refit["peak_rss_mb"]
+        sizes = tier["database"]
+        assert sizes["scores"]["rows"] >= tier["observations"]
+        assert sizes["hnsw_index"]["rows"] == sizes["memories"]["rows"] >= 500
+        assert all(part["bytes"] > 0 for part in sizes.values())
+    assert report["observations"][1]["database"]["scores"]["bytes"] > (
+        report["observations"][0]["database"]["scores"]["bytes"])
     assert report["rss_end"]["rss_mb"] > 0
 
 

@@ -152,6 +152,36 @@ def _completion(report: Report) -> list[str]:
     ]
 
 
+def _size_row(tier: dict[str, Any]) -> tuple[object, ...]:
+    database = tier["database"]
+
+    def size(name: str) -> str:
+        part = database[name]
+        per_row = f"{part['bytes'] / part['rows']:,.0f}" if part["rows"] else "-"
+        return f"{part['bytes'] / 2**20:,.1f} ({per_row})"
+
+    return (f"{tier['observations']:,}", f"{database['memories']['rows']:,}", size("memories"),
+            size("hnsw_index"), size("queries"), size("scores"), size("memory_factors"))
+
+
+def _sizes(report: Report) -> list[str]:
+    tiers = [tier for tier in report["observations"] if "database" in tier]
+    if not tiers:
+        return []
+    head = ("observations", "memories", "memories", "HNSW index", "queries", "scores",
+            "memory_factors")
+    return [
+        "",
+        "## Database size",
+        "",
+        "MB on disk, each table with its indexes (and TOAST), and bytes per row in brackets (the "
+        "HNSW index: per indexed memory), after each tier; every namespace of the database "
+        "counts (the run's are nearly all of it).",
+        "",
+        *table(head, (_size_row(t) for t in tiers), "rrrrrrr"),
+    ]
+
+
 def _processes(row: dict[str, Any], role: str) -> str:
     """``role``'s processes of a scale-out row: peak RSS, refits and index batches each."""
     return "; ".join(
@@ -222,6 +252,6 @@ def _targets(report: Report) -> list[str]:
 
 
 def render_markdown(report: Report) -> str:
-    sections = (_header, _ingest, _retrieve, _floor, _slow_judge, _completion, _scale_out,
-                _dashboard, _targets)
+    sections = (_header, _ingest, _retrieve, _floor, _slow_judge, _completion, _sizes,
+                _scale_out, _dashboard, _targets)
     return "\n".join(line for section in sections for line in section(report)) + "\n"

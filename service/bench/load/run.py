@@ -22,6 +22,7 @@ from service.bench.load.config import LoadConfig
 from service.bench.load.dashboard import dashboard_pages
 from service.bench.load.database import (
     analyze,
+    database_sizes,
     environment,
     observation_counts,
     refit,
@@ -150,6 +151,7 @@ async def observation_tier(
     tier["record_ms"] = percentiles(samples.timing("record_ms"))
     tier["service_refit"] = await trigger_service_refit(run)
     tier["dashboard"] = await dashboard_pages(run, run.config.dashboard_requests)
+    tier["database"] = await database_sizes(run)
     tier["rss_after"] = run.service.rss_mb()
     return tier
 
