@@ -168,7 +168,7 @@ def _sizes(report: Report) -> list[str]:
     tiers = [tier for tier in report["observations"] if "database" in tier]
     if not tiers:
         return []
-    head = ("observations", "memories", "memories", "HNSW index", "queries", "scores",
+    head = ("observations", "memory rows", "memories", "HNSW index", "queries", "scores",
             "memory_factors")
     return [
         "",
