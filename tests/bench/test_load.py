@@ -1,5 +1,6 @@
-"""A small `earm bench load` (500 memories, 2k observations): every section of the report is
-there and its values are sane. Nothing about speed is asserted: targets live in the report."""
+"""A small `earm bench load` (500 memories, 2k observations, the scale-out cell): every section
+of the report is there and its values are sane. Nothing about speed is asserted: targets live in
+the report."""
 
 from __future__ import annotations
 
@@ -34,6 +35,9 @@ def report(postgres_server: str) -> dict:
         topics=8,
         obs_per_query=20,
         ingest_batch=200,
+        scale_out=True,
+        scale_out_concurrency=4,
+        scale_out_requests=8,
         database_url=url,
         progress=False,
     )
@@ -60,7 +64,9 @@ def test_report_has_every_section(report: dict) -> None:
         assert all(row["bytes"] > 0 and row["client_ms"]["n"] == 10 for row in pages.values())
     markdown = render_markdown(report)
     for heading in ("## Ingest", "## Retrieve", "## Floor", "## Slow judge",
-                    "## Completion, refit and memory", "## Dashboard pages", "## Targets"):
+                    "## Completion, refit and memory", "## Database size", "## Scale-out",
+                    "## Dashboard pages",
+                    "## Targets"):
         assert heading in markdown
 
 
@@ -93,8 +99,38 @@ def test_report_values_are_sane(report: dict) -> None:
     for tier in report["observations"]:
         assert tier["refit_s"] > 0 and tier["memories_with_history"] > 0
         assert 0 < tier["complete_ms"]["p50"] < tier["earm"]["total_ms"]["p50"]
-        assert tier["service_refit"]["rss_mb"] > 0
+        assert 0 < tier["record_ms"]["p50"] < tier["earm"]["total_ms"]["p50"]
+        refit = tier["service_refit"]
+        assert 0 < refit["rss_mb"] <= refit["peak_rss_mb"]
+        sizes = tier["database"]
+        assert sizes["scores"]["rows"] >= tier["observations"]
+        assert sizes["hnsw_index"]["rows"] == sizes["memories"]["rows"] >= 500
+        assert all(part["bytes"] > 0 for part in sizes.values())
+    assert report["observations"][1]["database"]["scores"]["bytes"] > (
+        report["observations"][0]["database"]["scores"]["bytes"])
     assert report["rss_end"]["rss_mb"] > 0
+
+
+def test_scale_out_cell_spreads_retrieves_over_api_processes_and_refits_in_the_worker(
+    report: dict,
+) -> None:
+    one, scaled = report["scale_out"]
+    for row in (one, scaled):
+        assert (row["requests"], row["errors"], row["concurrency"]) == (8, 0, 4)
+        assert row["throughput_rps"] > 0 and row["total_ms"]["p50"] > 0
+        assert all(p["peak_rss_mb"] > 0 for p in [*row["api"], *row["worker"]])
+    # One API process answers everything and refits itself.
+    assert (one["api_processes"], one["workers"], one["worker"]) == (1, 0, [])
+    assert one["api"][0]["retrieves"] == 8 and one["api"][0]["refits"] >= 1
+    # Two API processes share the retrieves round robin and do no background work; the
+    # worker refits the namespace the retrieves made due.
+    assert (scaled["api_processes"], scaled["workers"]) == (2, 1)
+    assert [p["retrieves"] for p in scaled["api"]] == [4, 4]
+    assert all(p["refits"] == p["index_batches"] == 0 for p in scaled["api"])
+    assert scaled["worker"][0]["refits"] >= 1
+    markdown = render_markdown(report)
+    assert "2 API processes without background work + 1 worker(s)" in markdown
+    assert "record p50 ms" in markdown
 
 
 def test_report_plots_latency_against_size(report: dict, tmp_path: Path) -> None:

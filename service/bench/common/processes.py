@@ -10,7 +10,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
@@ -110,14 +110,16 @@ def judge_process(reply: Callable[..., Awaitable[Any]], protocol: str = "chat") 
 
 
 @dataclass
-class ServiceProcess:
+class ChildProcess:
+    """An ``earm`` command in a child process of the bench, logging to a file of its own."""
+
     process: subprocess.Popen[bytes]
-    url: str
     log_path: Path
     settings: dict[str, str]  # its EARM_* environment, without the database URL
 
     def rss_mb(self) -> dict[str, float | None]:
-        """Resident memory of the service process now, and its peak (Linux VmHWM)."""
+        """Resident memory of the process now, and its peak (Linux VmHWM: since it started,
+        or since :meth:`reset_peak_rss`)."""
         import psutil
 
         now = psutil.Process(self.process.pid).memory_info().rss / 2**20
@@ -128,6 +130,26 @@ class ServiceProcess:
                 if line.startswith("VmHWM:"):
                     peak = int(line.split()[1]) / 1024
         return {"rss_mb": round(now, 1), "peak_rss_mb": None if peak is None else round(peak, 1)}
+
+    def reset_peak_rss(self) -> None:
+        """Start the peak of :meth:`rss_mb` over from the resident memory now (Linux: writing
+        5 to ``clear_refs``), so the next peak is that of the work in between; elsewhere the
+        peak stays the one since the start."""
+        with suppress(OSError):
+            Path(f"/proc/{self.process.pid}/clear_refs").write_text("5")
+
+    def log_count(self, message: str) -> int:
+        """Lines of the process's log that contain ``message`` (what it did, as it logs it at
+        ``EARM_LOG_LEVEL=INFO``)."""
+        with open(self.log_path, errors="replace") as log:
+            return sum(message in line for line in log)
+
+
+@dataclass
+class ServiceProcess(ChildProcess):
+    """``earm serve`` in a child process, and where it answers."""
+
+    url: str
 
 
 def wait_ready(url: str, timeout_s: float, process: subprocess.Popen[bytes] | None = None) -> bool:
@@ -158,26 +180,38 @@ def interrupt(process: subprocess.Popen[bytes]) -> None:
 
 
 @contextmanager
-def service_process(settings: Mapping[str, str], workdir: Path) -> Iterator[ServiceProcess]:
-    """``earm serve`` in a child process whose EARM_* environment is exactly ``settings``;
-    it runs in ``workdir`` (so no stray .env is read) and logs to ``workdir/service.log``."""
-    port = free_port()
+def child_process(
+    arguments: Sequence[str], settings: Mapping[str, str], workdir: Path, name: str
+) -> Iterator[ChildProcess]:
+    """``earm <arguments>`` in a child process whose EARM_* environment is exactly
+    ``settings``; it runs in ``workdir`` (so no stray .env is read), logs to
+    ``workdir/<name>.log`` and is interrupted on exit."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("EARM_")} | dict(settings)
-    log_path = workdir / "service.log"
+    log_path = workdir / f"{name}.log"
     with open(log_path, "wb") as log:
         process = subprocess.Popen(
-            [sys.executable, "-m", "service", "serve", "--port", str(port)],
+            [sys.executable, "-m", "service", *arguments],
             cwd=workdir,
             env=env,
             stdout=log,
             stderr=subprocess.STDOUT,
         )
-    url = f"http://127.0.0.1:{port}"
     try:
-        if not wait_ready(url, STARTUP_TIMEOUT_S, process):
-            state = "exited" if process.poll() is not None else "did not become ready"
-            raise RuntimeError(f"the service {state}: {log_path.read_text()[-2000:]}")
         shown = {k: v for k, v in settings.items() if k != "EARM_DATABASE_URL"}
-        yield ServiceProcess(process, url, log_path, shown)
+        yield ChildProcess(process, log_path, shown)
     finally:
         interrupt(process)
+
+
+@contextmanager
+def service_process(
+    settings: Mapping[str, str], workdir: Path, name: str = "service"
+) -> Iterator[ServiceProcess]:
+    """``earm serve`` as :func:`child_process` starts it, once it is ready."""
+    port = free_port()
+    with child_process(("serve", "--port", str(port)), settings, workdir, name) as child:
+        url = f"http://127.0.0.1:{port}"
+        if not wait_ready(url, STARTUP_TIMEOUT_S, child.process):
+            state = "exited" if child.process.poll() is not None else "did not become ready"
+            raise RuntimeError(f"the service {state}: {child.log_path.read_text()[-2000:]}")
+        yield ServiceProcess(child.process, child.log_path, child.settings, url)

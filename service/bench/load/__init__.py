@@ -33,19 +33,26 @@ It reports, as markdown on stdout and JSON with ``--out``:
    database is vacuumed and analyzed (as after each ingest path), then sequential ``earm``
    retrieves report ``timings.complete_ms``; one more retrieve is made to
    trigger a full refit inside the service (its latency is reported), and the service's
-   resident memory (psutil RSS, and the peak) is read after it;
+   resident memory (psutil RSS, and its peak during that retrieve) is read after it; record
+   p50 per tier, and the database's size (tables with their indexes, the HNSW index alone);
 6. **dashboard**: at each tier, every page of the namespace (``/dashboard/`` and the namespace,
    its experience matrix, its latest query's trace) fetched ``--dashboard-requests`` times,
-   client-side p50/p95/p99 over HTTP, against the target of 500 ms.
+   client-side p50/p95/p99 over HTTP, against the target of 500 ms;
+7. **scale-out** (``--scale-out``, after the largest tier): ``earm`` retrieves at
+   ``--scale-out-concurrency`` against one ``earm serve`` doing its own background work, then
+   against ``--api-processes`` ``earm serve --no-background-work`` (round robin) and
+   ``--workers`` ``earm worker`` processes on the same database, each row after making the
+   namespace due for a refit and until that refit is written: requests/s, latency, and each
+   process's peak RSS, refits and index batches.
 
 The judge runs in a child process of the bench, the service in another; all of them, and
 Postgres, share the machine. Numbers are as measured, on whatever machine runs the command.
 """
 
 # The package: config (the flags), world (the data), judge, session (what the phases share, and
-# timed retrieves), ingest, floor, observations, dashboard, database, run (the phases in order),
-# targets,
-# report, plot and cli. The docstring above is `earm bench load --help`'s description.
+# timed retrieves), ingest, floor, observations, dashboard, database, scale_out, run (the phases
+# in order), targets, report, plot and cli. The docstring above is `earm bench load --help`'s
+# description.
 
 from service.bench.load.cli import add_load_parser
 from service.bench.load.config import LoadConfig

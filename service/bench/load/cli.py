@@ -69,6 +69,22 @@ def _add_data_and_service_flags(parser: argparse.ArgumentParser, defaults: LoadC
                         help="Postgres with pgvector (default: embedded, temporary)")
 
 
+def _add_scale_out_flags(parser: argparse.ArgumentParser, defaults: LoadConfig) -> None:
+    parser.add_argument("--scale-out", action="store_true",
+                        help="after the largest tier, measure `earm serve --no-background-work` "
+                             "processes and `earm worker`s on the one database, against one "
+                             "API process doing its own background work")
+    parser.add_argument("--api-processes", type=int, default=defaults.api_processes,
+                        help="API processes of the scale-out cell (default 2)")
+    parser.add_argument("--workers", type=int, default=defaults.workers,
+                        help="`earm worker` processes of the scale-out cell (default 1)")
+    parser.add_argument("--scale-out-concurrency", type=int,
+                        default=defaults.scale_out_concurrency,
+                        help="client concurrency of the scale-out cell (default 8)")
+    parser.add_argument("--scale-out-requests", type=int, default=defaults.scale_out_requests,
+                        help="earm retrieves per scale-out row (default 128)")
+
+
 def add_load_parser(
     subparsers: argparse._SubParsersAction[argparse.ArgumentParser],
 ) -> argparse.ArgumentParser:
@@ -84,6 +100,7 @@ def add_load_parser(
     defaults = LoadConfig()
     _add_size_flags(parser, defaults)
     _add_data_and_service_flags(parser, defaults)
+    _add_scale_out_flags(parser, defaults)
     parser.add_argument("--out", type=Path, default=None, help="write the JSON report here")
     parser.add_argument("--plot", type=Path, default=None, help="write a PNG plot here")
     parser.add_argument("--plot-with", type=csv(Path), default=(),

@@ -35,6 +35,11 @@ class LoadConfig:
     ingest_batch: int = 1_000
     ingest_clients: int = 2
     db_pool_size: int = 10
+    scale_out: bool = False
+    api_processes: int = 2
+    workers: int = 1
+    scale_out_concurrency: int = 8
+    scale_out_requests: int = 128
     seed: int = 0
     database_url: str | None = None
     out: Path | None = None
@@ -57,6 +62,10 @@ class LoadConfig:
             raise ValueError("--obs-per-query exceeds the memories of one topic")
         if min(self.concurrency, default=0) < 1 or self.requests < 1:
             raise ValueError("--concurrency and --requests must be positive")
+        if min(self.api_processes, self.workers, self.scale_out_concurrency,
+               self.scale_out_requests) < 1:
+            raise ValueError("--api-processes, --workers, --scale-out-concurrency and "
+                             "--scale-out-requests must be positive")
 
     def as_json(self) -> dict[str, Any]:
         out = asdict(self)

@@ -94,6 +94,48 @@ async def make_refit_due(run: LoadRun) -> None:
         await conn.close()
 
 
+#: The tables whose size grows with memories or observations, each with its indexes (and TOAST).
+SIZED_TABLES = ("memories", "queries", "scores", "memory_factors")
+
+
+async def database_sizes(run: LoadRun) -> dict[str, Any]:
+    """Bytes on disk of the tables that grow (with their indexes), the HNSW index alone, and
+    the rows they hold (all namespaces: the run's are most of them)."""
+    from psycopg import sql
+
+    conn = await run.connect()
+    try:
+        sizes: dict[str, Any] = {}
+        for name in SIZED_TABLES:
+            cursor = await conn.execute(
+                sql.SQL("SELECT pg_total_relation_size(%s::regclass), count(*) FROM {}").format(
+                    sql.Identifier(name)
+                ),
+                (name,),
+            )
+            sizes[name] = dict(zip(("bytes", "rows"), await cursor.fetchone(), strict=True))
+        cursor = await conn.execute(
+            "SELECT pg_relation_size('ix_memories_embedding_hnsw'::regclass), "
+            "(SELECT count(*) FROM memories WHERE indexed)"
+        )
+        sizes["hnsw_index"] = dict(zip(("bytes", "rows"), await cursor.fetchone(), strict=True))
+    finally:
+        await conn.close()
+    return sizes
+
+
+async def last_refit_at(run: LoadRun) -> Any:
+    """When the namespace's latest full refit was written (None before the first)."""
+    conn = await run.connect()
+    try:
+        cursor = await conn.execute(
+            "SELECT last_refit_at FROM namespaces WHERE name = %s", (run.namespace,)
+        )
+        return (await cursor.fetchone())[0]
+    finally:
+        await conn.close()
+
+
 def _machine() -> dict[str, Any]:
     info: dict[str, Any] = {
         "python": platform.python_version(),

@@ -103,8 +103,10 @@ async def add_observations(run: LoadRun, target: int, current: int) -> dict[str,
 
 async def trigger_service_refit(run: LoadRun) -> dict[str, Any]:
     """One retrieve that makes the service itself run a full refit (the counter is set so
-    that this query is due), timed like any other; the service's memory afterwards."""
+    that this query is due), timed like any other; the service's memory afterwards, and its
+    peak during that retrieve (the peak is reset before it)."""
     await make_refit_due(run)
+    run.service.reset_peak_rss()
     samples = Samples()
     await retrieve(run, run.query_numbers(1)[0], "earm", samples)
     return {

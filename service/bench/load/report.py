@@ -118,8 +118,10 @@ def _slow_judge(report: Report) -> list[str]:
 
 def _tier_row(tier: dict[str, Any]) -> tuple[object, ...]:
     refit = tier["service_refit"]
+    record = tier.get("record_ms", {}).get("p50")  # reports before issue #18.4 lack it
     return (f"{tier['observations']:,}", f"{tier['queries']:,}",
             f"{tier['memories_with_history']:,}", f"{tier['insert']['seconds']:.1f}",
+            "-" if record is None else f"{record:.2f}",
             f"{tier['refit_s']:.2f}", _p(tier["complete_ms"]),
             f"{tier['earm']['overhead_ms']['p50']:.2f}", f"{tier['earm']['total_ms']['p50']:.2f}",
             refit["total_ms"] if refit["total_ms"] is not None else "-",
@@ -128,8 +130,8 @@ def _tier_row(tier: dict[str, Any]) -> tuple[object, ...]:
 
 def _completion(report: Report) -> list[str]:
     config = report["config"]
-    head = ("observations", "queries", "memories with history", "insert s", "refit s",
-            "complete p50 / p95 / p99 ms", "overhead p50 ms", "total p50 ms",
+    head = ("observations", "queries", "memories with history", "insert s", "record p50 ms",
+            "refit s", "complete p50 / p95 / p99 ms", "overhead p50 ms", "total p50 ms",
             "in-service refit ms", "RSS MB", "peak RSS MB")
     return [
         "",
@@ -138,13 +140,83 @@ def _completion(report: Report) -> list[str]:
         f"Sequential `earm` retrieves ({config['completion_requests']} per tier, judge "
         f"{config['latency_ms']:g} ms). Refit = the pipeline's full refit, timed in the bench "
         "process; in-service refit = the retrieve that triggered a full refit inside the "
-        "service (its total_ms). RSS = the service process after that.",
+        "service (its total_ms). RSS = the service process after that; peak RSS = its peak "
+        "during that retrieve (Linux: the peak is reset before it; elsewhere, since the start).",
         "",
-        *table(head, (_tier_row(t) for t in report["observations"]), "rrrrrlrrrrr"),
+        *table(head, (_tier_row(t) for t in report["observations"]), "rrrrrrlrrrrr"),
         "",
         f"Service RSS: {report['rss_start']['rss_mb']} MB at start, "
-        f"{report['rss_after_ingest']['rss_mb']} MB after ingest, {report['rss_end']['rss_mb']} MB "
-        f"at the end (peak {report['rss_end']['peak_rss_mb']} MB).",
+        f"{report['rss_after_ingest']['rss_mb']} MB after ingest (peak "
+        f"{report['rss_after_ingest']['peak_rss_mb']} MB until then), "
+        f"{report['rss_end']['rss_mb']} MB at the end.",
+    ]
+
+
+def _size_row(tier: dict[str, Any]) -> tuple[object, ...]:
+    database = tier["database"]
+
+    def size(name: str) -> str:
+        part = database[name]
+        per_row = f"{part['bytes'] / part['rows']:,.0f}" if part["rows"] else "-"
+        return f"{part['bytes'] / 2**20:,.1f} ({per_row})"
+
+    return (f"{tier['observations']:,}", f"{database['memories']['rows']:,}", size("memories"),
+            size("hnsw_index"), size("queries"), size("scores"), size("memory_factors"))
+
+
+def _sizes(report: Report) -> list[str]:
+    tiers = [tier for tier in report["observations"] if "database" in tier]
+    if not tiers:
+        return []
+    head = ("observations", "memory rows", "memories", "HNSW index", "queries", "scores",
+            "memory_factors")
+    return [
+        "",
+        "## Database size",
+        "",
+        "MB on disk, each table with its indexes (and TOAST), and bytes per row in brackets (the "
+        "HNSW index: per indexed memory), after each tier; every namespace of the database "
+        "counts (the run's are nearly all of it).",
+        "",
+        *table(head, (_size_row(t) for t in tiers), "rrrrrrr"),
+    ]
+
+
+def _processes(row: dict[str, Any], role: str) -> str:
+    """``role``'s processes of a scale-out row: peak RSS, refits and index batches each."""
+    return "; ".join(
+        (f"{p['retrieves']} retrieves, " if "retrieves" in p else "")
+        + f"{p['peak_rss_mb']} MB, {p['refits']} refits, {p['index_batches']} index batches"
+        for p in row[role]
+    ) or "-"
+
+
+def _scale_out(report: Report) -> list[str]:
+    rows = report.get("scale_out")
+    if not rows:
+        return []
+    head = ("topology", "conc.", "req", "errors", "req/s", "total p50 / p95 / p99 ms",
+            "client p50 / p95 / p99 ms", "refit done s after", "API processes: peak RSS, work",
+            "workers: peak RSS, work")
+    body = (
+        (row["topology"], row["concurrency"], row["requests"], row["errors"],
+         f"{row['throughput_rps']:.1f}", _p(row["total_ms"]), _p(row["client_ms"]),
+         f"{row['refit_wait_after_retrieves_s']:.1f}", _processes(row, "api"),
+         _processes(row, "worker"))
+        for row in rows
+    )
+    return [
+        "",
+        f"## Scale-out ({report['observations'][-1]['observations']:,} observations)",
+        "",
+        "`earm` retrieves (judge "
+        f"{report['config']['latency_ms']:g} ms) spread round robin over the API processes, "
+        "all on the one database, started afresh for each row, after the namespace was made "
+        "due for a full refit; then the wait until that refit was written (after the last "
+        "response). Peak RSS of each process over the row (requests and refit); refits and "
+        "index batches as each process logged them.",
+        "",
+        *table(head, body, "lrrrrllrll"),
     ]
 
 
@@ -180,6 +252,6 @@ def _targets(report: Report) -> list[str]:
 
 
 def render_markdown(report: Report) -> str:
-    sections = (_header, _ingest, _retrieve, _floor, _slow_judge, _completion, _dashboard,
-                _targets)
+    sections = (_header, _ingest, _retrieve, _floor, _slow_judge, _completion, _sizes,
+                _scale_out, _dashboard, _targets)
     return "\n".join(line for section in sections for line in section(report)) + "\n"

@@ -22,6 +22,7 @@ from service.bench.load.config import LoadConfig
 from service.bench.load.dashboard import dashboard_pages
 from service.bench.load.database import (
     analyze,
+    database_sizes,
     environment,
     observation_counts,
     refit,
@@ -31,6 +32,7 @@ from service.bench.load.floor import floor
 from service.bench.load.ingest import ingest_phase
 from service.bench.load.judge import Judge
 from service.bench.load.observations import add_observations, trigger_service_refit
+from service.bench.load.scale_out import scale_out
 from service.bench.load.session import LoadRun, drive
 from service.bench.load.targets import targets
 from service.bench.load.world import World
@@ -117,14 +119,12 @@ async def rerank_backend(run: LoadRun, judge_url: str, workdir: Path) -> dict[st
     run.judge.latency_ms = config.slow_latency_ms
     with service_process(settings, workdir) as service:
         async with httpx.AsyncClient(base_url=service.url, timeout=900) as client:
-            chat_client, run.client = run.client, client
             try:
                 numbers = run.query_numbers(config.slow_requests)
                 samples = await drive(run, numbers, 1, "earm",
                                       f"earm {config.slow_latency_ms:g} ms rerank",
-                                      budget=RERANK_ANCHORS)
+                                      budget=RERANK_ANCHORS, clients=[client])
             finally:
-                run.client = chat_client
                 run.judge.latency_ms = config.latency_ms
     return {"policy": "earm", "scorer": "rerank", "budget": RERANK_ANCHORS, "concurrency": 1,
             "judge_latency_ms": config.slow_latency_ms, **samples.summary()}
@@ -148,14 +148,17 @@ async def observation_tier(
                           f"earm @ {current} observations")
     tier["earm"] = samples.summary()
     tier["complete_ms"] = percentiles(samples.timing("complete_ms"))
+    tier["record_ms"] = percentiles(samples.timing("record_ms"))
     tier["service_refit"] = await trigger_service_refit(run)
     tier["dashboard"] = await dashboard_pages(run, run.config.dashboard_requests)
+    tier["database"] = await database_sizes(run)
     tier["rss_after"] = run.service.rss_mb()
     return tier
 
 
 async def _run(config: LoadConfig, world: World, judge: Judge, service: ServiceProcess,
-               database_url: str, rerank_judge: tuple[str, Path]) -> dict[str, Any]:
+               database_url: str, rerank_judge: tuple[str, Path],
+               settings: dict[str, str], workdir: Path) -> dict[str, Any]:
     limits = httpx.Limits(max_connections=max(config.concurrency) + 4)
     async with httpx.AsyncClient(base_url=service.url, timeout=900, limits=limits) as client:
         run = LoadRun(config, world, judge, service, database_url, client)
@@ -167,6 +170,8 @@ async def _run(config: LoadConfig, world: World, judge: Judge, service: ServiceP
             await observation_tier(run, target, report, rerank_judge)
             for target in config.observations
         ]
+        if config.scale_out:
+            report["scale_out"] = await scale_out(run, settings, workdir / "scale-out")
     return report
 
 
@@ -182,15 +187,16 @@ def run_load(config: LoadConfig) -> dict[str, Any]:
             judge.rerank, protocol="rerank"
         ) as rerank_url, migrated_database(
             config.database_url, config.dim, tmp
-        ) as database_url, service_process(
-            service_settings(config, database_url, judge_url), tmp
-        ) as service:
-            machine = environment(database_url)
-            rerank_judge = (rerank_url, tmp / "rerank-service")
-            report = asyncio.run(_run(config, world, judge, service, database_url, rerank_judge))
-            machine["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
-            report["rss_end"] = service.rss_mb()
-            report["service_settings"] = service.settings
+        ) as database_url:
+            settings = service_settings(config, database_url, judge_url)
+            with service_process(settings, tmp) as service:
+                machine = environment(database_url)
+                rerank_judge = (rerank_url, tmp / "rerank-service")
+                report = asyncio.run(_run(config, world, judge, service, database_url,
+                                          rerank_judge, settings, tmp))
+                machine["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
+                report["rss_end"] = service.rss_mb()
+                report["service_settings"] = service.settings
     report["environment"] = machine
     report["config"] = config.as_json()
     report["duration_s"] = round(time.perf_counter() - started, 1)

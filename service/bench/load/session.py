@@ -108,8 +108,9 @@ class LoadRun:
 
 
 async def retrieve(run: LoadRun, number: int, policy: str, samples: Samples,
-                   budget: int | None = None) -> None:
-    """One ``POST /retrieve`` of query ``number``, measured into ``samples``."""
+                   budget: int | None = None, client: httpx.AsyncClient | None = None) -> None:
+    """One ``POST /retrieve`` of query ``number`` to ``client`` (the run's own by default),
+    measured into ``samples``."""
     topic, embedding, _ = run.world.query(number)
     body: dict[str, Any] = {
         "namespace": run.namespace,
@@ -125,7 +126,7 @@ async def retrieve(run: LoadRun, number: int, policy: str, samples: Samples,
         body["budget"] = budget
     started = time.perf_counter()
     try:
-        result = check(await run.client.post("/retrieve", json=body))
+        result = check(await (client or run.client).post("/retrieve", json=body))
     except (httpx.HTTPError, ServiceError) as exc:
         samples.errors += 1
         logger.warning("retrieve failed: %s", exc)
@@ -138,16 +139,19 @@ async def retrieve(run: LoadRun, number: int, policy: str, samples: Samples,
 
 
 async def drive(run: LoadRun, numbers: Sequence[int], concurrency: int, policy: str,
-                description: str, budget: int | None = None) -> Samples:
-    """``len(numbers)`` retrieves, ``concurrency`` in flight."""
+                description: str, budget: int | None = None,
+                clients: Sequence[httpx.AsyncClient] = ()) -> Samples:
+    """``len(numbers)`` retrieves, ``concurrency`` in flight; to ``clients`` in turn (round
+    robin, by request), or all to the run's own."""
     samples = Samples()
-    queue = list(numbers)
+    queue = list(enumerate(numbers))
     bar = progress(len(queue), description, run.config.progress)
 
     async def worker() -> None:
         while queue:
-            number = queue.pop(0)
-            await retrieve(run, number, policy, samples, budget)
+            i, number = queue.pop(0)
+            client = clients[i % len(clients)] if clients else None
+            await retrieve(run, number, policy, samples, budget, client)
             bar.update()
 
     started = time.perf_counter()
