@@ -14,7 +14,7 @@ from typing import Any
 from service.bench.common.stats import percentile
 
 #: Score sources the service reports per returned memory.
-SOURCES = ("observed", "estimated", "semantic")
+SOURCES = ("observed", "estimated", "semantic", "expanded")
 
 
 @dataclass(frozen=True)
