@@ -47,6 +47,7 @@ from service.bench.locomo.metrics import (
     quality,
     recall_at_k,
     rolling_mean,
+    source_shares_at_k,
     summarize_policy,
 )
 from service.bench.locomo.replay import askings
@@ -547,3 +548,9 @@ def test_locomo_expand_adds_candidates_at_the_same_scorer_calls() -> None:
     # After the first refits the content prior finds memories outside the 30 candidates, and
     # some compete for the top 20.
     assert sum(r["expanded@20"] for r in expanded_rows) > 0
+
+
+def test_estimated_share_counts_expanded_memories_as_estimated() -> None:
+    records = [_rec("a b c d", "a", sources="observed expanded estimated semantic")]
+    assert estimated_share_at_k(records, 4) == pytest.approx(2 / 4)
+    assert source_shares_at_k(records, 4)["expanded"] == pytest.approx(1 / 4)
