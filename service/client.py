@@ -243,7 +243,7 @@ class EarmClient:
         return self._parse(ErasedNamespace, "DELETE", f"/namespaces/{namespace}")
 
     def retrieve(self, namespace: str, query: str, **options: Any) -> RetrieveResult:
-        """``POST /retrieve``; options: k, candidates, policy, budget, seed, order, filters,
+        """``POST /retrieve``; options: k, candidates, policy, budget, seed, order, filters, expand,
         query_embedding."""
         return self._parse(
             RetrieveResult, "POST", "/retrieve", json=_retrieve_body(namespace, query, options)

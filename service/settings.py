@@ -20,6 +20,8 @@ DEFAULT_BUDGET_SCHEDULE = "0:1.0,5:0.5,15:0.3,30:0.175"
 #: because a setting (``mcp_default_namespace``) names a namespace too; ``service.http.schemas``
 #: builds its ``NamespaceName`` from it.
 NAMESPACE_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$"
+#: The most memories search expansion may add to a retrieve's candidates (``expand``).
+MAX_EXPAND = 200
 
 
 def namespace_name(namespace: str) -> str:
@@ -156,6 +158,15 @@ class Settings(BaseSettings):
         "least this cosine-similar to a new one inform its estimates, weighted by "
         "(cos - threshold) / (1 - threshold), and its anchors avoid candidates they observed "
         "with a summed weight of 0.7 or more. Unset: off (docs/benchmarks.md).",
+    )
+    expand: int = Field(
+        default=0,
+        ge=0,
+        le=MAX_EXPAND,
+        description="Search expansion (earm policy), the default of a retrieve's `expand`: up "
+        "to this many memories outside the semantic candidates that the namespace's content "
+        "prior ranks highest join them, found by the HNSW index (none before the first refit). "
+        "0: off.",
     )
     paraphrase_prior: float = Field(
         default=1.0,

@@ -24,7 +24,8 @@ from service.db.namespaces import STATE_SQL, NamespaceState, state_from_row
 
 @dataclass(frozen=True)
 class Candidates:
-    """The semantic candidates of one query, most similar first, as parallel arrays.
+    """The candidates of one query as parallel arrays: the semantic ones, most similar first,
+    then the ``expanded`` ones (search expansion), the content prior's best first.
 
     Embeddings are not fetched here: only a scorer that reads them needs them, and only for the
     anchors (:func:`memory_embeddings`).
@@ -39,9 +40,16 @@ class Candidates:
     # id, external_id, text, occurred_at, metadata_json (the metadata as JSON text: only the
     # returned top-k parse it)
     rows: list[dict[str, Any]]
+    expanded: int = 0  # the last this many are outside the semantic top-N (search expansion)
 
     def __len__(self) -> int:
         return len(self.ids)
+
+    @property
+    def semantic_count(self) -> int:
+        """The semantic candidates (N, or fewer in a small namespace): what the budget is a
+        share of and where anchors are sampled."""
+        return len(self.ids) - self.expanded
 
 
 _CANDIDATE_COLUMNS = f"""
@@ -54,42 +62,69 @@ _CANDIDATE_COLUMNS = f"""
 """
 
 
-def _candidate_sql(exact: bool, filtered: bool) -> str:
-    """The top-``limit`` candidates with their model parameters; ``from_index`` on every row
-    counts the rows the HNSW index yielded (before the final LIMIT), which tells the caller
+#: The content prior's direction d = γ·q̂ + w (NULL before the namespace's first refit). With
+#: unit embeddings e_m, d·e_m = γ·cos(q, m) + w·e_m is the prior's score of memory m, and the
+#: cosine distance to d (scale-free in d) ranks memories by it: what the HNSW index
+#: (vector_cosine_ops) can answer. pgvector has no scalar product, hence γ as a constant vector.
+_PRIOR_DIRECTION = """(SELECT content_weights
+        + array_fill(content_slope::real, ARRAY[vector_dims(content_weights)])::vector
+          * l2_normalize(%(query)b)
+    FROM namespaces WHERE name = %(namespace)s AND content_weights IS NOT NULL)"""
+
+
+def _scan(exact: bool, where: str, target: str, limit: str) -> str:
+    """The ``limit`` memories matching ``where`` nearest (cosine) to the vector ``target``, with
+    the candidate columns, ``key`` (the distance to ``target``) and ``from_index``: on every
+    row, the rows the HNSW index yielded (before the final LIMIT), which tells the caller
     whether the index could fill the list.
 
     The HNSW index is partial (``WHERE indexed``, see ``service.ingest.indexer``): the index scan
     covers the indexed rows and an exact scan the rows not indexed yet (none, once the
     background indexer has caught up). ``exact``: one exact scan of the whole namespace."""
-    where = "namespace = %(namespace)s" + (" AND metadata @> %(filters)s" if filtered else "")
     if exact:
         # `+ 0` hides the operator from the planner, forcing an exact scan.
-        scan = f"""
-            SELECT {_CANDIDATE_COLUMNS}, 0 AS from_index FROM memories
-            WHERE {where} ORDER BY (embedding <=> %(query)b) + 0, id LIMIT %(limit)s"""
-    else:
-        scan = f"""
-            SELECT *, count(*) FILTER (WHERE indexed) OVER () AS from_index FROM (
-                (SELECT {_CANDIDATE_COLUMNS}, true AS indexed FROM memories
-                 WHERE {where} AND indexed ORDER BY embedding <=> %(query)b LIMIT %(limit)s)
-                UNION ALL
-                (SELECT {_CANDIDATE_COLUMNS}, false AS indexed FROM memories
-                 WHERE {where} AND NOT indexed ORDER BY embedding <=> %(query)b LIMIT %(limit)s)
-            ) u
-            ORDER BY distance, id LIMIT %(limit)s"""
+        return f"""
+            SELECT {_CANDIDATE_COLUMNS}, embedding <=> {target} AS key, 0 AS from_index
+            FROM memories WHERE {where} ORDER BY (embedding <=> {target}) + 0, id LIMIT {limit}"""
     return f"""
-        WITH c AS MATERIALIZED ({scan})
+        SELECT *, count(*) FILTER (WHERE indexed) OVER () AS from_index FROM (
+            (SELECT {_CANDIDATE_COLUMNS}, embedding <=> {target} AS key, true AS indexed
+             FROM memories WHERE {where} AND indexed ORDER BY embedding <=> {target}
+             LIMIT {limit})
+            UNION ALL
+            (SELECT {_CANDIDATE_COLUMNS}, embedding <=> {target} AS key, false AS indexed
+             FROM memories WHERE {where} AND NOT indexed ORDER BY embedding <=> {target}
+             LIMIT {limit})
+        ) u
+        ORDER BY key, id LIMIT {limit}"""
+
+
+def _candidate_sql(exact: bool, filtered: bool, expand: bool = False) -> str:
+    """The top-``limit`` candidates by cosine to the query with their model parameters, then
+    (``expand``) up to ``expand`` memories outside them that the namespace's content prior
+    ranks highest (the rows with ``expanded`` true; none before the first refit)."""
+    where = "namespace = %(namespace)s" + (" AND metadata @> %(filters)s" if filtered else "")
+    pool = "(SELECT *, false AS expanded FROM c)"
+    expansion = ""
+    if expand:
+        # The prior's test reads no column: a one-time filter, so a namespace without a prior
+        # skips the scan.
+        outside = f"{_PRIOR_DIRECTION} IS NOT NULL AND {where} AND id NOT IN (SELECT id FROM c)"
+        expansion = f", x AS MATERIALIZED ({_scan(exact, outside, _PRIOR_DIRECTION, '%(expand)s')})"
+        pool = "(SELECT *, false AS expanded FROM c UNION ALL SELECT *, true FROM x)"
+    return f"""
+        WITH c AS MATERIALIZED ({_scan(exact, where, "%(query)b", "%(limit)s")}){expansion}
         -- One primary-key probe per candidate. A plain join (or a LATERAL subquery the
         -- planner can pull up into one) let it hash the whole memory_factors table, a cost
         -- that grew with the namespace's history; LIMIT 1 keeps the subquery a subquery.
         SELECT c.id, c.external_id, c.text, c.occurred_at, c.metadata_json, c.distance,
-               c.content_score, c.from_index, f.bias, f.factors, f.observation_count
-        FROM c LEFT JOIN LATERAL (
+               c.content_score, c.from_index, f.bias, f.factors, f.observation_count,
+               c.expanded
+        FROM {pool} c LEFT JOIN LATERAL (
             SELECT bias, factors, observation_count FROM memory_factors
             WHERE memory_id = c.id LIMIT 1
         ) f ON true
-        ORDER BY c.distance, c.id
+        ORDER BY c.expanded, c.key, c.id
     """
 
 
@@ -165,13 +200,16 @@ async def search(
     family_key: bytes | None = None,
     neighbours: NeighbourSearch | None = None,
     family_feedback_only: bool = False,
+    expand: int = 0,
 ) -> tuple[NamespaceState, Candidates, PastObservations]:
     """The namespace's counters, its top-``limit`` memories by cosine similarity, with their
     completion-model parameters, and (given a ``family_key``) the observations of the query's
     family (only its feedback with ``family_feedback_only``) and (given ``neighbours``) those
-    of its nearest other queries, in one round trip: the settings, the reads and the COMMIT
-    that ends this read-only transaction are pipelined. (The session's own commit is then a
-    no-op: psycopg skips COMMIT on an idle connection.)
+    of its nearest other queries, and (``expand`` > 0) up to ``expand`` memories outside the
+    top-``limit`` that the namespace's content prior ranks highest (none before its first
+    refit; found by the HNSW index along the prior's direction), in one round trip: the
+    settings, the reads and the COMMIT that ends this read-only transaction are pipelined.
+    (The session's own commit is then a no-op: psycopg skips COMMIT on an idle connection.)
 
     pgvector's HNSW scan yields at most ``hnsw.ef_search`` rows, and a namespace filter can
     leave fewer, so ef_search is raised to ``limit`` and iterative scanning is enabled for this
@@ -188,6 +226,7 @@ async def search(
         "feedback_only": family_feedback_only,
         "neighbours": neighbours.limit if neighbours else 0,
         "min_similarity": neighbours.min_similarity if neighbours else 1.0,
+        "expand": expand,
     }
     filtered = filters is not None
     if filtered:
@@ -195,7 +234,7 @@ async def search(
     async with conn.pipeline():
         await conn.execute(_SEARCH_SETTINGS_SQL, params)
         state_cursor = await conn.execute(STATE_SQL, params)
-        candidates_cursor = await conn.execute(_candidate_sql(False, filtered), params)
+        candidates_cursor = await conn.execute(_candidate_sql(False, filtered, expand > 0), params)
         family_cursor = (
             await conn.execute(_FAMILY_SQL, params) if family_key is not None else None
         )
@@ -211,7 +250,7 @@ async def search(
     rows = await candidates_cursor.fetchall()
     if not rows or rows[0][7] < limit:  # row[7]: from_index, rows the HNSW index yielded
         async with conn.pipeline():
-            exact_cursor = await conn.execute(_candidate_sql(True, filtered), params)
+            exact_cursor = await conn.execute(_candidate_sql(True, filtered, expand > 0), params)
             await conn.commit()
         rows = await exact_cursor.fetchall()
     return state, _candidates(rows, rank), past
@@ -233,8 +272,9 @@ def _past(
 
 def _candidates(rows: Sequence[Sequence[Any]], rank: int) -> Candidates:
     # Row layout: id, external_id, text, occurred_at, metadata_json, distance, content_score,
-    # from_index, bias, factors, observation_count.
+    # from_index, bias, factors, observation_count, expanded (the expanded rows come last).
     return Candidates(
+        expanded=sum(1 for r in rows if r[11]),
         ids=np.array([r[0] for r in rows], dtype=np.int64),
         similarities=cosine_similarities([r[5] for r in rows]),
         memory_bias=np.array([r[8] or 0.0 for r in rows], dtype=np.float64),

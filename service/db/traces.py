@@ -46,7 +46,9 @@ class TracedCandidate:
         ),
     ]
     score: Annotated[float, Field(description="The final score it was ranked by.")]
-    source: Annotated[str, Field(description="observed | estimated | semantic, as returned.")]
+    source: Annotated[
+        str, Field(description="observed | estimated | semantic | expanded, as returned.")
+    ]
 
 
 @dataclass(frozen=True)
@@ -61,7 +63,13 @@ class QueryTraceResult:
     stage: Annotated[int | None, Field(description="Budget stage (null: recorded before 0012).")]
     budget: int
     scorer_calls: int
-    candidate_count: int
+    candidate_count: Annotated[
+        int,
+        Field(
+            description="Semantic candidates (N); `candidates` also lists those search "
+            "expansion added (source 'expanded')."
+        ),
+    ]
     returned: int
     created_at: datetime
     timings: Annotated[

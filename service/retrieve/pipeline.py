@@ -36,6 +36,7 @@ from service.retrieve.budget import (
 from service.retrieve.learning import FeedbackResult, Learner, MemoryRef
 from service.retrieve.rerank import (
     ESTIMATED,
+    EXPANDED,
     CandidateState,
     Policy,
     Ranking,
@@ -51,7 +52,7 @@ from service.retrieve.reuse import (
     reused_candidates,
     unobserved_anchors,
 )
-from service.settings import BudgetSchedule, Settings
+from service.settings import MAX_EXPAND, BudgetSchedule, Settings
 
 Order = Literal["chronological", "relevance"]
 
@@ -71,6 +72,9 @@ class RetrieveRequest:
     seed: int = 0
     order: Order = "chronological"
     filters: dict[str, Any] | None = None
+    # Search expansion (earm only): up to this many memories outside the semantic candidates
+    # join them; None: the deployment's EARM_EXPAND.
+    expand: int | None = None
 
 
 # The results below are also the API's response body (service.http serves them as they are).
@@ -115,6 +119,9 @@ class RetrieveResult:
     # Candidates observed for earlier askings of this query (its family), taken from
     # experience instead of scored again.
     reused: int
+    # Memories outside the semantic candidates that search expansion added to them (they
+    # were ranked with the others; the budget is a share of the semantic ones only).
+    expanded: int
     # HTTP requests the scorer made for those calls, retries included (0 for the local
     # scorer; one per batch of documents for a reranker).
     scorer_requests: int
@@ -162,6 +169,7 @@ def _candidate_state(found: _Search) -> CandidateState:
         content_offsets(
             found.state.content_slope, candidates.similarities, candidates.content_scores
         ),
+        candidates.expanded,
     )
 
 
@@ -225,6 +233,8 @@ class RetrievalPipeline:
             raise InvalidInput(
                 f"budget={request.budget} must be between 0 and candidates={request.candidates}"
             )
+        if request.expand is not None and not 0 <= request.expand <= MAX_EXPAND:
+            raise LimitExceeded(f"expand={request.expand} is outside 0..{MAX_EXPAND}")
         if len(request.query) > settings.max_text_chars:
             raise LimitExceeded(
                 f"query has {len(request.query)} characters; the limit is {settings.max_text_chars}"
@@ -246,7 +256,8 @@ class RetrievalPipeline:
         query_index: int,
         candidates: Candidates,
     ) -> BudgetDecision:
-        n_candidates = len(candidates)
+        # A share of the semantic candidates: expansion adds candidates, never scorer calls.
+        n_candidates = candidates.semantic_count
         if request.policy == "semantic":
             return BudgetDecision(0, "policy semantic: no scorer calls")
         if request.policy == "full":
@@ -269,7 +280,7 @@ class RetrievalPipeline:
         )
         return adaptive_budget(
             n_candidates,
-            cold_head_share(candidates.observation_count),
+            cold_head_share(candidates.observation_count[:n_candidates]),
             budget_history(recent, self.adaptive.target),
             self.adaptive,
         )
@@ -315,13 +326,14 @@ class RetrievalPipeline:
             request.query,
             query_vector,
             request.policy,
-            len(found.candidates),
+            found.candidates.semantic_count,
             found.budget.budget,
             len(found.anchors),
             scorer_requests,
             ranking,
             len(memories),
-            sum(m.source == ESTIMATED for m in memories),
+            # An expanded memory's score is the completion's estimate too.
+            sum(m.source in (ESTIMATED, EXPANDED) for m in memories),
             found.candidates.ids[observed_positions],
             found.candidates.similarities[observed_positions],
             observed_scores,
@@ -347,6 +359,7 @@ class RetrievalPipeline:
             budget_reason=found.budget.reason,
             scorer_calls=len(found.anchors),
             reused=len(reused),
+            expanded=found.candidates.expanded,
             scorer_requests=scorer_requests,
             degraded=bool(np.any(~succeeded)),
             memories=memories,
@@ -371,6 +384,7 @@ class RetrievalPipeline:
             scorer_calls=0,
             scorer_requests=0,
             reused=0,
+            expanded=0,
             degraded=False,
             memories=[],
             timings=watch.total(),
@@ -384,6 +398,15 @@ class RetrievalPipeline:
         return family_key(
             request.query, query_vector if request.query_embedding is not None else None
         )
+
+    def _expand(self, request: RetrieveRequest) -> int:
+        """How many memories search expansion may add. Only ``earm`` ranks by the completion
+        model, the only ranking under which a memory found by the content prior can compete;
+        the other policies rank unobserved memories by similarity, which would put the
+        expanded ones last."""
+        if request.policy != "earm":
+            return 0
+        return self.settings.expand if request.expand is None else request.expand
 
     def _neighbour_search(
         self, request: RetrieveRequest, family: bytes | None
@@ -411,6 +434,7 @@ class RetrievalPipeline:
                     family,
                     paraphrases,
                     family_feedback_only=not self.settings.reuse_observations,
+                    expand=self._expand(request),
                 )
             except NotFound:
                 return None
@@ -435,15 +459,22 @@ class RetrievalPipeline:
                 if neighbours is None
                 else np.union1d(reused.positions, neighbours.steering)
             )
+            # Anchors come from the semantic candidates only, as without expansion: the same
+            # budget scores the same anchors (a paired comparison), and the exploring half
+            # keeps spreading observations over the semantic range the query's similarity
+            # slope is solved on. An expanded memory is observed only through its family's
+            # earlier observations (feedback on a returned one, say).
+            n_semantic = candidates.semantic_count
+            covered = covered[covered < n_semantic]
             # Stage, budget and anchors follow the index this query expects; under concurrent
             # requests the recorded index can be a few higher, never lower. The budget goes to
             # candidates the family has not observed, so coverage grows with each asking.
             budget = await self._budget(session, request, state.next_query_index, candidates)
             anchors = unobserved_anchors(
-                len(candidates),
+                n_semantic,
                 covered,
                 sample_anchors(
-                    len(candidates) - len(covered),
+                    n_semantic - len(covered),
                     budget.budget,
                     anchor_seed(request.namespace, state.next_query_index, request.seed),
                 ),

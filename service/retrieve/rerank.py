@@ -22,14 +22,16 @@ from service.retrieve.reuse import NeighbourEvidence
 Policy = Literal["earm", "semantic", "full", "observed"]
 POLICIES: tuple[Policy, ...] = ("earm", "semantic", "full", "observed")
 
-#: Where a returned score came from.
-Source = Literal["observed", "estimated", "semantic"]
-OBSERVED, ESTIMATED, SEMANTIC = "observed", "estimated", "semantic"
+#: Where a returned score came from ("expanded": estimated, for a memory outside the semantic
+#: candidates that search expansion added).
+Source = Literal["observed", "estimated", "semantic", "expanded"]
+OBSERVED, ESTIMATED, SEMANTIC, EXPANDED = "observed", "estimated", "semantic", "expanded"
 
 
 @dataclass(frozen=True)
 class CandidateState:
-    """What reranking needs of the candidates, most similar first."""
+    """What reranking needs of the candidates: the semantic ones, most similar first, then
+    the last ``expanded`` ones, added by search expansion."""
 
     similarities: np.ndarray  # (n,)
     memory_bias: np.ndarray  # (n,)
@@ -38,6 +40,7 @@ class CandidateState:
     # (n,) the namespace's content prior γ·cos + w·e_m per candidate; zeros before the first
     # refit, when the namespace has no prior yet
     prior_offsets: np.ndarray
+    expanded: int = 0
 
 
 @dataclass(frozen=True)
@@ -48,7 +51,7 @@ class Ranking:
     # (the completion with this query folded in, the calibrated similarity, or the similarity
     # itself): an unobserved candidate is ranked by it. Kept for the query's trace.
     estimates: np.ndarray
-    sources: list[str]  # "observed" | "estimated" | "semantic" per candidate position
+    sources: list[str]  # a Source per candidate position
     query: QueryParameters | None  # this query's solved parameters (None: nothing observed)
     # |estimate - observed| for the observed anchors that had history, each estimated as if
     # it had not been scored (leave-one-out fold-in): the completion's prequential error.
@@ -79,7 +82,8 @@ def rank_candidates(
       scores of similar memories taught it (source "estimated"); for a memory with history it
       adds what the memory side learned (source "estimated");
     - ``observed`` / ``full``: unobserved memories get the calibrated similarity only;
-    - ``semantic``, or nothing observed: the cosine similarity itself.
+    - ``semantic``, or nothing observed: the cosine similarity itself;
+    - an unobserved candidate of search expansion has source "expanded", whatever ranked it.
     """
     n = len(candidates.similarities)
     scores = candidates.similarities.astype(np.float64).copy()
@@ -123,6 +127,7 @@ def rank_candidates(
             )
             scores = calibration.estimate(candidates.similarities)
     estimates = scores.copy()
+    sources[n - candidates.expanded :] = [EXPANDED] * candidates.expanded
     if len(observed_positions):
         scores[observed_positions] = observed_scores
         for position in observed_positions:

@@ -95,9 +95,10 @@ def build_results(
                         f"recall@{k}": metrics.recall_at_k(r.ranked, r.evidence, k)
                         for k in config.ks
                     },
-                    f"estimated@{max(config.ks)}": sum(
-                        1 for s in r.sources[: max(config.ks)] if s == "estimated"
-                    ),
+                    **{
+                        f"{source}@{max(config.ks)}": r.sources[: max(config.ks)].count(source)
+                        for source in ("estimated", "expanded")
+                    },
                 }
                 for r in recs
             ]
