@@ -83,13 +83,15 @@ def _is_number(value: str) -> bool:
 def _representable(value: datetime) -> datetime:
     # A time Postgres and Python can both give back: within years 1..9999 once in UTC. It is
     # passed on in UTC (the same instant): Postgres rejects UTC offsets beyond ±15:59, which
-    # Python accepts (found by the fuzz test: -21:13 was a 500).
-    if value.tzinfo is not None:
-        try:
-            return value.astimezone(UTC)
-        except OverflowError:
-            raise ValueError("is out of range once converted to UTC") from None
-    return value
+    # Python accepts (found by the fuzz test: -21:13 was a 500). A time without an offset is
+    # UTC: left naive, Postgres would read it in the session's time zone, and a naive value
+    # never equals the stored (aware) one, so re-ingesting it would count as an update.
+    if value.tzinfo is None:
+        return value.replace(tzinfo=UTC)
+    try:
+        return value.astimezone(UTC)
+    except OverflowError:
+        raise ValueError("is out of range once converted to UTC") from None
 
 
 NonEmptyText = Annotated[

@@ -347,6 +347,18 @@ def test_ingest_on_conflict_keep_is_idempotent_and_update_replaces_changed_conte
     running_mean_matches_live_scores(learning_settings)
 
 
+def test_a_time_without_offset_is_utc_so_reingesting_it_changes_nothing(api: TestClient) -> None:
+    memory = {"text": "dated", "embedding": unit(60), "external_id": "dated",
+              "occurred_at": "2023-05-08T13:56:00"}
+    created = api.post("/memories", json={"namespace": "agent-1", "memories": [memory]})
+    assert created.status_code == 201, created.text
+    again = api.post("/memories", json={"namespace": "agent-1", "memories": [memory],
+                                        "on_conflict": "update"})
+    assert again.json()["updated"] == 0, again.text  # was 1: naive != aware in Python
+    stored = api.get(f"/memories/{created.json()['ids'][0]}").json()
+    assert stored["occurred_at"] in ("2023-05-08T13:56:00Z", "2023-05-08T13:56:00+00:00")
+
+
 # ------------------------------------------------------------------------------ namespaces
 
 
