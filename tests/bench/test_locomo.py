@@ -377,24 +377,20 @@ def test_locomo_replay_smoke(tmp_path: Path) -> None:
     assert "| earm |" in table and "observed − semantic" in table
 
 
+def small_replay(**options: Any) -> LocomoConfig:
+    """A few questions of conv-26 over 30 candidates, per-query rows kept; ``options`` the
+    rest of the run's configuration."""
+    return LocomoConfig(data_dir=LOCOMO_DIR, conversations=("conv-26",), candidates=30,
+                        per_query=True, progress=False, **options)
+
+
 @pytest.mark.skipif(not LOCOMO_DIR.is_dir(), reason=f"LoCoMo data not found at {LOCOMO_DIR}")
 def test_locomo_judge_gives_the_same_recall_through_chat_and_rerank(tmp_path: Path) -> None:
     def run(protocol: str) -> dict[str, Any]:
-        config = LocomoConfig(
-            data_dir=LOCOMO_DIR,
-            conversations=("conv-26",),
-            max_sessions=2,
-            max_questions=6,
-            candidates=30,
-            ks=(5, 10),
-            policies=("observed", "earm"),
-            schedule="0:1.0,2:0.5",
-            judge_protocol=protocol,
-            seed=7,
-            per_query=True,
-            progress=False,
-        )
-        return run_locomo(config)
+        return run_locomo(small_replay(
+            max_sessions=2, max_questions=6, ks=(5, 10), policies=("observed", "earm"),
+            schedule="0:1.0,2:0.5", judge_protocol=protocol, seed=7,
+        ))
 
     chat, rerank = run("chat"), run("rerank")
     assert rerank["settings"]["judge_model"]["protocol"] == "rerank"
@@ -522,21 +518,10 @@ def test_expand_flag_is_parsed_and_bounded() -> None:
 @pytest.mark.skipif(not LOCOMO_DIR.is_dir(), reason=f"LoCoMo data not found at {LOCOMO_DIR}")
 def test_locomo_expand_adds_candidates_at_the_same_scorer_calls() -> None:
     def run(expand: int) -> dict[str, Any]:
-        config = LocomoConfig(
-            data_dir=LOCOMO_DIR,
-            conversations=("conv-26",),
-            max_sessions=4,
-            max_questions=12,
-            candidates=30,
-            ks=(10, 20),
-            policies=("earm",),
-            schedule="0:1.0,2:0.5,4:0.2",
-            expand=expand,
-            seed=3,
-            per_query=True,
-            progress=False,
-        )
-        return run_locomo(config)
+        return run_locomo(small_replay(
+            max_sessions=4, max_questions=12, ks=(10, 20), policies=("earm",),
+            schedule="0:1.0,2:0.5,4:0.2", expand=expand, seed=3,
+        ))
 
     plain, expanded = run(0), run(10)
     plain_rows, expanded_rows = plain["per_query"]["earm"], expanded["per_query"]["earm"]

@@ -12,7 +12,8 @@ import logging
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Coroutine, Iterator
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
+from contextlib import asynccontextmanager
 from typing import Any, TypeVar
 
 import httpx
@@ -136,20 +137,27 @@ def pipeline_settings(database_url: str) -> Settings:
                     refit_every=1000, refit_in_background=False, _env_file=None)
 
 
-async def observed_namespace(database: Database, pipeline: RetrievalPipeline) -> list[int]:
-    """Twenty memories, every one observed by four queries; their ids."""
-    async with database.sessions() as session:
-        result = await ingest(
-            session, None, DIM, NAMESPACE,
-            [NewMemory(text=f"m{i}", embedding=vector(i)) for i in range(20)],
-        )
-        await session.commit()
-    for i in range(4):
-        await pipeline.retrieve(RetrieveRequest(
-            namespace=NAMESPACE, query=f"q{i}", query_embedding=vector(100 + i),
-            candidates=20, policy="full",
-        ))
-    return result.ids
+@asynccontextmanager
+async def observed_namespace(
+    database_url: str,
+) -> AsyncIterator[tuple[Database, RetrievalPipeline, list[int]]]:
+    """A pipeline over a namespace of twenty memories, every one observed by four queries:
+    the database, the pipeline and the memories' ids."""
+    settings = pipeline_settings(database_url)
+    async with open_database(settings) as database:
+        pipeline = RetrievalPipeline(database.sessions, None, LocalScorer(), settings)
+        async with database.sessions() as session:
+            result = await ingest(
+                session, None, DIM, NAMESPACE,
+                [NewMemory(text=f"m{i}", embedding=vector(i)) for i in range(20)],
+            )
+            await session.commit()
+        for i in range(4):
+            await pipeline.retrieve(RetrieveRequest(
+                namespace=NAMESPACE, query=f"q{i}", query_embedding=vector(100 + i),
+                candidates=20, policy="full",
+            ))
+        yield database, pipeline, result.ids
 
 
 async def wait_until_waiting_for_a_lock(database: Database, request: asyncio.Task[Any]) -> None:
@@ -192,12 +200,8 @@ async def delete_while_blocked(
 def test_a_refit_skips_a_memory_deleted_while_it_fitted_and_completes(
     clean_database: str,
 ) -> None:
-    settings = pipeline_settings(clean_database)
-
     async def scenario() -> tuple[bool, list[int], set[int], tuple]:
-        async with open_database(settings) as database:
-            pipeline = RetrievalPipeline(database.sessions, None, LocalScorer(), settings)
-            ids = await observed_namespace(database, pipeline)
+        async with observed_namespace(clean_database) as (database, pipeline, ids):
             # The refit reads the observations, fits, then waits for the namespace row to
             # write the model: the delete commits in between.
             refit = await delete_while_blocked(
@@ -221,12 +225,8 @@ def test_a_refit_skips_a_memory_deleted_while_it_fitted_and_completes(
 
 
 def test_feedback_on_a_memory_deleted_meanwhile_is_not_found(clean_database: str) -> None:
-    settings = pipeline_settings(clean_database)
-
     async def scenario() -> None:
-        async with open_database(settings) as database:
-            pipeline = RetrievalPipeline(database.sessions, None, LocalScorer(), settings)
-            ids = await observed_namespace(database, pipeline)
+        async with observed_namespace(clean_database) as (database, pipeline, ids):
             result = await pipeline.retrieve(RetrieveRequest(
                 namespace=NAMESPACE, query="rated", query_embedding=vector(7), candidates=20,
                 policy="semantic",
@@ -245,12 +245,8 @@ def test_feedback_on_a_memory_deleted_meanwhile_is_not_found(clean_database: str
 def test_a_refit_writes_no_row_for_a_memory_edited_while_it_fitted(clean_database: str) -> None:
     """An edit (issue #14.4) retires the memory's observations and resets its model row; a
     refit that read those observations before the edit must not write the row back."""
-    settings = pipeline_settings(clean_database)
-
     async def scenario() -> tuple[bool, list[int], dict[int, int], int]:
-        async with open_database(settings) as database:
-            pipeline = RetrievalPipeline(database.sessions, None, LocalScorer(), settings)
-            ids = await observed_namespace(database, pipeline)
+        async with observed_namespace(clean_database) as (database, pipeline, ids):
             async with database.sessions() as editor:
                 # The refit reads the observations, then the memories' embeddings: holding the
                 # memories table makes it wait right after its read of the observations.
@@ -279,12 +275,8 @@ def test_a_refit_writes_no_row_for_a_memory_given_feedback_while_it_fitted(
     """Feedback replaces a scorer's observation in place (issue #14.3): the count of the
     memory's observations does not change, so only the refit's horizon tells that the fit read
     the replaced value; it must not write the memory's row back from it."""
-    settings = pipeline_settings(clean_database)
-
     async def scenario() -> tuple[bool, list[int], dict[int, int]]:
-        async with open_database(settings) as database:
-            pipeline = RetrievalPipeline(database.sessions, None, LocalScorer(), settings)
-            ids = await observed_namespace(database, pipeline)
+        async with observed_namespace(clean_database) as (database, pipeline, ids):
             async with database.sessions() as client:
                 await client.execute(text("LOCK TABLE memories IN ACCESS EXCLUSIVE MODE"))
                 refit = asyncio.create_task(pipeline.refit(NAMESPACE))
@@ -329,12 +321,8 @@ def namespace_row_counts(database_url: str) -> dict[str, int]:
 def test_a_namespace_erased_while_a_refit_fits_stays_erased(clean_database: str) -> None:
     """The refit read the observations before the erase: it writes nothing back afterwards
     (no model row, no namespace row), it fails cleanly as not found."""
-    settings = pipeline_settings(clean_database)
-
     async def scenario() -> int:
-        async with open_database(settings) as database:
-            pipeline = RetrievalPipeline(database.sessions, None, LocalScorer(), settings)
-            await observed_namespace(database, pipeline)
+        async with observed_namespace(clean_database) as (database, pipeline, _):
             async with database.sessions() as eraser:
                 await eraser.execute(text("LOCK TABLE memories IN ACCESS EXCLUSIVE MODE"))
                 refit = asyncio.create_task(pipeline.refit(NAMESPACE))
@@ -488,12 +476,8 @@ def test_a_background_refit_of_an_erased_namespace_logs_no_error(
 ) -> None:
     """A refit falls due, then the namespace is erased before it runs (the worker's loop or a
     query's background refit): nothing is left to refit, which is not an error to page on."""
-    settings = pipeline_settings(clean_database)
-
     async def scenario() -> bool:
-        async with open_database(settings) as database:
-            pipeline = RetrievalPipeline(database.sessions, None, LocalScorer(), settings)
-            await observed_namespace(database, pipeline)
+        async with observed_namespace(clean_database) as (database, pipeline, _):
             async with database.sessions() as eraser:
                 await erase_namespace(eraser, NAMESPACE)
                 await eraser.commit()
