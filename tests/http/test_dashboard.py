@@ -4,6 +4,7 @@ pages themselves are checked in a real browser by test_dashboard_browser.py."""
 
 from __future__ import annotations
 
+import re
 import tomllib
 from collections.abc import Callable, Iterator
 from fnmatch import fnmatch
@@ -165,3 +166,20 @@ def test_the_wheel_ships_every_dashboard_template_and_asset() -> None:
     assert any(f.startswith("static/") for f in files)
     for file in files:
         assert any(fnmatch(file, pattern) for pattern in globs), file
+
+
+def observed_tiles(page: str) -> int:
+    """The observed tiles the matrix draws (each colour's path says how many it draws)."""
+    return sum(int(n) for n in re.findall(r"<title>observed, [^<]*: (\d+) tiles?</title>", page))
+
+
+def test_the_matrix_leaves_out_observations_retired_by_an_edit(app_client: TestClient) -> None:
+    """An edit retires its memory's observations (they judged the old content): the model no
+    longer learns from them, and the matrix of what it learned no longer shows them."""
+    fill(app_client, "agent-1", 10)
+    assert observed_tiles(app_client.get("/dashboard/namespaces/agent-1/matrix").text) == 5
+    memories = app_client.get("/memories", params={"namespace": "agent-1"}).json()["memories"]
+    for memory, embedding in zip(memories, vectors(len(memories), seed=2), strict=True):
+        response = app_client.patch(f"/memories/{memory['id']}", json={"embedding": embedding})
+        assert response.status_code == 200, response.text
+    assert observed_tiles(app_client.get("/dashboard/namespaces/agent-1/matrix").text) == 0
