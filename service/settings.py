@@ -142,6 +142,13 @@ class Settings(BaseSettings):
         gt=0,
         description="How often `earm worker` looks for namespaces due for a refit.",
     )
+    query_traces: bool = Field(
+        default=True,
+        description="Keep every retrieve's candidates in rank order on its query row (about "
+        "30 bytes per candidate, ~6 KB per query at 200 candidates) for GET /queries/{id} and "
+        "the dashboard. False: only the stage and phase timings are kept; traces then list no "
+        "candidates and the experience matrix shows observed cells only.",
+    )
     reuse_observations: bool = Field(
         default=True,
         description="A query repeating an earlier one of its namespace (same normalised text, "

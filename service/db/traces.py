@@ -82,7 +82,10 @@ class QueryTraceResult:
     prequential_error: float | None
     candidates: Annotated[
         list[TracedCandidate],
-        Field(description="Every candidate, best first (empty for queries before 0012)."),
+        Field(
+            description="Every candidate, best first (empty for queries recorded before 0012 "
+            "or with EARM_QUERY_TRACES=false)."
+        ),
     ]
 
 

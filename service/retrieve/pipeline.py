@@ -179,8 +179,10 @@ def _trace(
     observed_positions: np.ndarray,
     stage: int,
     timings: dict[str, float],
+    keep_candidates: bool,
 ) -> QueryTrace:
-    """The query's trace, its candidates in rank order (``timings``: the phases so far)."""
+    """The query's trace, its candidates in rank order (``timings``: the phases so far); only
+    the stage and timings without ``keep_candidates`` (``EARM_QUERY_TRACES=false``)."""
     n = len(found.candidates)
     anchors = np.zeros(n, dtype=bool)
     anchors[found.anchors] = True
@@ -189,7 +191,8 @@ def _trace(
         origins[position] = SCORER_ORIGIN
     for position in found.reused.positions:
         origins[position] = REUSED_ORIGIN
-    order = ranking.order
+    # No candidates: every per-candidate array below comes out empty.
+    order = ranking.order if keep_candidates else ranking.order[:0]
     return QueryTrace(
         stage=stage,
         timings=timings,
@@ -347,7 +350,10 @@ class RetrievalPipeline:
             found.candidates.ids[reused.positions],
             # What the budget would have scored had the family not covered those candidates.
             found.budget.budget - len(found.anchors),
-            _trace(found, ranking, observed_positions, stage, dict(watch.timings)),
+            _trace(
+                found, ranking, observed_positions, stage, dict(watch.timings),
+                self.settings.query_traces,
+            ),
         )
         watch.lap("record_ms", since)
         return RetrieveResult(

@@ -128,6 +128,20 @@ def test_feedback_after_the_retrieve_shows_as_an_observation_of_origin_feedback(
     assert (cell["source"], cell["score"]) == (unobserved["source"], unobserved["score"])
 
 
+def test_with_query_traces_off_a_query_keeps_its_stage_and_timings_but_no_candidates(
+    clean_database: str,
+) -> None:
+    settings = Settings(database_url=clean_database, embedder="local", scorer="local",
+                        query_traces=False, _env_file=None)
+    with TestClient(create_app(settings)) as client:
+        fill(client)
+        result = retrieve(client, "Which notes are about music?", budget=4)
+        traced = trace(client, result["query_id"])
+    assert traced["candidates"] == []
+    assert traced["stage"] == 0 and set(traced["timings"]) >= {"search_ms", "score_ms"}
+    assert (traced["candidate_count"], traced["scorer_calls"]) == (20, 4)
+
+
 def test_an_unknown_query_is_404(app_client: TestClient) -> None:
     response = app_client.get("/queries/424242")
     assert response.status_code == 404 and response.json()["error"]["code"] == "not_found"
