@@ -22,6 +22,7 @@ import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from sqlalchemy import create_engine, text
+from sqlalchemy.ext.asyncio import AsyncSession
 
 from service.bench.loopback import LoopbackServer, chat_completions_app
 from service.db.engine import Database, open_database
@@ -197,6 +198,26 @@ async def delete_while_blocked(
     return request
 
 
+async def refit_held_after_its_read(
+    database: Database, pipeline: RetrievalPipeline, holder: AsyncSession
+) -> asyncio.Task[bool]:
+    """Start a refit that waits right after reading the observations: ``holder`` takes the
+    memories table, which the refit reads next (the embeddings); the refit's task, once it
+    waits. What ``holder`` writes before committing lands between the refit's read and write."""
+    await holder.execute(text("LOCK TABLE memories IN ACCESS EXCLUSIVE MODE"))
+    refit = asyncio.create_task(pipeline.refit(NAMESPACE))
+    await wait_until_waiting_for_a_lock(database, refit)
+    return refit
+
+
+async def model_rows(database: Database) -> dict[int, int]:
+    """Observation count per memory with a model row."""
+    async with database.engine.connect() as conn:
+        return dict((await conn.execute(
+            text("SELECT memory_id, observation_count FROM memory_factors")
+        )).all())
+
+
 def test_a_refit_skips_a_memory_deleted_while_it_fitted_and_completes(
     clean_database: str,
 ) -> None:
@@ -248,19 +269,12 @@ def test_a_refit_writes_no_row_for_a_memory_edited_while_it_fitted(clean_databas
     async def scenario() -> tuple[bool, list[int], dict[int, int], int]:
         async with observed_namespace(clean_database) as (database, pipeline, ids):
             async with database.sessions() as editor:
-                # The refit reads the observations, then the memories' embeddings: holding the
-                # memories table makes it wait right after its read of the observations.
-                await editor.execute(text("LOCK TABLE memories IN ACCESS EXCLUSIVE MODE"))
-                refit = asyncio.create_task(pipeline.refit(NAMESPACE))
-                await wait_until_waiting_for_a_lock(database, refit)
+                refit = await refit_held_after_its_read(database, pipeline, editor)
                 patch = MemoryPatch(embedding=vector(777))
                 edited = await update_memory(editor, None, DIM, ids[0], patch)
                 await editor.commit()
             refitted = await refit
-            async with database.engine.connect() as conn:
-                rows = dict((await conn.execute(
-                    text("SELECT memory_id, observation_count FROM memory_factors")
-                )).all())
+            rows = await model_rows(database)
         return refitted, ids, rows, edited.retired_observations
 
     refitted, ids, rows, retired = asyncio.run(scenario())
@@ -278,9 +292,7 @@ def test_a_refit_writes_no_row_for_a_memory_given_feedback_while_it_fitted(
     async def scenario() -> tuple[bool, list[int], dict[int, int]]:
         async with observed_namespace(clean_database) as (database, pipeline, ids):
             async with database.sessions() as client:
-                await client.execute(text("LOCK TABLE memories IN ACCESS EXCLUSIVE MODE"))
-                refit = asyncio.create_task(pipeline.refit(NAMESPACE))
-                await wait_until_waiting_for_a_lock(database, refit)
+                refit = await refit_held_after_its_read(database, pipeline, client)
                 # What /feedback writes, in the session that holds the memories table.
                 await namespace_state(client, NAMESPACE, for_update=True)
                 query_id = await client.scalar(
@@ -292,10 +304,7 @@ def test_a_refit_writes_no_row_for_a_memory_given_feedback_while_it_fitted(
                 )
                 await client.commit()
             refitted = await refit
-            async with database.engine.connect() as conn:
-                rows = dict((await conn.execute(
-                    text("SELECT memory_id, observation_count FROM memory_factors")
-                )).all())
+            rows = await model_rows(database)
         assert written.replaced == 1
         return refitted, ids, rows
 
@@ -324,9 +333,7 @@ def test_a_namespace_erased_while_a_refit_fits_stays_erased(clean_database: str)
     async def scenario() -> int:
         async with observed_namespace(clean_database) as (database, pipeline, _):
             async with database.sessions() as eraser:
-                await eraser.execute(text("LOCK TABLE memories IN ACCESS EXCLUSIVE MODE"))
-                refit = asyncio.create_task(pipeline.refit(NAMESPACE))
-                await wait_until_waiting_for_a_lock(database, refit)
+                refit = await refit_held_after_its_read(database, pipeline, eraser)
                 erased = await erase_namespace(eraser, NAMESPACE)
                 await eraser.commit()
             with pytest.raises(NotFound):
