@@ -180,6 +180,12 @@ class Settings(BaseSettings):
         gt=0,
         description="Weight κ of the model's estimate against the paraphrases' observations.",
     )
+    paraphrase_window: int = Field(
+        default=2000,
+        ge=1,
+        description="Paraphrase transfer looks for neighbours among the namespace's latest this "
+        "many queries (an exact scan, one cosine each: the bound on its cost per retrieve).",
+    )
     als_iterations: int = Field(default=10, ge=1, le=200)
     budget_schedule: str = DEFAULT_BUDGET_SCHEDULE
     budget_policy: Literal["schedule", "adaptive"] = Field(

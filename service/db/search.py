@@ -155,10 +155,11 @@ class PastObservations:
 @dataclass(frozen=True)
 class NeighbourSearch:
     """Which earlier queries count as neighbours: the ``limit`` nearest by cosine, of those at
-    least ``min_similarity`` to the new one."""
+    least ``min_similarity`` to the new one, among the namespace's latest ``window`` queries."""
 
     min_similarity: float
     limit: int
+    window: int
 
 
 _NONE = np.zeros(0)
@@ -177,12 +178,16 @@ _FAMILY_SQL = """
     ORDER BY s.memory_id, s.source = 'feedback' DESC, s.created_at DESC, s.query_id DESC
 """
 
-# An exact scan of the namespace's queries (by uq_queries_namespace_query_index): one cosine
-# per recorded query.
+# An exact scan of the namespace's latest queries (backwards along
+# uq_queries_namespace_query_index): one cosine per query of the window, so its cost is bounded
+# however long the namespace's history grows.
 _NEIGHBOUR_SQL = """
-    WITH nb AS MATERIALIZED (
-        SELECT id, 1 - (embedding <=> %(query)b) AS similarity FROM queries
-        WHERE namespace = %(namespace)s AND family_key IS DISTINCT FROM %(family)s::bytea
+    WITH recent AS (
+        SELECT id, embedding, family_key FROM queries WHERE namespace = %(namespace)s
+        ORDER BY query_index DESC LIMIT %(window)s
+    ), nb AS MATERIALIZED (
+        SELECT id, 1 - (embedding <=> %(query)b) AS similarity FROM recent
+        WHERE family_key IS DISTINCT FROM %(family)s::bytea
         ORDER BY embedding <=> %(query)b LIMIT %(neighbours)s
     )
     SELECT s.memory_id, nb.similarity, s.score FROM nb JOIN scores s ON s.query_id = nb.id
@@ -226,6 +231,7 @@ async def search(
         "feedback_only": family_feedback_only,
         "neighbours": neighbours.limit if neighbours else 0,
         "min_similarity": neighbours.min_similarity if neighbours else 1.0,
+        "window": neighbours.window if neighbours else 0,
         "expand": expand,
     }
     filtered = filters is not None

@@ -420,7 +420,7 @@ class RetrievalPipeline:
         threshold = self.settings.paraphrase_similarity
         if threshold is None or family is None or request.policy != "earm":
             return None
-        return NeighbourSearch(threshold, PARAPHRASE_NEIGHBOURS)
+        return NeighbourSearch(threshold, PARAPHRASE_NEIGHBOURS, self.settings.paraphrase_window)
 
     async def _search(self, request: RetrieveRequest, query_vector: np.ndarray) -> _Search | None:
         """The candidates, the namespace's state, what the query's family observed of them and

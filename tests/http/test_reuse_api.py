@@ -217,3 +217,26 @@ def test_without_paraphrase_transfer_a_rephrased_query_rescores_its_paraphrases_
     recording.scored.clear()
     ask(reuse_client, "Remind me: which memories are about topic 3?")
     assert recording.memories_scored() & first_scored
+
+
+def test_paraphrase_transfer_looks_only_at_the_latest_window_of_queries(
+    judge_settings: Callable[..., Settings], judge: tuple[RecordingJudge, str]
+) -> None:
+    """EARM_PARAPHRASE_WINDOW bounds the neighbour scan: a paraphrase asked before the window's
+    queries is not found, so the rephrased query scores its top again."""
+    recording = judge[0]
+    settings = judge_settings(
+        judge[1], embedder="local", refit_in_background=False, paraphrase_similarity=0.8,
+        paraphrase_window=1,
+    )
+    with TestClient(create_app(settings)) as client:
+        client.post(
+            "/memories",
+            json={"namespace": "agent-1", "memories": [{"text": t} for t in MEMORY_TEXTS]},
+        )
+        ask(client, "Which memories are about topic 3?")
+        first_scored = recording.memories_scored()
+        ask(client, "What will the weather be like on Mars tomorrow?")
+        recording.scored.clear()
+        ask(client, "Remind me: which memories are about topic 3?")
+    assert recording.memories_scored() & first_scored
