@@ -59,12 +59,15 @@ def scan_ms(conn: psycopg.Connection, rng: np.random.Generator, window: int) -> 
 
 def main() -> None:
     rng = np.random.default_rng(0)
-    with tempfile.TemporaryDirectory() as tmp, migrated_database(None, DIM, Path(tmp)) as url:
-        with psycopg.connect(libpq_url(url), autocommit=True) as conn:
-            register_vector(conn)
-            load_queries(conn, rng)
-            for window in WINDOWS:
-                print(f"window {window:>6,}: {scan_ms(conn, rng, window):.2f} ms")
+    with (
+        tempfile.TemporaryDirectory() as tmp,
+        migrated_database(None, DIM, Path(tmp)) as url,
+        psycopg.connect(libpq_url(url), autocommit=True) as conn,
+    ):
+        register_vector(conn)
+        load_queries(conn, rng)
+        for window in WINDOWS:
+            print(f"window {window:>6,}: {scan_ms(conn, rng, window):.2f} ms")
 
 
 if __name__ == "__main__":
