@@ -14,7 +14,7 @@ import collections
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,7 +26,11 @@ from service.providers.scorers import Outcome, ScorerObserver, Scores, notify
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["HTTPScorer", "RequestFailed", "ScoringRequest"]
+__all__ = ["FailureLog", "HTTPScorer", "RequestFailed", "ScoringRequest"]
+
+#: While a backend is down every retrieve fails its calls: at most one warning per this many
+#: seconds per scorer (counting the retrieves it stands for) keeps an outage from flooding the log.
+FAILURE_WARNING_INTERVAL_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -47,6 +51,44 @@ class RequestFailed(Exception):
     def __init__(self, outcome: Outcome) -> None:
         super().__init__(outcome)
         self.outcome = outcome
+
+
+class FailureLog:
+    """The warning of :meth:`HTTPScorer.score` calls with failed pairs, at most one per
+    ``interval_s``: the first failing call is logged at once, the ones after it within the
+    interval are counted and named by the next warning."""
+
+    def __init__(
+        self,
+        interval_s: float = FAILURE_WARNING_INTERVAL_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.interval_s = interval_s
+        self.clock = clock
+        self._last_warning: float | None = None
+        self._unreported = 0  # failing calls since the last warning, not logged
+
+    def failed(self, outcomes: Sequence[str], seconds: float) -> bool:
+        """Note one call whose ``outcomes`` (one per pair) include failures; True if it was
+        logged."""
+        now = self.clock()
+        if self._last_warning is not None and now - self._last_warning < self.interval_s:
+            self._unreported += 1
+            return False
+        failed = collections.Counter(outcome for outcome in outcomes if outcome != "ok")
+        logger.warning(
+            "relevance scorer: %d of %d calls failed in %.2f s (%s)%s",
+            sum(failed.values()),
+            len(outcomes),
+            seconds,
+            ", ".join(f"{k}={v}" for k, v in sorted(failed.items())),
+            f"; {self._unreported} more retrieves had failed calls in the "
+            f"{now - self._last_warning:.0f} s before"
+            if self._unreported and self._last_warning is not None
+            else "",
+        )
+        self._last_warning, self._unreported = now, 0
+        return True
 
 
 class HTTPScorer:
@@ -99,6 +141,7 @@ class HTTPScorer:
             self._clients.put_nowait(self._new_client())
         # Closing of clients taken out of service (see _slot); awaited by aclose().
         self._closing: set[asyncio.Task[None]] = set()
+        self.failure_log = FailureLog()
 
     # ----------------------------------------------------------------- what a backend defines
 
@@ -144,15 +187,8 @@ class HTTPScorer:
         for request_scores in done:
             for position, (value, outcome) in request_scores.items():
                 values[position], outcomes[position] = value, outcome
-        failed = [outcome for outcome in outcomes if outcome != "ok"]
-        if failed:
-            logger.warning(
-                "relevance scorer: %d of %d calls failed in %.2f s (%s)",
-                len(failed),
-                len(outcomes),
-                time.perf_counter() - started,
-                ", ".join(f"{k}={v}" for k, v in sorted(collections.Counter(failed).items())),
-            )
+        if any(outcome != "ok" for outcome in outcomes):
+            self.failure_log.failed(outcomes, time.perf_counter() - started)
         return Scores(values, requests=attempts.count)
 
     async def _run(

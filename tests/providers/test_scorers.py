@@ -4,6 +4,7 @@ chat-completions server."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 import re
 import socket
@@ -17,6 +18,7 @@ import pytest
 from service.bench.loopback import HTTPFault, LoopbackServer, chat_completions_app
 from service.providers.chat_scorer import OpenAIChatScorer, parse_batch, parse_score
 from service.providers.factory import build_scorer
+from service.providers.http_scorer import FailureLog
 from service.providers.scorers import (
     LOCAL_CENTER,
     LOCAL_TEMPERATURE,
@@ -215,6 +217,50 @@ def test_openai_scorer_retries_500_then_gives_none(serve: Serve) -> None:
     assert asyncio.run(score_with(scorer, "q", ["m"])) == [None]
     assert app.state.calls == 3
     assert scorer.outcomes == {"http_error": 1}
+
+
+def test_a_failing_backend_logs_one_warning_per_interval_not_one_per_retrieve(
+    serve: Serve, caplog: pytest.LogCaptureFixture
+) -> None:
+    def reply(prompt: str) -> str:
+        raise HTTPFault(500, "internal")
+
+    scorer = make_scorer(serve(chat_completions_app(reply)).url, max_retries=0)
+
+    async def three_retrieves() -> None:
+        try:
+            for _ in range(3):
+                await scorer.score("q", QUERY_EMBEDDING, ["m", "n"], np.zeros((2, DIM)))
+        finally:
+            await scorer.aclose()
+
+    with caplog.at_level(logging.WARNING, logger="service.providers.http_scorer"):
+        asyncio.run(three_retrieves())
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1, warnings
+    assert "2 of 2 calls failed" in warnings[0] and "http_error=2" in warnings[0]
+    assert scorer.outcomes == {"http_error": 6}  # every pair is still counted
+
+
+def test_the_failure_log_names_the_failing_retrieves_it_did_not_log(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    now = [100.0]
+    failure_log = FailureLog(interval_s=10.0, clock=lambda: now[0])
+    with caplog.at_level(logging.WARNING, logger="service.providers.http_scorer"):
+        logged = [failure_log.failed(["ok", "timeout"], 0.5)]
+        for at in (101.0, 105.0, 109.9):
+            now[0] = at
+            logged.append(failure_log.failed(["timeout"], 0.5))
+        now[0] = 112.0
+        logged.append(failure_log.failed(["http_error", "http_error"], 0.5))
+    assert logged == [True, False, False, False, True]
+    messages = [r.getMessage() for r in caplog.records]
+    assert messages[0] == "relevance scorer: 1 of 2 calls failed in 0.50 s (timeout=1)"
+    assert messages[1] == (
+        "relevance scorer: 2 of 2 calls failed in 0.50 s (http_error=2); "
+        "3 more retrieves had failed calls in the 12 s before"
+    )
 
 
 def test_openai_scorer_does_not_retry_a_400(serve: Serve) -> None:
