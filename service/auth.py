@@ -153,6 +153,28 @@ def is_loopback_host(host: str) -> bool:
         return False  # a host name: it may resolve to anything, assume exposed
 
 
+def _host_header_name(host_header: str) -> str:
+    """The host name of a ``Host`` header: ``localhost:8000`` → ``localhost``, ``[::1]:8000``
+    → ``::1``."""
+    host = host_header.strip()
+    if host.startswith("["):
+        return host[1 : host.find("]")] if "]" in host else host
+    return host.rsplit(":", 1)[0] if host.count(":") == 1 else host
+
+
+def _rebound(peer: str | None, host_header: str | None) -> bool:
+    """A loopback TCP peer that names a host other than a loopback one: how a web page that
+    rebound its own domain to 127.0.0.1 reaches the service (DNS rebinding). Peers without an
+    address (in-process clients, Unix sockets) are not browsers."""
+    if not peer or host_header is None:
+        return False
+    try:
+        ipaddress.ip_address(peer)
+    except ValueError:
+        return False
+    return not is_loopback_host(_host_header_name(host_header))
+
+
 def _peer_is_remote(host: str | None) -> bool:
     """A non-loopback IP peer. Unix sockets (no peer) and in-process test clients are local."""
     if not host:
@@ -261,9 +283,12 @@ class Authenticator:
         self._principals[digest] = (now + self.ttl_s, principal)
         return principal
 
-    async def authenticate(self, authorization: str | None, peer: str | None) -> Principal:
+    async def authenticate(
+        self, authorization: str | None, peer: str | None, host_header: str | None = None
+    ) -> Principal:
         """The caller's principal. Credentials, when sent, must be valid, even in a key-less
-        deployment: a revoked key never falls back to anonymous access."""
+        deployment: a revoked key never falls back to anonymous access. ``host_header``: the
+        request's ``Host``, which a loopback caller without a key must name as loopback."""
         if authorization:
             scheme, _, key = authorization.partition(" ")
             key = key.strip()
@@ -275,7 +300,16 @@ class Authenticator:
             return principal
         if await self.keys_enforced():
             raise Unauthenticated("send an API key as 'Authorization: Bearer <key>'")
-        if self.allow_anonymous or not _peer_is_remote(peer):
+        if self.allow_anonymous:
+            return ANONYMOUS
+        if _rebound(peer, host_header):
+            raise Unauthenticated(
+                f"API keys are not enforced, so this service answers requests that name it "
+                f"by a loopback address only (localhost, 127.0.0.1, [::1]), not "
+                f"{_host_header_name(host_header or '')!r}: a web page could reach it that "
+                "way (DNS rebinding); send an API key or set EARM_ALLOW_ANONYMOUS=true"
+            )
+        if not _peer_is_remote(peer):
             return ANONYMOUS
         raise Unauthenticated(
             "API keys are not enforced, so this service only answers loopback clients; "

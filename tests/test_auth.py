@@ -139,6 +139,30 @@ def test_without_keys_a_presented_key_must_still_be_valid(api: TestClient) -> No
     assert_error(response, 401, "unauthenticated")
 
 
+def test_without_keys_a_loopback_peer_naming_a_foreign_host_is_refused(
+    auth_settings: Settings,
+) -> None:
+    """DNS rebinding: a web page whose domain now resolves to 127.0.0.1 reaches the service
+    from a loopback peer, but its requests name the page's host."""
+    app = create_app(auth_settings)
+    rebound = "http://rebound.example:8000"
+    with TestClient(app, base_url=rebound, client=("127.0.0.1", 4711)) as page:
+        response = page.get("/memories", params={"namespace": "a"})
+        assert_error(response, 401, "unauthenticated")
+        assert "'rebound.example'" in response.json()["error"]["message"]
+        assert page.get("/healthz").status_code == 200
+        # The dashboard's keyless view is refused the same way (its login page instead).
+        assert "login" in page.get("/dashboard/", follow_redirects=False).headers["location"]
+    for name in ("localhost:8000", "127.0.0.1:8000", "[::1]:8000", "localhost"):
+        with TestClient(app, base_url=f"http://{name}", client=("127.0.0.1", 4711)) as local:
+            assert local.get("/memories", params={"namespace": "a"}).status_code == 200, name
+    allowed = auth_settings.model_copy(update={"allow_anonymous": True})
+    with TestClient(
+        create_app(allowed), base_url="http://earm.internal:8000", client=("127.0.0.1", 4711)
+    ) as proxied:
+        assert proxied.get("/memories", params={"namespace": "a"}).status_code == 200
+
+
 def test_without_keys_a_non_loopback_peer_is_refused(auth_settings: Settings) -> None:
     with TestClient(create_app(auth_settings), client=("203.0.113.9", 4711)) as remote:
         assert_error(remote.get("/memories", params={"namespace": "a"}), 401, "unauthenticated")

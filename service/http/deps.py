@@ -94,7 +94,9 @@ async def authenticate(request: Request) -> Principal:
         return ANONYMOUS
     authenticator: Authenticator = request.app.state.authenticator  # set by the lifespan
     peer = request.client.host if request.client else None
-    principal = await authenticator.authenticate(request.headers.get("authorization"), peer)
+    principal = await authenticator.authenticate(
+        request.headers.get("authorization"), peer, request.headers.get("host")
+    )
     request.state.principal = principal
     if principal.key_id is not None:
         # the access log names the key, never shows it

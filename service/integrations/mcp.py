@@ -49,8 +49,9 @@ MCP_PATH = "/mcp"
 IN_PROCESS_URL = "http://earm.in-process"
 #: namespace_stats answers the stats of ``GET /stats`` as a JSON object.
 _STATS_JSON = TypeAdapter(NamespaceStats)
-#: Headers of the MCP request that its API calls carry on (besides its request id).
-FORWARDED_HEADERS = ("authorization",)
+#: Headers of the MCP request that its API calls carry on (besides its request id): its key,
+#: and the host it named, which the API checks as for any request of a loopback caller.
+FORWARDED_HEADERS = ("authorization", "host")
 
 #: How a tool reaches the API for one call: an ``AsyncEarmClient`` for the caller of ``ctx``.
 Connector = Callable[[Context], AbstractAsyncContextManager[AsyncEarmClient]]

@@ -87,7 +87,9 @@ async def _principal(request: Request) -> Principal:
     key = request.cookies.get(COOKIE_NAME)
     peer = request.client.host if request.client else None
     try:
-        return await _authenticator(request).authenticate(f"Bearer {key}" if key else None, peer)
+        return await _authenticator(request).authenticate(
+            f"Bearer {key}" if key else None, peer, request.headers.get("host")
+        )
     except Unauthenticated:
         raise LoginRequired() from None
 
