@@ -163,7 +163,7 @@ def _host_header_name(host_header: str) -> str:
 
 
 def _rebound(peer: str | None, host_header: str | None) -> bool:
-    """A loopback TCP peer that names a host other than a loopback one: how a web page that
+    """A (loopback) TCP peer that names a host other than a loopback one: how a web page that
     rebound its own domain to 127.0.0.1 reaches the service (DNS rebinding). Peers without an
     address (in-process clients, Unix sockets) are not browsers."""
     if not peer or host_header is None:
@@ -302,6 +302,12 @@ class Authenticator:
             raise Unauthenticated("send an API key as 'Authorization: Bearer <key>'")
         if self.allow_anonymous:
             return ANONYMOUS
+        if _peer_is_remote(peer):
+            raise Unauthenticated(
+                "API keys are not enforced, so this service only answers loopback clients; "
+                "create a key with `earm keys create` (`earm keys enforcement on` if keys "
+                "exist) or set EARM_ALLOW_ANONYMOUS=true"
+            )
         if _rebound(peer, host_header):
             raise Unauthenticated(
                 f"API keys are not enforced, so this service answers requests that name it "
@@ -309,10 +315,4 @@ class Authenticator:
                 f"{_host_header_name(host_header or '')!r}: a web page could reach it that "
                 "way (DNS rebinding); send an API key or set EARM_ALLOW_ANONYMOUS=true"
             )
-        if not _peer_is_remote(peer):
-            return ANONYMOUS
-        raise Unauthenticated(
-            "API keys are not enforced, so this service only answers loopback clients; "
-            "create a key with `earm keys create` (`earm keys enforcement on` if keys exist) "
-            "or set EARM_ALLOW_ANONYMOUS=true"
-        )
+        return ANONYMOUS

@@ -165,7 +165,9 @@ def test_without_keys_a_loopback_peer_naming_a_foreign_host_is_refused(
 
 def test_without_keys_a_non_loopback_peer_is_refused(auth_settings: Settings) -> None:
     with TestClient(create_app(auth_settings), client=("203.0.113.9", 4711)) as remote:
-        assert_error(remote.get("/memories", params={"namespace": "a"}), 401, "unauthenticated")
+        response = remote.get("/memories", params={"namespace": "a"})
+        assert_error(response, 401, "unauthenticated")
+        assert "only answers loopback clients" in response.json()["error"]["message"]
         assert remote.get("/healthz").status_code == 200
     allowed = auth_settings.model_copy(update={"allow_anonymous": True})
     with TestClient(create_app(allowed), client=("203.0.113.9", 4711)) as remote:
