@@ -46,6 +46,13 @@ class EmbedderUnavailable(EarmError):
     code = "embedder_unavailable"
 
 
+class IndexingBacklog(EarmError):
+    """The namespace's memories waiting for the HNSW index reach EARM_MAX_UNINDEXED: an ingest
+    that would add more is refused until the indexer catches up."""
+
+    code = "indexing_backlog"
+
+
 class DatabaseUnavailable(EarmError):
     code = "database_unavailable"
 

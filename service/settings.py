@@ -55,6 +55,14 @@ class Settings(BaseSettings):
         description="Memories the background indexer moves into the HNSW index per transaction "
         "(about 300 per second at 100k memories on 2 cores).",
     )
+    max_unindexed: int = Field(
+        default=0,
+        ge=0,
+        description="Back-pressure on the indexer's backlog: an ingest that would add memories "
+        "to a namespace with this many or more memories not in the HNSW index yet is refused "
+        "(503 indexing_backlog, Retry-After), so its searches do not slow down without bound. "
+        "A soft limit: concurrent ingests may each pass the check. 0: no limit.",
+    )
     index_poll_interval_s: float = Field(
         default=2.0,
         gt=0,

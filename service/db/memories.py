@@ -134,6 +134,30 @@ async def delete_memory(session: AsyncSession, memory_id: int) -> bool:
     return affected_rows(result) != 0
 
 
+#: The namespace's unindexed memories, counted up to ``:limit`` from the partial index
+#: ``ix_memories_unindexed`` (namespace, id) WHERE NOT indexed (migration 0006): the cost is the
+#: namespace's entries of that index at most, and an index scan stops after ``:limit`` of them.
+#: Ordered by the index's columns, with the namespace as a range rather than ``=``, so that no
+#: other plan is cheap: with ``=`` and no order, statistics that overrate the unindexed rows
+#: made the planner scan the table (or, ordered by id, the primary key) from its start for the
+#: few it expected early, and unindexed rows are the newest, at its end.
+UNINDEXED_BACKLOG_SQL = text(
+    """
+    SELECT count(*) FROM (
+        SELECT 1 FROM memories
+        WHERE namespace >= :namespace AND namespace <= :namespace AND NOT indexed
+        ORDER BY namespace, id LIMIT :limit
+    ) AS backlog
+    """
+)
+
+
+async def unindexed_backlog(session: AsyncSession, namespace: str, limit: int) -> int:
+    """How many of the namespace's memories are not in the HNSW index yet, up to ``limit``."""
+    result = await session.execute(UNINDEXED_BACKLOG_SQL, {"namespace": namespace, "limit": limit})
+    return int(result.scalar_one())
+
+
 _INDEX_BATCH_SQL = text(
     """
     UPDATE memories SET indexed = true

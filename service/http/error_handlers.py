@@ -18,6 +18,7 @@ from service.errors import (
     EarmError,
     EmbedderUnavailable,
     Forbidden,
+    IndexingBacklog,
     InvalidInput,
     LimitExceeded,
     NotFound,
@@ -36,6 +37,7 @@ STATUS_BY_ERROR: list[tuple[type[EarmError], int]] = [
     (Forbidden, 403),
     (EmbedderUnavailable, 503),
     (DatabaseUnavailable, 503),
+    (IndexingBacklog, 503),
     (SchemaOutOfDate, 503),
 ]
 RETRY_AFTER_S = "5"

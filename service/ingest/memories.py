@@ -21,7 +21,7 @@ from service.db import experience
 from service.db import memories as memory_table
 from service.db.models import MAX_BIGINT, Memory
 from service.db.namespaces import ensure_namespace, namespace_state
-from service.errors import InvalidInput, NotFound
+from service.errors import IndexingBacklog, InvalidInput, NotFound
 from service.ingest.validation import repeats
 from service.providers.embedders import Embedder, check_embedding, embed_texts
 
@@ -112,12 +112,15 @@ async def ingest(
     namespace: str,
     items: Sequence[NewMemory],
     on_conflict: OnConflict = "keep",
+    max_unindexed: int = 0,
 ) -> IngestResult:
     """Store a batch; a retry with the same external ids returns the same ids and creates nothing.
     With ``on_conflict="update"``, a stored external id whose item differs is updated to it.
 
     Existing external ids are looked up first so a retried batch costs no embedder calls. An
     external id repeated within the batch is one memory, so its items must be the same.
+    A batch that would create memories while ``max_unindexed`` (> 0) of the namespace's wait
+    for the HNSW index is refused whole (:func:`_check_backlog`).
     """
     _check_repeated_external_ids(items)
     external_ids = [item.external_id for item in items if item.external_id is not None]
@@ -125,6 +128,8 @@ async def ingest(
     if external_ids:
         known = await memory_table.ids_by_external_id(session, namespace, external_ids)
     pending, new_external_ids = _pending(items, known)
+    if pending and max_unindexed > 0:
+        await _check_backlog(session, namespace, max_unindexed)
 
     vectors = await _vectors_for(embedder, embedding_dim, [items[p] for p in pending], pending)
     await ensure_namespace(session, namespace)
@@ -153,6 +158,21 @@ async def ingest(
     return IngestResult(
         ids=[int(i) for i in ids], created=created, existing=len(items) - created, updated=updated
     )
+
+
+async def _check_backlog(session: AsyncSession, namespace: str, max_unindexed: int) -> None:
+    """IndexingBacklog when ``max_unindexed`` or more of the namespace's memories wait for the
+    HNSW index. Checked before any embedder call or write, so a refused batch costs little and
+    stores nothing. A soft limit: concurrent batches may each pass it, and a batch that passes
+    may take the backlog past it by its size."""
+    backlog = await memory_table.unindexed_backlog(session, namespace, max_unindexed)
+    if backlog >= max_unindexed:
+        raise IndexingBacklog(
+            f"namespace {namespace!r} has {backlog} or more memories waiting for the search "
+            f"index, the limit EARM_MAX_UNINDEXED={max_unindexed}: nothing of this batch was "
+            "stored. Retry later, once the indexer has caught up; to index faster run more "
+            "`earm worker` processes, or raise EARM_MAX_UNINDEXED"
+        )
 
 
 async def _update_stored(

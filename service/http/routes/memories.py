@@ -87,6 +87,7 @@ async def ingest_memories(
             for item in body.memories
         ],
         body.on_conflict,
+        settings.max_unindexed,
     )
     await session.commit()
     if result.created or result.updated:
