@@ -165,14 +165,20 @@ class Settings(BaseSettings):
         "still takes the client's feedback on earlier askings (feedback is authoritative), "
         "nothing else.",
     )
-    paraphrase_similarity: float | None = Field(
-        default=None,
+    paraphrase_transfer: bool = Field(
+        default=True,
+        description="Paraphrase transfer (earm policy): what earlier queries close to a new one "
+        "observed informs its estimates and steers its exploring anchors elsewhere, so a "
+        "rephrased need gains from its earlier wordings (docs/benchmarks.md). False: off.",
+    )
+    paraphrase_similarity: float = Field(
+        default=0.9,
         gt=0,
         lt=1,
-        description="Paraphrase transfer (earm policy): observations of earlier queries at "
-        "least this cosine-similar to a new one inform its estimates, weighted by "
-        "(cos - threshold) / (1 - threshold), and its anchors avoid candidates they observed "
-        "with a summed weight of 0.7 or more. Unset: off (docs/benchmarks.md).",
+        description="Paraphrase transfer: observations of earlier queries at least this "
+        "cosine-similar to a new one count, weighted by (cos - threshold) / (1 - threshold); "
+        "the exploring half of its anchors avoids candidates they observed with a summed weight "
+        "of 0.7 or more (its exploiting half always judges its own head).",
     )
     expand: int = Field(
         default=0,
@@ -184,7 +190,7 @@ class Settings(BaseSettings):
         "0: off.",
     )
     paraphrase_prior: float = Field(
-        default=1.0,
+        default=0.25,
         gt=0,
         description="Weight κ of the model's estimate against the paraphrases' observations.",
     )

@@ -29,8 +29,6 @@ NOT_IN_COMPOSE = {
     "host": "the image runs `earm serve --host 0.0.0.0`",
     "url": "read by `earm mcp`, the client an agent's machine launches, not by the service",
     "api_key": "read by `earm mcp`, the client an agent's machine launches, not by the service",
-    "paraphrase_similarity": "off while unset, and an empty value is not a number (a comment "
-    "in docker-compose.yml says how to turn it on)",
 }
 
 

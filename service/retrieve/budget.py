@@ -21,18 +21,25 @@ def anchor_seed(namespace: str, query_index: int, seed: int) -> int:
     return int.from_bytes(digest.digest(), "big")
 
 
-def sample_anchors(n_candidates: int, budget: int, rng_seed: int) -> np.ndarray:
+def sample_anchors(
+    n_candidates: int, budget: int, rng_seed: int, not_explored: np.ndarray | None = None
+) -> np.ndarray:
     """Candidate positions (0 = most similar) to score, ascending.
 
     Half the budget (rounded up) exploits the top of the semantic ranking; the other half is
     drawn uniformly from the lower-ranked rest, which both finds relevant memories that
     similarity under-ranks and spreads observations over the matrix for completion to learn from.
+    The exploring half leaves ``not_explored`` alone (fewer anchors if nothing else is left).
     """
     budget = max(0, min(budget, n_candidates))
     n_top = (budget + 1) // 2
     top = np.arange(n_top)
     rest = np.arange(n_top, n_candidates)
-    explored = np.random.default_rng(rng_seed).choice(rest, size=budget - n_top, replace=False)
+    if not_explored is not None:
+        rest = np.setdiff1d(rest, not_explored)
+    explored = np.random.default_rng(rng_seed).choice(
+        rest, size=min(budget - n_top, len(rest)), replace=False
+    )
     return np.sort(np.concatenate([top, explored]).astype(np.int64))
 
 

@@ -31,7 +31,6 @@ from service.retrieve.budget import (
     anchor_seed,
     budget_history,
     cold_head_share,
-    sample_anchors,
 )
 from service.retrieve.learning import FeedbackResult, Learner, MemoryRef
 from service.retrieve.rerank import (
@@ -417,10 +416,12 @@ class RetrievalPipeline:
     def _neighbour_search(
         self, request: RetrieveRequest, family: bytes | None
     ) -> NeighbourSearch | None:
-        threshold = self.settings.paraphrase_similarity
-        if threshold is None or family is None or request.policy != "earm":
+        settings = self.settings
+        if not settings.paraphrase_transfer or family is None or request.policy != "earm":
             return None
-        return NeighbourSearch(threshold, PARAPHRASE_NEIGHBOURS, self.settings.paraphrase_window)
+        return NeighbourSearch(
+            settings.paraphrase_similarity, PARAPHRASE_NEIGHBOURS, settings.paraphrase_window
+        )
 
     async def _search(self, request: RetrieveRequest, query_vector: np.ndarray) -> _Search | None:
         """The candidates, the namespace's state, what the query's family observed of them and
@@ -460,30 +461,22 @@ class RetrievalPipeline:
                 if paraphrases is not None
                 else None
             )
-            covered = (
-                reused.positions
-                if neighbours is None
-                else np.union1d(reused.positions, neighbours.steering)
-            )
             # Anchors come from the semantic candidates only, as without expansion: the same
             # budget scores the same anchors (a paired comparison), and the exploring half
             # keeps spreading observations over the semantic range the query's similarity
             # slope is solved on. An expanded memory is observed only through its family's
             # earlier observations (feedback on a returned one, say).
             n_semantic = candidates.semantic_count
-            covered = covered[covered < n_semantic]
             # Stage, budget and anchors follow the index this query expects; under concurrent
             # requests the recorded index can be a few higher, never lower. The budget goes to
             # candidates the family has not observed, so coverage grows with each asking.
             budget = await self._budget(session, request, state.next_query_index, candidates)
             anchors = unobserved_anchors(
                 n_semantic,
-                covered,
-                sample_anchors(
-                    n_semantic - len(covered),
-                    budget.budget,
-                    anchor_seed(request.namespace, state.next_query_index, request.seed),
-                ),
+                reused.positions[reused.positions < n_semantic],
+                budget.budget,
+                anchor_seed(request.namespace, state.next_query_index, request.seed),
+                neighbours.steering if neighbours is not None else np.zeros(0, dtype=np.int64),
             )
             anchor_embeddings = (
                 await memory_embeddings(

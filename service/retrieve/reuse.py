@@ -13,6 +13,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from service.retrieve.budget import sample_anchors
+
 
 def normalise_query(text: str) -> str:
     """The text two askings of one question share: casefolded, runs of whitespace made one
@@ -58,18 +60,28 @@ def reused_candidates(
     return Reused(positions, scores)
 
 
-def unobserved_anchors(n_candidates: int, covered: np.ndarray, sampled: np.ndarray) -> np.ndarray:
-    """Map anchors sampled among the candidates not ``covered`` (positions into that shorter,
-    still most-similar-first list) back to candidate positions."""
-    remaining: np.ndarray = np.setdiff1d(np.arange(n_candidates, dtype=np.int64), covered)
-    anchors: np.ndarray = remaining[sampled]
+def unobserved_anchors(
+    n_candidates: int, observed: np.ndarray, budget: int, rng_seed: int, steered: np.ndarray
+) -> np.ndarray:
+    """The anchors among the candidates the query's family has not ``observed``, as
+    :func:`sample_anchors` picks them from that shorter, still most-similar-first list: the
+    exploiting half takes its head, whatever paraphrases observed of it (a query judges its
+    own head itself: a distinct question that merely reads alike would otherwise speak for
+    it), and the exploring half leaves the ``steered`` candidates to the paraphrases' evidence,
+    so a rephrased need widens coverage as a repeated one does."""
+    remaining: np.ndarray = np.setdiff1d(np.arange(n_candidates, dtype=np.int64), observed)
+    not_explored = np.flatnonzero(np.isin(remaining, steered))
+    anchors: np.ndarray = remaining[
+        sample_anchors(len(remaining), budget, rng_seed, not_explored)
+    ]
     return anchors
 
 
-#: Anchors avoid a candidate only when its paraphrases' summed weight reaches this: near-copies
-#: of the query (one neighbour at cos ≥ τ + 0.7·(1 − τ)) or several close ones. Steering
-#: anchors away from every candidate a neighbour observed cost the plain LoCoMo stream 1.9
-#: points of recall@10, since distinct questions can be that close too (docs/benchmarks.md).
+#: The exploring anchors avoid a candidate only when its paraphrases' summed weight reaches
+#: this: near-copies of the query (one neighbour at cos ≥ τ + 0.7·(1 − τ)) or several close
+#: ones. Steering every anchor away from every candidate a neighbour observed cost the plain
+#: LoCoMo stream 1.9 points of recall@10, since distinct questions can be that close too; the
+#: exploring half alone, above this weight, costs it nothing (docs/benchmarks.md).
 STEER_WEIGHT = 0.7
 
 
@@ -83,7 +95,7 @@ class NeighbourEvidence:
 
     @property
     def steering(self) -> np.ndarray:
-        """Positions whose evidence is strong enough to spend no anchor on them."""
+        """Positions whose evidence is strong enough to spend no exploring anchor on them."""
         return np.flatnonzero(self.weights >= STEER_WEIGHT).astype(np.int64)
 
 

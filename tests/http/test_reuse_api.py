@@ -181,9 +181,12 @@ def test_reuse_can_be_switched_off(
     assert [(r["scorer_calls"], r["reused"]) for r in rounds] == [(40, 0), (40, 0)]
 
 
-def test_with_paraphrase_transfer_a_rephrased_query_scores_what_its_paraphrase_did_not(
+def test_with_paraphrase_transfer_a_rephrased_query_judges_its_head_and_explores_past_it(
     judge_settings: Callable[..., Settings], judge: tuple[RecordingJudge, str]
 ) -> None:
+    """A rephrased query scores its own head again (a question that merely reads alike must
+    not speak for it) and spends its exploring half on what its paraphrase did not observe;
+    the paraphrase's judgements move the estimates of what it observed."""
     recording = judge[0]
     settings = judge_settings(
         judge[1], embedder="local", refit_in_background=False, paraphrase_similarity=0.8
@@ -197,26 +200,42 @@ def test_with_paraphrase_transfer_a_rephrased_query_scores_what_its_paraphrase_d
         first_scored = recording.memories_scored()
         recording.scored.clear()
         rephrased = ask(client, "Remind me: which memories are about topic 3?")
+        candidates = client.get(f"/queries/{rephrased['query_id']}").json()["candidates"]
     assert (rephrased["scorer_calls"], rephrased["reused"]) == (BUDGET, 0)
-    assert recording.memories_scored().isdisjoint(first_scored)
-    # The paraphrase's judgements move the estimates of the memories it scored: relevant
-    # ones above the irrelevant ones.
+    by_similarity = sorted(candidates, key=lambda c: -c["similarity"])
+    head = {c["text"] for c in by_similarity[: (BUDGET + 1) // 2]}
+    scored = recording.memories_scored()
+    assert head <= scored
+    assert scored - head and (scored - head).isdisjoint(first_scored)
     estimates = {m["text"]: m["score"] for m in rephrased["memories"]}
-    judged = {m["text"] for m in first["memories"] if m["source"] == "observed"}
+    judged = {m["text"] for m in first["memories"] if m["source"] == "observed"} - scored
     relevant = [estimates[t] for t in judged if t.endswith("topic 3")]
     irrelevant = [estimates[t] for t in judged if not t.endswith("topic 3")]
     assert relevant and irrelevant and min(relevant) > max(irrelevant)
 
 
-def test_without_paraphrase_transfer_a_rephrased_query_rescores_its_paraphrases_top(
-    reuse_client: TestClient, judge: tuple[RecordingJudge, str]
+def test_without_paraphrase_transfer_a_rephrased_query_rescores_what_its_paraphrase_did(
+    judge_settings: Callable[..., Settings], judge: tuple[RecordingJudge, str]
 ) -> None:
     recording = judge[0]
-    ask(reuse_client, "Which memories are about topic 3?")
-    first_scored = recording.memories_scored()
-    recording.scored.clear()
-    ask(reuse_client, "Remind me: which memories are about topic 3?")
-    assert recording.memories_scored() & first_scored
+    settings = judge_settings(
+        judge[1], embedder="local", refit_in_background=False, paraphrase_transfer=False
+    )
+    with TestClient(create_app(settings)) as client:
+        client.post(
+            "/memories",
+            json={"namespace": "agent-1", "memories": [{"text": t} for t in MEMORY_TEXTS]},
+        )
+        ask(client, "Which memories are about topic 3?")
+        first_scored = recording.memories_scored()
+        recording.scored.clear()
+        # A budget of 30: the exploring half draws 15 of the 25 candidates below the head.
+        rephrased = ask(client, "Remind me: which memories are about topic 3?", budget=30)
+        candidates = client.get(f"/queries/{rephrased['query_id']}").json()["candidates"]
+    by_similarity = sorted(candidates, key=lambda c: -c["similarity"])
+    head = {c["text"] for c in by_similarity[:15]}
+    # Nothing steers the exploring half: it lands on cells the paraphrase scored too.
+    assert (recording.memories_scored() - head) & first_scored
 
 
 def test_paraphrase_transfer_looks_only_at_the_latest_window_of_queries(
