@@ -414,7 +414,7 @@ class Mix:
     async def run(self) -> None:
         self.started = time.monotonic()
         transport = httpx.ASGITransport(app=self.app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://earm") as client:
+        async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as client:
             await asyncio.gather(
                 *(self._retrieve(client, w) for w in range(4)), self._delete(client), self._refit()
             )
