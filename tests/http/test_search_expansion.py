@@ -98,6 +98,9 @@ def make_settings(
             "refit_every": 5,
             "rank": 4,
             "refit_in_background": False,
+            # The namespace's earlier questions read alike: their evidence would steer the
+            # exploring anchors, which is not what these tests are about.
+            "paraphrase_transfer": False,
         }
         return judge_settings(judge_url, **(options | overrides))
 
