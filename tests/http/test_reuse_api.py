@@ -214,13 +214,11 @@ def test_with_paraphrase_transfer_a_rephrased_query_judges_its_head_and_explores
     assert relevant and irrelevant and min(relevant) > max(irrelevant)
 
 
-def test_without_paraphrase_transfer_a_rephrased_query_rescores_what_its_paraphrase_did(
-    judge_settings: Callable[..., Settings], judge: tuple[RecordingJudge, str]
-) -> None:
-    recording = judge[0]
-    settings = judge_settings(
-        judge[1], embedder="local", refit_in_background=False, paraphrase_transfer=False
-    )
+def explored_after_a_paraphrase(
+    settings: Settings, recording: RecordingJudge, asked_between: tuple[str, ...] = ()
+) -> tuple[set[str], set[str]]:
+    """What a first question's retrieve scored, and what the exploring half of a rephrasing's
+    retrieve (budget 30: 15 of the 25 candidates below its head) scored."""
     with TestClient(create_app(settings)) as client:
         client.post(
             "/memories",
@@ -228,34 +226,36 @@ def test_without_paraphrase_transfer_a_rephrased_query_rescores_what_its_paraphr
         )
         ask(client, "Which memories are about topic 3?")
         first_scored = recording.memories_scored()
+        for query in asked_between:
+            ask(client, query)
         recording.scored.clear()
-        # A budget of 30: the exploring half draws 15 of the 25 candidates below the head.
         rephrased = ask(client, "Remind me: which memories are about topic 3?", budget=30)
         candidates = client.get(f"/queries/{rephrased['query_id']}").json()["candidates"]
-    by_similarity = sorted(candidates, key=lambda c: -c["similarity"])
-    head = {c["text"] for c in by_similarity[:15]}
+    head = {c["text"] for c in sorted(candidates, key=lambda c: -c["similarity"])[:15]}
+    return first_scored, recording.memories_scored() - head
+
+
+def test_without_paraphrase_transfer_a_rephrased_query_explores_what_its_paraphrase_scored(
+    judge_settings: Callable[..., Settings], judge: tuple[RecordingJudge, str]
+) -> None:
+    settings = judge_settings(
+        judge[1], embedder="local", refit_in_background=False, paraphrase_transfer=False
+    )
+    first_scored, explored = explored_after_a_paraphrase(settings, judge[0])
     # Nothing steers the exploring half: it lands on cells the paraphrase scored too.
-    assert (recording.memories_scored() - head) & first_scored
+    assert explored & first_scored
 
 
 def test_paraphrase_transfer_looks_only_at_the_latest_window_of_queries(
     judge_settings: Callable[..., Settings], judge: tuple[RecordingJudge, str]
 ) -> None:
     """EARM_PARAPHRASE_WINDOW bounds the neighbour scan: a paraphrase asked before the window's
-    queries is not found, so the rephrased query scores its top again."""
-    recording = judge[0]
+    queries is not found, so nothing steers the rephrased query's exploring half."""
     settings = judge_settings(
         judge[1], embedder="local", refit_in_background=False, paraphrase_similarity=0.8,
         paraphrase_window=1,
     )
-    with TestClient(create_app(settings)) as client:
-        client.post(
-            "/memories",
-            json={"namespace": "agent-1", "memories": [{"text": t} for t in MEMORY_TEXTS]},
-        )
-        ask(client, "Which memories are about topic 3?")
-        first_scored = recording.memories_scored()
-        ask(client, "What will the weather be like on Mars tomorrow?")
-        recording.scored.clear()
-        ask(client, "Remind me: which memories are about topic 3?")
-    assert recording.memories_scored() & first_scored
+    first_scored, explored = explored_after_a_paraphrase(
+        settings, judge[0], ("What will the weather be like on Mars tomorrow?",)
+    )
+    assert explored & first_scored
