@@ -162,27 +162,29 @@ def _host_header_name(host_header: str) -> str:
     return host.rsplit(":", 1)[0] if host.count(":") == 1 else host
 
 
-def _rebound(peer: str | None, host_header: str | None) -> bool:
-    """A (loopback) TCP peer that names a host other than a loopback one: how a web page that
-    rebound its own domain to 127.0.0.1 reaches the service (DNS rebinding). Peers without an
-    address (in-process clients, Unix sockets) are not browsers."""
-    if not peer or host_header is None:
-        return False
+def _peer_address(peer: str | None) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    """The peer's IP address; None for peers without one (Unix sockets, in-process clients)."""
+    if not peer:
+        return None
     try:
-        ipaddress.ip_address(peer)
+        return ipaddress.ip_address(peer)
     except ValueError:
+        return None
+
+
+def _rebound(peer: str | None, host_header: str | None) -> bool:
+    """A TCP peer that names a host other than a loopback one: how a web page that rebound its
+    own domain to 127.0.0.1 reaches the service (DNS rebinding). Peers without an address are
+    not browsers."""
+    if _peer_address(peer) is None or host_header is None:
         return False
     return not is_loopback_host(_host_header_name(host_header))
 
 
-def _peer_is_remote(host: str | None) -> bool:
+def _peer_is_remote(peer: str | None) -> bool:
     """A non-loopback IP peer. Unix sockets (no peer) and in-process test clients are local."""
-    if not host:
-        return False
-    try:
-        return not ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
+    address = _peer_address(peer)
+    return address is not None and not address.is_loopback
 
 
 # ------------------------------------------------------------------------------ key storage
@@ -284,7 +286,7 @@ class Authenticator:
         return principal
 
     async def authenticate(
-        self, authorization: str | None, peer: str | None, host_header: str | None = None
+        self, authorization: str | None, peer: str | None, host_header: str | None
     ) -> Principal:
         """The caller's principal. Credentials, when sent, must be valid, even in a key-less
         deployment: a revoked key never falls back to anonymous access. ``host_header``: the
