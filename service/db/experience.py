@@ -31,7 +31,12 @@ from service.db.codecs import (
     parse_binary_copy,
 )
 from service.db.engine import driver_connection
-from service.db.model_state import content_sql
+from service.db.model_state import (
+    ROW_VERSION_SQL,
+    OnlineUpdate,
+    content_sql,
+    online_update_statement,
+)
 from service.db.models import Memory, Query, Score
 from service.db.namespaces import STATE_SQL
 from service.errors import NotFound
@@ -145,12 +150,10 @@ async def record_query(
     reused_ids: np.ndarray,
     reuse_saved_calls: int,
     trace: QueryTrace,
-    rank: int,
-) -> tuple[RecordedQuery, StoredRows]:
-    """Record a query and its observations in the caller's transaction, and read what the
-    online update of the observed memories needs (:class:`StoredRows`: their statistics, and
-    the history of those without any, this query's cells included): one round trip for all
-    (pipelined).
+    update: OnlineUpdate | None,
+) -> RecordedQuery:
+    """Record a query and its observations, write the online ``update`` of the memory rows it
+    observed, and commit: one round trip for all (pipelined).
 
     The namespace row is locked first, so concurrent requests get consecutive indexes and a
     rolled-back request leaves no gap; and in a statement of its own, so the record's snapshot,
@@ -190,25 +193,14 @@ async def record_query(
                 **_trace_parameters(trace),
             },
         )
-        ids = {"ids": [int(m) for m in observed_ids]}
-        statistics = await conn.execute(_ROW_STATISTICS_SQL, ids) if len(observed_ids) else None
-        history = (
-            await conn.execute(_HISTORY_WITHOUT_STATISTICS_SQL, ids) if len(observed_ids) else None
-        )
+        if update is not None and len(update.memory_ids):
+            await conn.execute(*online_update_statement(namespace, update))
+        await conn.commit()
     row = await cursor.fetchone()
     if row is None:  # DELETE /namespaces erased it since the search
         raise NotFound(f"namespace {namespace!r} was erased while the query ran")
     query_id, query_index, since_refit = row
-    stored = await statistics.fetchall() if statistics is not None else []
-    history_rows = await history.fetchall() if history is not None else []
-    return (
-        RecordedQuery(int(query_id), int(query_index), int(since_refit)),
-        StoredRows(
-            memory_ids=np.array([r[0] for r in stored], dtype=np.int64),
-            statistics=[r[1] for r in stored],
-            history=_row_observations(history_rows, rank),
-        ),
-    )
+    return RecordedQuery(int(query_id), int(query_index), int(since_refit))
 
 
 def _trace_parameters(trace: QueryTrace) -> dict[str, Any]:
@@ -411,9 +403,10 @@ _HISTORY_WITHOUT_STATISTICS_SQL = _row_observations_sql(
     "AND NOT EXISTS (SELECT FROM memory_factors f "
     "WHERE f.memory_id = m.id AND f.statistics IS NOT NULL)"
 )
-# The observed memories that still exist, each with its stored statistics (or NULL).
-_ROW_STATISTICS_SQL = """
-    SELECT m.id, f.statistics FROM memories m LEFT JOIN memory_factors f ON f.memory_id = m.id
+# The memories that still exist, each with its stored statistics (or NULL) and its row's version.
+_ROW_STATISTICS_SQL = f"""
+    SELECT m.id, f.statistics, {ROW_VERSION_SQL}
+    FROM memories m LEFT JOIN memory_factors f ON f.memory_id = m.id
     WHERE m.id = ANY(%(ids)s::bigint[]) ORDER BY m.id
 """
 
@@ -421,12 +414,46 @@ _ROW_STATISTICS_SQL = """
 @dataclass(frozen=True)
 class StoredRows:
     """What the online update of some memory rows starts from: the live memories among those
-    asked for (ids ascending), each one's stored packed statistics or None, and ``history``,
-    every observation of the memories with None."""
+    asked for (ids ascending), each one's stored packed statistics or None and its row's
+    version (``ROW_VERSION_SQL``), and ``history``, every observation of the memories with
+    None."""
 
     memory_ids: np.ndarray
     statistics: list[list[float] | None]
+    versions: list[str]
     history: RowObservations
+
+    def subset(self, memory_ids: np.ndarray) -> StoredRows:
+        """The rows of those of ``memory_ids`` read here."""
+        keep = np.isin(self.memory_ids, memory_ids)
+        return StoredRows(
+            self.memory_ids[keep],
+            [p for p, kept in zip(self.statistics, keep, strict=True) if kept],
+            [v for v, kept in zip(self.versions, keep, strict=True) if kept],
+            self.history.subset(np.isin(self.history.memory_ids, memory_ids)),
+        )
+
+
+async def read_rows(session: AsyncSession, memory_ids: np.ndarray, rank: int) -> StoredRows:
+    """The stored rows of ``memory_ids`` for an online update, read without the namespace lock
+    (a retrieve reads those of its anchors while the scorer works); the versions tell the
+    update which rows changed before it took the lock. One round trip, the COMMIT ending the
+    read-only transaction included (none for no memories)."""
+    if len(memory_ids) == 0:
+        return StoredRows(np.zeros(0, dtype=np.int64), [], [], _row_observations([], rank))
+    conn = await driver_connection(session)
+    ids = {"ids": [int(m) for m in memory_ids]}
+    async with conn.pipeline():
+        statistics = await conn.execute(_ROW_STATISTICS_SQL, ids)
+        history = await conn.execute(_HISTORY_WITHOUT_STATISTICS_SQL, ids)
+        await conn.commit()
+    stored = await statistics.fetchall()
+    return StoredRows(
+        memory_ids=np.array([r[0] for r in stored], dtype=np.int64),
+        statistics=[r[1] for r in stored],
+        versions=[r[2] for r in stored],
+        history=_row_observations(await history.fetchall(), rank),
+    )
 
 
 async def memory_row_observations(

@@ -5,6 +5,7 @@ after each query or feedback and replaced wholesale by a full refit (binary COPY
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, cast
@@ -36,47 +37,110 @@ def content_sql(embedding: str, weights: str) -> str:
     return f"-({embedding} <#> {weights}) / nullif(vector_norm({embedding}), 0)"
 
 
-_UPSERT_FACTORS_SQL = """
-    INSERT INTO memory_factors (memory_id, namespace, bias, factors, observation_count, statistics)
+_FACTOR_ROWS = "memory_factors (memory_id, namespace, bias, factors, observation_count, statistics)"
+_REPLACE_ON_CONFLICT = """ON CONFLICT (memory_id) DO UPDATE SET
+        bias = EXCLUDED.bias, factors = EXCLUDED.factors,
+        observation_count = EXCLUDED.observation_count, statistics = EXCLUDED.statistics"""
+
+_UPSERT_FACTORS_SQL = f"""
+    INSERT INTO {_FACTOR_ROWS}
     SELECT m, %(namespace)s::text, b, f::real[], n, p::float8[]
     FROM unnest(%(ids)s::bigint[], %(bias)s::float8[], %(factors)s::text[], %(counts)s::int[],
                 %(statistics)s::text[]) AS t(m, b, f, n, p)
-    ON CONFLICT (memory_id) DO UPDATE SET
-        bias = EXCLUDED.bias, factors = EXCLUDED.factors,
-        observation_count = EXCLUDED.observation_count, statistics = EXCLUDED.statistics
+    {_REPLACE_ON_CONFLICT}
+"""
+
+#: The version of memory ``m``'s model row ``f`` (LEFT JOINed: '-' without one): every write of
+#: the row makes a new row version with the writing transaction's id in ``xmin``, and an edit of
+#: the memory's content stamps ``content_changed_at``. Equal versions: nothing changed between
+#: two reads.
+ROW_VERSION_SQL = (
+    "coalesce(f.xmin::text, '-') || '/' || coalesce(m.content_changed_at::text, '-')"
+)
+
+# The online update of rows read before the namespace lock was taken (OnlineUpdate): a row still
+# at the version it was read at gets its re-solved values; one that changed since (another query
+# observed the memory, a refit or feedback rewrote it) gets this query's terms added to the
+# statistics it holds now (sufficient statistics add up), and keeps its factors until its next
+# update; one without statistics now is left to be rebuilt from its history, as the next query
+# observing it does. Memories deleted meanwhile are skipped (the lock orders deletes before).
+_UPDATE_READ_ROWS_SQL = f"""
+    WITH t AS (
+        SELECT * FROM unnest(%(ids)s::bigint[], %(bias)s::float8[], %(factors)s::text[],
+                             %(counts)s::int[], %(statistics)s::text[], %(added)s::text[],
+                             %(added_counts)s::int[], %(versions)s::text[])
+            AS t(id, b, fs, n, p, added, added_n, version)
+    ), read AS (
+        SELECT t.*, {ROW_VERSION_SQL} = t.version AS unchanged
+        FROM t JOIN memories m ON m.id = t.id LEFT JOIN memory_factors f ON f.memory_id = t.id
+    ), moved AS (
+        UPDATE memory_factors f SET
+            statistics = (SELECT array_agg(held + more ORDER BY i)
+                          FROM unnest(f.statistics, r.added::float8[])
+                              WITH ORDINALITY AS x(held, more, i)),
+            observation_count = f.observation_count + r.added_n
+        FROM read r
+        WHERE f.memory_id = r.id AND NOT r.unchanged
+          AND cardinality(f.statistics) = cardinality(r.added::float8[])
+    )
+    INSERT INTO {_FACTOR_ROWS}
+    SELECT id, %(namespace)s::text, b, fs::real[], n, p::float8[] FROM read WHERE unchanged
+    {_REPLACE_ON_CONFLICT}
 """
 
 
+@dataclass(frozen=True)
+class MemoryRowUpdate:
+    """Re-solved memory rows (ids ascending) with their packed sufficient statistics."""
+
+    memory_ids: np.ndarray
+    bias: np.ndarray
+    factors: np.ndarray
+    observation_count: np.ndarray
+    statistics: np.ndarray  # packed, one row per memory
+
+
+@dataclass(frozen=True)
+class OnlineUpdate(MemoryRowUpdate):
+    """A query's update of the rows it observed, computed from rows read before its record
+    took the namespace lock: their versions then (``ROW_VERSION_SQL``) and what this query's
+    cells add to each (``added``, packed, and ``added_counts``), for a row that changed since."""
+
+    versions: Sequence[str]
+    added: np.ndarray
+    added_counts: np.ndarray
+
+
+def online_update_statement(namespace: str, update: OnlineUpdate) -> tuple[str, dict[str, Any]]:
+    """The statement (and its parameters) that writes ``update`` under the namespace lock, for
+    the caller's pipeline."""
+    return _UPDATE_READ_ROWS_SQL, {
+        **_row_parameters(namespace, update),
+        "added": double_array_literals(update.added),
+        "added_counts": array_literal(update.added_counts),
+        "versions": list(update.versions),
+    }
+
+
+def _row_parameters(namespace: str, update: MemoryRowUpdate) -> dict[str, Any]:
+    return {
+        "namespace": namespace,
+        "ids": array_literal(update.memory_ids),
+        "bias": array_literal(update.bias),
+        "factors": real_array_literals(update.factors),
+        "counts": array_literal(update.observation_count),
+        "statistics": double_array_literals(update.statistics),
+    }
+
+
 async def upsert_memory_factors(
-    session: AsyncSession,
-    namespace: str,
-    memory_ids: np.ndarray,
-    bias: np.ndarray,
-    factors: np.ndarray,
-    observation_count: np.ndarray,
-    statistics: np.ndarray,
-    *,
-    commit: bool = False,
+    session: AsyncSession, namespace: str, update: MemoryRowUpdate
 ) -> None:
-    """The online update of a few memory rows, with their packed sufficient statistics (a full
-    refit writes with :func:`replace_model`). ``commit``: also commit the transaction, in the
-    same round trip."""
-    conn = await driver_connection(session)
-    async with conn.pipeline():
-        if len(memory_ids):
-            await conn.execute(
-                _UPSERT_FACTORS_SQL,
-                {
-                    "namespace": namespace,
-                    "ids": array_literal(memory_ids),
-                    "bias": array_literal(bias),
-                    "factors": real_array_literals(factors),
-                    "counts": array_literal(observation_count),
-                    "statistics": double_array_literals(statistics),
-                },
-            )
-        if commit:
-            await conn.commit()
+    """Write re-solved memory rows read under the namespace lock (a full refit writes with
+    :func:`replace_model`; a query's update goes through :func:`online_update_statement`)."""
+    if len(update.memory_ids):
+        conn = await driver_connection(session)
+        await conn.execute(_UPSERT_FACTORS_SQL, _row_parameters(namespace, update))
 
 
 async def update_query_factors(

@@ -35,7 +35,7 @@ from service.db.experience import (
     RowObservations,
     StoredRows,
 )
-from service.db.model_state import RefittedModel
+from service.db.model_state import MemoryRowUpdate, OnlineUpdate, RefittedModel
 from service.db.namespaces import (
     namespace_state,
     try_lock_namespace_refit,
@@ -50,30 +50,20 @@ from service.settings import Settings
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
-class MemoryRowUpdate:
-    memory_ids: np.ndarray
-    bias: np.ndarray
-    factors: np.ndarray
-    observation_count: np.ndarray
-    statistics: np.ndarray  # packed, one row per memory
-
-
 def update_memory_rows(
     mean_score: float,
     stored: StoredRows,
     new_cells: RowObservations,
     reg: float,
     rank: int,
-) -> MemoryRowUpdate:
+) -> OnlineUpdate:
     """Online update of the rows a query observed, at a cost independent of their history:
     each row's stored statistics plus the query's new cells, re-solved with the current mean.
-    Rows without stored statistics are built from their whole history instead (which holds the
-    new cells already). Stored statistics of another rank (EARM_RANK changed) count as none
-    until the next refit, as stored factors do."""
+    Rows without stored statistics are built from their whole history instead (read before
+    this query's cells were recorded). Stored statistics of another rank (EARM_RANK changed)
+    count as none until the next refit, as stored factors do."""
     ids = stored.memory_ids
     statistics = RowStatistics.zeros(len(ids), rank)
-    incremental = np.array([p is not None for p in stored.statistics], dtype=bool)
     usable = {
         position: packed for position, packed in enumerate(stored.statistics)
         if packed is not None and len(packed) == packed_length(rank)
@@ -82,14 +72,13 @@ def update_memory_rows(
         unpacked = RowStatistics.unpack(list(usable.values()), rank)
         positions = list(usable)
         statistics.gram[positions], statistics.moment[positions] = unpacked.gram, unpacked.moment
-    live_new = np.isin(new_cells.memory_ids, ids[incremental])
-    statistics = (
-        statistics
-        + new_cells.subset(live_new).statistics(ids)
-        + stored.history.statistics(ids)
-    )
+    added = new_cells.subset(np.isin(new_cells.memory_ids, ids)).statistics(ids)
+    statistics = statistics + added + stored.history.statistics(ids)
     bias, factors = solve_from_statistics(mean_score, statistics, reg)
-    return MemoryRowUpdate(ids, bias, factors, statistics.counts, statistics.packed())
+    return OnlineUpdate(
+        ids, bias, factors, statistics.counts, statistics.packed(),
+        versions=stored.versions, added=added.packed(), added_counts=added.counts,
+    )
 
 
 def refit_due(queries_since_refit: int, queries_recorded: int, refit_every: int) -> bool:
@@ -147,14 +136,26 @@ class Learner:
         reused_ids: np.ndarray,
         reuse_saved_calls: int,
         trace: QueryTrace,
+        stored: StoredRows,
     ) -> RecordedQuery:
-        """Record the query and its observations, update the touched memory rows online, and
-        commit, all before the response, so the next query learns from this one.
+        """Record the query and its observations, update the observed memory rows online
+        (from ``stored``, :meth:`read_rows` of them), and commit, all before the response, so
+        the next query learns from this one.
 
         Cells reused from the query's family (``reused_ids``) are recorded as ids only, never
         as observations: the judgement already has its row, and learning counts it once."""
+        update = None
+        if ranking.query is not None and len(observed_ids):
+            new_cells = _new_cells(
+                ranking.query, observed_ids, observed_similarities, observed_scores,
+                observed_prior_offsets,
+            )
+            update = await asyncio.to_thread(
+                update_memory_rows, mean_score, stored.subset(observed_ids), new_cells,
+                self.settings.memory_reg, self.settings.rank,
+            )
         async with self.sessions() as session:
-            recorded, stored = await experience.record_query(
+            recorded = await experience.record_query(
                 session,
                 namespace=namespace,
                 query_text=query_text,
@@ -175,21 +176,8 @@ class Learner:
                 reused_ids=reused_ids,
                 reuse_saved_calls=reuse_saved_calls,
                 trace=trace,
-                rank=self.settings.rank,
+                update=update,
             )
-            if ranking.query is not None and len(stored.memory_ids):
-                new_cells = _new_cells(
-                    ranking.query, observed_ids, observed_similarities, observed_scores,
-                    observed_prior_offsets,
-                )
-                update = await asyncio.to_thread(
-                    update_memory_rows, mean_score, stored, new_cells,
-                    self.settings.memory_reg, self.settings.rank,
-                )
-                # The upsert carries the COMMIT (one round trip); session.commit() is then a
-                # no-op.
-                await _write_rows(session, namespace, update, commit=True)
-            await session.commit()
         if self.settings.background_work and refit_due(
             recorded.queries_since_refit, recorded.query_index + 1, self.settings.refit_every
         ):
@@ -199,6 +187,12 @@ class Learner:
             else:
                 await self.refit_logged(namespace)
         return recorded
+
+    async def read_rows(self, memory_ids: np.ndarray) -> StoredRows:
+        """What the online update of these memories' rows starts from (a retrieve reads its
+        anchors' while the scorer works, so its record needs one round trip)."""
+        async with self.sessions() as session:
+            return await experience.read_rows(session, memory_ids, self.settings.rank)
 
     async def refit_logged(self, namespace: str) -> bool:
         """:meth:`refit` for background callers (a query's refit, the worker's loop): a
@@ -332,7 +326,7 @@ class Learner:
         fed_back = np.isin(ids, fed_back_ids)
         touched = RowStatistics(statistics.gram[fed_back], statistics.moment[fed_back])
         bias, factors = solve_from_statistics(mean_score, touched, self.settings.memory_reg)
-        await _write_rows(
+        await model_state.upsert_memory_factors(
             session,
             namespace,
             MemoryRowUpdate(ids[fed_back], bias, factors, touched.counts, touched.packed()),
@@ -475,19 +469,4 @@ def _new_cells(
         query_slope=np.full(n, query.slope),
         query_factors=np.tile(real_as_read(query.factors), (n, 1)),
         prior_offsets=np.asarray(prior_offsets, dtype=np.float64),
-    )
-
-
-async def _write_rows(
-    session: AsyncSession, namespace: str, update: MemoryRowUpdate, commit: bool = False
-) -> None:
-    await model_state.upsert_memory_factors(
-        session,
-        namespace,
-        update.memory_ids,
-        update.bias,
-        update.factors,
-        update.observation_count,
-        update.statistics,
-        commit=commit,
     )

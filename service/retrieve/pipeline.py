@@ -17,7 +17,7 @@ from numpy.typing import NDArray
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from service.completion.similarity import content_offsets
-from service.db.experience import REUSED_ORIGIN, SCORER_ORIGIN, QueryTrace
+from service.db.experience import REUSED_ORIGIN, SCORER_ORIGIN, QueryTrace, StoredRows
 from service.db.namespaces import NamespaceState
 from service.db.search import Candidates, NeighbourSearch, memory_embeddings, search
 from service.db.spending import recent_spending
@@ -298,6 +298,32 @@ class RetrievalPipeline:
         if found is None or len(found.candidates) == 0:
             return self._nothing_found(request, found, watch, since)
 
+        # The rows the record updates are read while the scorer works, so the record is one
+        # round trip; a read not done by then is waited for in the record's time.
+        anchor_rows = asyncio.create_task(
+            self.learner.read_rows(found.candidates.ids[found.anchors])
+        )
+        try:
+            return await self._score_and_record(
+                request, query_vector, found, anchor_rows, watch, since
+            )
+        finally:
+            # Done by then unless the retrieve failed: then the read stops, or its failure is
+            # taken here (an exception never retrieved would be logged as a second error).
+            if anchor_rows.done() and not anchor_rows.cancelled():
+                anchor_rows.exception()
+            else:
+                anchor_rows.cancel()
+
+    async def _score_and_record(
+        self,
+        request: RetrieveRequest,
+        query_vector: np.ndarray,
+        found: _Search,
+        anchor_rows: asyncio.Task[StoredRows],
+        watch: _Stopwatch,
+        since: float,
+    ) -> RetrieveResult:
         anchor_scores, scorer_requests = await self._score(
             request.query, query_vector, found.candidates, found.anchors, found.anchor_embeddings
         )
@@ -353,6 +379,7 @@ class RetrievalPipeline:
                 found, ranking, observed_positions, stage, dict(watch.timings),
                 self.settings.query_traces,
             ),
+            await anchor_rows,
         )
         watch.lap("record_ms", since)
         return RetrieveResult(

@@ -10,6 +10,7 @@ import numpy as np
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from service.bench.loopback import LoopbackServer, rerank_app
 from service.completion import solve_rows_batch
 from service.completion.statistics import RowStatistics
 from service.db import experience
@@ -17,6 +18,7 @@ from service.db.codecs import factor_matrix
 from service.db.engine import open_database
 from service.db.namespaces import namespace_state
 from service.ingest.memories import NewMemory, ingest
+from service.providers.rerank_scorer import RerankScorer
 from service.providers.scorers import LocalScorer
 from service.retrieve.pipeline import RetrievalPipeline, RetrieveRequest
 from service.settings import Settings
@@ -165,3 +167,71 @@ def test_online_update_from_statistics_equals_the_resolve_from_history(
     assert checked["requests"] >= 15
     assert checked["rows"] >= 30
     assert checked["rows_after_refit"] == checked["rows"]
+
+
+async def _interleaved(settings: Settings, server_url: str, slow_started: asyncio.Event) -> int:
+    """A retrieve whose scorer is slow and one that starts once the slow one is waiting for
+    it, on the same candidates: the fast one records first, so every row the slow one read
+    has changed by the time it records."""
+    rng = np.random.default_rng(11)
+    centre = rng.normal(size=384)
+    async with open_database(settings) as db:
+        scorer = RerankScorer(base_url=server_url, model="judge", timeout_s=30)
+        pipeline = RetrievalPipeline(db.sessions, None, scorer, settings)
+        async with db.sessions() as session:
+            await ingest(session, None, 384, NAMESPACE, [
+                NewMemory(text=f"memory {i}",
+                          embedding=(centre + 0.5 * rng.normal(size=384)).tolist())
+                for i in range(12)
+            ])
+            await session.commit()
+
+        def request(query: str) -> RetrieveRequest:
+            return RetrieveRequest(
+                namespace=NAMESPACE, query=query, candidates=12, budget=12,
+                query_embedding=(centre + 0.5 * rng.normal(size=384)).tolist(),
+            )
+
+        # Two queries first, so the rows exist with statistics before the interleaving.
+        for i in range(2):
+            await pipeline.retrieve(request(f"warm {i}"))
+
+        async def fast_once_slow_waits() -> None:
+            await slow_started.wait()
+            await pipeline.retrieve(request("fast"))
+
+        await asyncio.gather(pipeline.retrieve(request("slow")), fast_once_slow_waits())
+        async with db.sessions() as session:
+            return await _assert_statistics_match_a_rebuild(session)
+
+
+def test_rows_changed_between_their_read_and_the_record_keep_exact_statistics(
+    clean_database: str,
+) -> None:
+    """A retrieve reads its anchors' rows while the scorer works and records without reading
+    them again; rows another query updated meanwhile get this query's terms added to what they
+    hold, so the statistics still equal a rebuild from the live observations."""
+    settings = Settings(
+        database_url=clean_database, embedder="none", scorer="local", embedding_dim=384,
+        # No refit in between: one moves the content prior, which the cells of a query
+        # searched before it and recorded after it do not follow (docs/performance.md).
+        rank=RANK, background_work=False, _env_file=None,
+    )
+    slow_started = asyncio.Event()
+    loop: asyncio.AbstractEventLoop | None = None
+
+    async def judge(query: str, documents: list[str]) -> list[float | None]:
+        if query == "slow":
+            assert loop is not None
+            loop.call_soon_threadsafe(slow_started.set)
+            await asyncio.sleep(1.0)  # long enough for the fast retrieve to record
+        return [((hash((query, d)) % 1000) / 1000) for d in documents]
+
+    async def run(url: str) -> int:
+        nonlocal loop
+        loop = asyncio.get_running_loop()
+        return await _interleaved(settings, url, slow_started)
+
+    with LoopbackServer(rerank_app(judge)) as server:
+        rows = asyncio.run(run(server.url))
+    assert rows == 12
