@@ -7,6 +7,7 @@ from collections.abc import Callable, Iterator
 
 import numpy as np
 import pytest
+import sqlalchemy
 from fastapi.testclient import TestClient
 
 from service.http.app import create_app
@@ -167,3 +168,36 @@ def test_a_query_outside_the_key_namespaces_is_403(
     assert forbidden.status_code == 403
     assert forbidden.json()["error"]["code"] == "forbidden"
     assert app_client.get(f"/queries/{query_id}").status_code == 401
+
+
+def test_a_query_with_a_full_trace_keeps_its_embedding_in_its_row(clean_database: str) -> None:
+    """The paraphrase scan reads the embeddings of the namespace's latest queries: they must
+    not be moved out of line to make room for the trace (migration 0013), which would cost a
+    TOAST fetch per query scanned."""
+    settings = Settings(
+        database_url=clean_database, embedder="local", scorer="local", _env_file=None
+    )
+    texts = [f"Note {i} about {TOPICS[i % len(TOPICS)]}, item {i // 6}" for i in range(220)]
+    with TestClient(create_app(settings)) as client:
+        stored = client.post("/memories", json={
+            "namespace": NAMESPACE, "memories": [{"text": t} for t in texts]
+        })
+        assert stored.status_code == 201, stored.text
+        result = retrieve(client, "What do I know about hiking?", budget=35, candidates=200)
+    engine = sqlalchemy.create_engine(clean_database)
+    try:
+        with engine.connect() as conn:
+            embedding_out_of_line, trace_bytes = conn.execute(
+                sqlalchemy.text(
+                    "SELECT pg_column_toast_chunk_id(embedding) IS NOT NULL, "
+                    "pg_column_size(trace_memory_ids) + pg_column_size(trace_similarities) "
+                    "+ pg_column_size(trace_estimates) + pg_column_size(trace_scores) "
+                    "+ pg_column_size(trace_sources) + pg_column_size(trace_origins) "
+                    "FROM queries WHERE id = :id"
+                ),
+                {"id": result["query_id"]},
+            ).one()
+    finally:
+        engine.dispose()
+    assert trace_bytes > 2000  # a trace that makes the row too large to stay whole
+    assert not embedding_out_of_line
