@@ -8,10 +8,13 @@ import json
 import re
 import struct
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import psycopg
+from psycopg.adapt import Dumper
+from psycopg.pq import Format
 
 # A JSON string, or a number in exponent form with a positive exponent: json.dumps writes
 # every float from 1e16 up (and no int) that way.
@@ -64,6 +67,40 @@ def array_literal(values: np.ndarray) -> str:
     reads back exactly), built in one join instead of psycopg's list dumper, which dumps each
     element in Python (a few of these per retrieve)."""
     return "{" + ",".join(map(repr, np.asarray(values).tolist())) + "}"
+
+
+_FLOAT8_OID = 701
+_FLOAT8_ARRAY_OID = 1022
+
+
+@dataclass(frozen=True)
+class Float8Rows:
+    """The rows of a 2-D float64 array as one flat ``float8[]`` parameter, built in binary by
+    numpy (formatting ~2,000 floats as text took ~1 ms a retrieve, psycopg's list dumper
+    ~0.3 ms): row i (from 1) is the slice ``[(i - 1) * width + 1 : i * width]`` in SQL. Sent
+    by :class:`Float8RowsDumper`, which the engine registers on every connection; values
+    arrive exactly."""
+
+    data: bytes
+    width: int
+
+    @classmethod
+    def of(cls, rows: np.ndarray) -> Float8Rows:
+        values = np.asarray(rows, dtype=np.float64)
+        elements = np.zeros(values.size, dtype=[("length", ">i4"), ("value", ">f8")])
+        elements["length"] = 8
+        elements["value"] = values.ravel()
+        # ndim, has-nulls, element oid, then the one dimension's size and lower bound
+        header = struct.pack(">iiiii", 1, 0, _FLOAT8_OID, values.size, 1)
+        return cls(header + elements.tobytes(), values.shape[1] if values.ndim == 2 else 0)
+
+
+class Float8RowsDumper(Dumper):
+    format = Format.BINARY
+    oid = _FLOAT8_ARRAY_OID
+
+    def dump(self, obj: Float8Rows) -> bytes:
+        return obj.data
 
 
 def double_array_literals(rows: np.ndarray) -> list[str]:

@@ -29,6 +29,7 @@ from sqlalchemy.ext.asyncio import (
 )
 
 from service.db import migrate
+from service.db.codecs import Float8Rows, Float8RowsDumper
 from service.errors import SchemaOutOfDate
 from service.settings import Settings
 
@@ -174,7 +175,7 @@ def create_engine(url: str, pool_size: int) -> AsyncEngine:
         pool_size=pool_size,
         max_overflow=pool_size,
     )
-    event.listen(engine.sync_engine, "connect", _register_vector)
+    event.listen(engine.sync_engine, "connect", _register_adapters)
     event.listen(engine.sync_engine, "checkin", _mark_idle)
     event.listen(
         engine.sync_engine,
@@ -211,19 +212,21 @@ def _ping_if_idle(
         raise InvalidatePoolError(f"the ping of a pooled connection failed: {exc}") from exc
 
 
-def _register_vector(
+def _register_adapters(
     dbapi_connection: AdaptedConnection, connection_record: ConnectionPoolEntry
 ) -> None:
-    """pgvector's psycopg adapters on every new connection, so vectors can travel in binary
-    (numpy arrays are dumped as ``vector``; ``vector`` values load as ``pgvector.Vector``). A
-    database without the extension yet (before ``earm migrate``) is left as it is."""
-    dbapi_connection.run_async(_register_vector_async)
+    """Our binary adapters on every new connection: pgvector's, so vectors can travel in
+    binary (numpy arrays are dumped as ``vector``; ``vector`` values load as
+    ``pgvector.Vector``; a database without the extension yet, before ``earm migrate``, is left
+    without them), and :class:`~service.db.codecs.Float8Rows`'."""
+    dbapi_connection.run_async(_register_adapters_async)
 
 
-async def _register_vector_async(connection: psycopg.AsyncConnection[Any]) -> None:
+async def _register_adapters_async(connection: psycopg.AsyncConnection[Any]) -> None:
     from pgvector.psycopg.vector import register_vector_info
     from psycopg.types import TypeInfo
 
+    connection.adapters.register_dumper(Float8Rows, Float8RowsDumper)
     info = await TypeInfo.fetch(connection, "vector")
     if info is not None:
         register_vector_info(connection, info)

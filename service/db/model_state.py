@@ -17,10 +17,10 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from service.completion.similarity import ContentPrior
 from service.db.codecs import (
+    Float8Rows,
     array_literal,
     binary_copy,
     copy_in,
-    double_array_literals,
     real_array_literals,
 )
 from service.db.engine import driver_connection
@@ -42,11 +42,16 @@ _REPLACE_ON_CONFLICT = """ON CONFLICT (memory_id) DO UPDATE SET
         bias = EXCLUDED.bias, factors = EXCLUDED.factors,
         observation_count = EXCLUDED.observation_count, statistics = EXCLUDED.statistics"""
 
+def _row_of(parameter: str) -> str:
+    """Row ``i`` of the :class:`Float8Rows` parameter named ``parameter`` (``%(width)s`` wide)."""
+    return f"%({parameter})b[(i - 1) * %(width)s + 1 : i * %(width)s]"
+
+
 _UPSERT_FACTORS_SQL = f"""
     INSERT INTO {_FACTOR_ROWS}
-    SELECT m, %(namespace)s::text, b, f::real[], n, p::float8[]
-    FROM unnest(%(ids)s::bigint[], %(bias)s::float8[], %(factors)s::text[], %(counts)s::int[],
-                %(statistics)s::text[]) AS t(m, b, f, n, p)
+    SELECT m, %(namespace)s::text, b, f::real[], n, {_row_of("statistics")}
+    FROM unnest(%(ids)s::bigint[], %(bias)s::float8[], %(factors)s::text[], %(counts)s::int[])
+        WITH ORDINALITY AS t(m, b, f, n, i)
     {_REPLACE_ON_CONFLICT}
 """
 
@@ -66,25 +71,24 @@ ROW_VERSION_SQL = (
 # observing it does. Memories deleted meanwhile are skipped (the lock orders deletes before).
 _UPDATE_READ_ROWS_SQL = f"""
     WITH t AS (
-        SELECT * FROM unnest(%(ids)s::bigint[], %(bias)s::float8[], %(factors)s::text[],
-                             %(counts)s::int[], %(statistics)s::text[], %(added)s::text[],
-                             %(added_counts)s::int[], %(versions)s::text[])
-            AS t(id, b, fs, n, p, added, added_n, version)
+        SELECT t.*, {_row_of("statistics")} AS p, {_row_of("added")} AS added
+        FROM unnest(%(ids)s::bigint[], %(bias)s::float8[], %(factors)s::text[],
+                    %(counts)s::int[], %(added_counts)s::int[], %(versions)s::text[])
+            WITH ORDINALITY AS t(id, b, fs, n, added_n, version, i)
     ), read AS (
         SELECT t.*, {ROW_VERSION_SQL} = t.version AS unchanged
         FROM t JOIN memories m ON m.id = t.id LEFT JOIN memory_factors f ON f.memory_id = t.id
     ), moved AS (
         UPDATE memory_factors f SET
-            statistics = (SELECT array_agg(held + more ORDER BY i)
-                          FROM unnest(f.statistics, r.added::float8[])
-                              WITH ORDINALITY AS x(held, more, i)),
+            statistics = (SELECT array_agg(held + more ORDER BY k)
+                          FROM unnest(f.statistics, r.added) WITH ORDINALITY AS x(held, more, k)),
             observation_count = f.observation_count + r.added_n
         FROM read r
         WHERE f.memory_id = r.id AND NOT r.unchanged
-          AND cardinality(f.statistics) = cardinality(r.added::float8[])
+          AND cardinality(f.statistics) = cardinality(r.added)
     )
     INSERT INTO {_FACTOR_ROWS}
-    SELECT id, %(namespace)s::text, b, fs::real[], n, p::float8[] FROM read WHERE unchanged
+    SELECT id, %(namespace)s::text, b, fs::real[], n, p FROM read WHERE unchanged
     {_REPLACE_ON_CONFLICT}
 """
 
@@ -116,7 +120,7 @@ def online_update_statement(namespace: str, update: OnlineUpdate) -> tuple[str, 
     the caller's pipeline."""
     return _UPDATE_READ_ROWS_SQL, {
         **_row_parameters(namespace, update),
-        "added": double_array_literals(update.added),
+        "added": Float8Rows.of(update.added),
         "added_counts": array_literal(update.added_counts),
         "versions": list(update.versions),
     }
@@ -129,7 +133,8 @@ def _row_parameters(namespace: str, update: MemoryRowUpdate) -> dict[str, Any]:
         "bias": array_literal(update.bias),
         "factors": real_array_literals(update.factors),
         "counts": array_literal(update.observation_count),
-        "statistics": double_array_literals(update.statistics),
+        "statistics": Float8Rows.of(update.statistics),
+        "width": update.statistics.shape[1],
     }
 
 
