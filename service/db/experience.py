@@ -23,6 +23,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from service.completion.similarity import QueryParameters
 from service.completion.statistics import RowStatistics, row_statistics
 from service.db.codecs import (
+    Float8Rows,
     array_literal,
     as_real,
     cosine_similarities,
@@ -108,8 +109,8 @@ _RECORD_SQL = """
                %(returned_count)s::int, %(returned_estimated)s::int,
                %(family_key)s::bytea, %(reused_ids)s::bigint[], %(stage)s::smallint,
                %(timings)s::jsonb, %(trace_memory_ids)s::bigint[],
-               %(trace_similarities)s::float8[]::real[], %(trace_estimates)s::float8[]::real[],
-               %(trace_scores)s::float8[]::real[], %(trace_sources)s::text[],
+               %(trace_similarities)b::real[], %(trace_estimates)b::real[],
+               %(trace_scores)b::real[], %(trace_sources)s::text[],
                %(trace_origins)s::text[], %(trace_anchors)s::boolean[]
         FROM n
         RETURNING id, query_index
@@ -207,12 +208,12 @@ def _trace_parameters(trace: QueryTrace) -> dict[str, Any]:
     return {
         "stage": trace.stage,
         "timings": json.dumps(trace.timings),
-        # One literal per number array (codecs.array_literal: what psycopg's list dumper sends,
-        # joined once); float8 first, so each value rounds to real as a float8 parameter's does.
+        # Number arrays as one literal (ids) or in binary (floats, sent as float8 and rounded
+        # to real by the server, as a float8 parameter's value is): never element by element.
         "trace_memory_ids": array_literal(trace.memory_ids),
-        "trace_similarities": array_literal(trace.similarities),
-        "trace_estimates": array_literal(trace.estimates),
-        "trace_scores": array_literal(trace.scores),
+        "trace_similarities": Float8Rows.of(trace.similarities),
+        "trace_estimates": Float8Rows.of(trace.estimates),
+        "trace_scores": Float8Rows.of(trace.scores),
         "trace_sources": list(trace.sources),
         "trace_origins": list(trace.origins),
         "trace_anchors": array_literal(trace.anchors),
