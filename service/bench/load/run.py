@@ -15,6 +15,7 @@ from service.bench.common.database import migrated_database
 from service.bench.common.processes import (
     ServiceProcess,
     judge_process,
+    rerank_judge_process,
     service_process,
 )
 from service.bench.common.stats import percentiles
@@ -183,8 +184,8 @@ def run_load(config: LoadConfig) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="earm-load-") as tmp_name:
         tmp = Path(tmp_name)
         # The judge is forked first, before this process has threads or connections.
-        with judge_process(judge.reply) as judge_url, judge_process(
-            judge.rerank, protocol="rerank"
+        with judge_process(judge.reply) as judge_url, rerank_judge_process(
+            judge.rerank, judge.latency_s
         ) as rerank_url, migrated_database(
             config.database_url, config.dim, tmp
         ) as database_url:
