@@ -34,10 +34,21 @@ async def score(url: str, memories: list[str], calls: int = 1) -> list[Scores]:
 def test_rerank_server_answers_the_scorer_in_one_request_mapped_back_by_index() -> None:
     with RerankServer(by_number, lambda: 0.0) as server:
         first, second = asyncio.run(score(server.url, ["m30", "skip", "m7", "m99"], calls=2))
-    for scores in (first, second):  # the second over the kept-alive connection
+    for scores in (first, second):
         assert scores.values == [pytest.approx(0.3), None, pytest.approx(0.07),
                                  pytest.approx(0.99)]
         assert scores.requests == 1
+
+
+def test_rerank_server_keeps_the_connection_alive_between_requests() -> None:
+    body = {"model": "m", "query": "q", "documents": ["m1"], "top_n": 1}
+    with RerankServer(by_number, lambda: 0.0) as server, httpx.Client() as client:
+        first, second = (client.post(server.url + "/rerank", json=body) for _ in range(2))
+    assert first.status_code == second.status_code == 200
+    assert first.json()["results"] == [
+        {"index": 0, "relevance_score": 0.01, "document": {"text": "m1"}}
+    ]
+    assert first.extensions["network_stream"] is second.extensions["network_stream"]
 
 
 def test_rerank_server_answers_its_latency_after_arrival_with_its_work_inside_it() -> None:
