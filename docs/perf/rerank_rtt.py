@@ -1,6 +1,9 @@
 """Where a 50 ms reranker's score phase goes (docs/performance.md, Known limits): the round trip
-of one 35-document ``/rerank`` call to the bench's loopback server, through httpx and through a
-bare asyncio socket, against the bare ``asyncio.sleep(0.05)`` the server waits.
+of one 35-document ``/rerank`` call through the service's scorer (``RerankScorer.score``),
+through a bare httpx ``post`` and through a bare asyncio socket, against the bare
+``asyncio.sleep(0.05)``; to the tests' uvicorn + FastAPI stand-in (sleeping 50 ms in the handler)
+and to the load bench's lean backend (answering 50 ms after the request arrives), each served by
+a child process as the load bench serves its judge.
 
     python docs/perf/rerank_rtt.py
 """
@@ -13,8 +16,11 @@ import statistics
 import time
 
 import httpx
+import numpy as np
 
+from service.bench.common.processes import child_server, rerank_judge_process
 from service.bench.loopback import LoopbackServer, rerank_app
+from service.providers.rerank_scorer import RerankScorer
 
 CALLS = 60
 DOCUMENTS = [f"memory text number {i} " * 6 for i in range(35)]
@@ -29,6 +35,18 @@ async def rerank_after_50_ms(query: str, documents: list[str]) -> list[float]:
 
 def p50_ms(seconds: list[float]) -> str:
     return f"{1000 * statistics.median(seconds):.2f} ms"
+
+
+async def through_the_scorer(url: str) -> list[float]:
+    scorer = RerankScorer(url, "m")
+    no_embeddings = np.zeros((len(DOCUMENTS), 0))
+    times = []
+    for _ in range(CALLS + 1):
+        start = time.perf_counter()
+        await scorer.score(BODY["query"], np.zeros(0), DOCUMENTS, no_embeddings)
+        times.append(time.perf_counter() - start)
+    await scorer.aclose()
+    return times[1:]  # the first one connected
 
 
 async def through_httpx(url: str) -> list[float]:
@@ -76,11 +94,21 @@ async def bare_sleep() -> list[float]:
 
 
 async def main(url: str) -> None:
+    print("scorer p50", p50_ms(await through_the_scorer(url)))
     print("httpx p50", p50_ms(await through_httpx(url)))
     print("socket p50", p50_ms(await through_a_socket(url)))
     print("bare sleep p50", p50_ms(await bare_sleep()))
 
 
+def fastapi_server() -> LoopbackServer:
+    return LoopbackServer(rerank_app(rerank_after_50_ms), loop="uvloop")
+
+
 if __name__ == "__main__":
-    with LoopbackServer(rerank_app(rerank_after_50_ms)) as server:
-        asyncio.run(main(server.url))
+    with child_server(fastapi_server) as fastapi_url:
+        print("uvicorn + FastAPI, uvloop, sleeping 50 ms in the handler")
+        asyncio.run(main(fastapi_url))
+    with rerank_judge_process(lambda query, documents: [0.5] * len(documents),
+                              lambda: 0.05) as lean_url:
+        print("the load bench's lean backend, 50 ms from arrival")
+        asyncio.run(main(lean_url))

@@ -39,9 +39,12 @@ logger = logging.getLogger(__name__)
 __all__ = [
     "HTTPFault",
     "LoopbackServer",
+    "RERANK_PATHS",
     "chat_completions_app",
     "embeddings_app",
     "rerank_app",
+    "rerank_request",
+    "rerank_response",
 ]
 
 T = TypeVar("T")
@@ -156,7 +159,7 @@ def _fault_response(fault: HTTPFault) -> JSONResponse:
     return JSONResponse(payload, status_code=fault.status, headers=fault.headers)
 
 
-class _BadRequest(Exception):
+class _BadRequest(ValueError):
     """The request does not speak the protocol; answered 400 like OpenAI does."""
 
 
@@ -376,6 +379,10 @@ def embeddings_app(
     return app
 
 
+#: Where the rerank stand-ins answer (providers put it under a version prefix or not).
+RERANK_PATHS = ("/rerank", "/v1/rerank", "/v2/rerank")
+
+
 def rerank_app(
     rerank: RerankFn, protocol: str = "rerank", model: str = "loopback-reranker"
 ) -> FastAPI:
@@ -394,35 +401,13 @@ def rerank_app(
     if protocol not in ("rerank", "tei"):
         raise ValueError(f"unknown rerank protocol {protocol!r}")
     app = _openai_app(f"loopback {protocol}", model)
-    documents_key = "texts" if protocol == "tei" else "documents"
 
     async def answer(body: Any) -> Any:
-        query = body.get("query") if isinstance(body, dict) else None
-        documents = body.get(documents_key) if isinstance(body, dict) else None
-        if not isinstance(query, str):
-            raise _BadRequest("'query' must be a string")
-        if not isinstance(documents, list) or not all(isinstance(d, str) for d in documents):
-            raise _BadRequest(f"'{documents_key}' must be a list of strings")
-        scores = await _maybe_await(rerank(query, list(documents)))
-        ranked = sorted(
-            ((i, float(s)) for i, s in enumerate(scores) if s is not None), key=lambda r: -r[1]
-        )
-        if protocol == "tei":
-            return [{"index": i, "score": s} for i, s in ranked]
-        top_n = body.get("top_n")
-        if isinstance(top_n, int):
-            ranked = ranked[:top_n]
-        return {
-            "id": "rerank-loopback",
-            "model": body.get("model") or model,
-            "results": [
-                {"index": i, "relevance_score": s, "document": {"text": documents[i]}}
-                for i, s in ranked
-            ],
-            "usage": {"total_tokens": sum(len(d.split()) for d in documents)},
-        }
+        query, documents = rerank_request(body, protocol)
+        scores = await _maybe_await(rerank(query, documents))
+        return rerank_response(body, documents, scores, protocol, model)
 
-    for path in ("/rerank", "/v1/rerank", "/v2/rerank"):
+    for path in RERANK_PATHS:
 
         async def endpoint(request: Request) -> Any:
             return await _serve(app, request, answer)
@@ -430,3 +415,40 @@ def rerank_app(
         app.post(path)(endpoint)
 
     return app
+
+
+def rerank_request(body: Any, protocol: str) -> tuple[str, list[str]]:
+    """The query and documents of a rerank request body of ``protocol`` (see
+    :func:`rerank_app`); a :class:`ValueError` saying what is wrong if it has none."""
+    documents_key = "texts" if protocol == "tei" else "documents"
+    query = body.get("query") if isinstance(body, dict) else None
+    documents = body.get(documents_key) if isinstance(body, dict) else None
+    if not isinstance(query, str):
+        raise _BadRequest("'query' must be a string")
+    if not isinstance(documents, list) or not all(isinstance(d, str) for d in documents):
+        raise _BadRequest(f"'{documents_key}' must be a list of strings")
+    return query, list(documents)
+
+
+def rerank_response(
+    body: Any, documents: list[str], scores: list[float | None], protocol: str, model: str
+) -> Any:
+    """The answer of ``protocol`` to the rerank request ``body``, giving ``documents`` their
+    ``scores`` (``None``: left out), sorted by descending score and cut to ``top_n``."""
+    ranked = sorted(
+        ((i, float(s)) for i, s in enumerate(scores) if s is not None), key=lambda r: -r[1]
+    )
+    if protocol == "tei":
+        return [{"index": i, "score": s} for i, s in ranked]
+    top_n = body.get("top_n")
+    if isinstance(top_n, int):
+        ranked = ranked[:top_n]
+    return {
+        "id": "rerank-loopback",
+        "model": body.get("model") or model,
+        "results": [
+            {"index": i, "relevance_score": s, "document": {"text": documents[i]}}
+            for i, s in ranked
+        ],
+        "usage": {"total_tokens": sum(len(d.split()) for d in documents)},
+    }

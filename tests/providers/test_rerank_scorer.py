@@ -80,6 +80,29 @@ def test_rerank_scorer_sends_the_cohere_shaped_request_with_bearer_key(
     assert "co-key-1" not in repr(scorer)
 
 
+def test_rerank_requests_carry_httpx_headers_json_body_and_the_providers_cookie(
+    serve: Serve,
+) -> None:
+    # The scorer builds its requests once and sends them as they are: they must still be what
+    # client.post(json=...) sent, including a cookie the provider set (session affinity).
+    def set_cookie_first(query: str, documents: list[str]) -> list[float | None]:
+        if app.state.calls == 1:
+            raise HTTPFault(503, "warming", headers={"Set-Cookie": "lb=node-2; Path=/",
+                                                     "Retry-After": "0"})
+        return by_name(query, documents)
+
+    app = rerank_app(set_cookie_first)
+    server = serve(app)
+    scores = asyncio.run(score_with(make_scorer(server.url, "rerank", api_key="k"), "q", ["m4"]))
+    assert scores.values == pytest.approx([0.04]) and scores.requests == 2
+    headers = app.state.last_request["headers"]
+    assert headers["cookie"] == "lb=node-2"
+    assert headers["content-type"] == "application/json"
+    assert headers["authorization"] == "Bearer k"
+    assert headers["user-agent"].startswith("python-httpx/")
+    assert headers["host"] == server.url.removeprefix("http://")
+
+
 def test_tei_scorer_sends_the_tei_shaped_request(serve: Serve) -> None:
     app = rerank_app(by_name, protocol="tei")
     server = serve(app)

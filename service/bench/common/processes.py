@@ -3,6 +3,7 @@ child processes (when their CPU or memory must be measured apart from the bench'
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import socket
@@ -11,12 +12,14 @@ import sys
 import tempfile
 import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager, suppress
+from contextlib import AbstractContextManager, contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
+
+from service.bench.common.rerank_server import RerankServer, ScoreFn
 
 #: Starting a service may include initdb and the migrations of a new embedded Postgres.
 STARTUP_TIMEOUT_S = 120.0
@@ -61,36 +64,23 @@ def in_process_service(settings: Any | None = None, **options: Any) -> Iterator[
 # ------------------------------------------------------------------------- child processes
 
 
-def _serve_judge(
-    reply: Callable[..., Awaitable[Any]], connection: Any, protocol: str
-) -> None:  # the child
-    from service.bench.loopback import LoopbackServer, chat_completions_app, rerank_app
-
-    app = (
-        rerank_app(reply, protocol="rerank")
-        if protocol == "rerank"
-        else chat_completions_app(reply)
-    )
-    # uvloop: this process only serves the judge, and the judge should cost the machine as
-    # little as a remote provider would (uvicorn's own default, not the tests' plain asyncio).
-    with LoopbackServer(app, loop="uvloop") as server:
-        connection.send(server.url)
-        connection.recv()  # until the parent says stop (or goes away)
+def _serve(server: Callable[[], AbstractContextManager[Any]], connection: Any) -> None:
+    """The child: serve until the parent says stop (or goes away)."""
+    with server() as serving:
+        connection.send(serving.url)
+        connection.recv()
 
 
 @contextmanager
-def judge_process(reply: Callable[..., Awaitable[Any]], protocol: str = "chat") -> Iterator[str]:
-    """URL of a chat-completions (or, ``protocol="rerank"``, a ``/rerank``; see
-    :mod:`service.bench.loopback`) judge answering with ``reply``, served by a forked child
-    process, so serving it does not compete with the bench's clients for the GIL. Fork it
-    before this process has threads or connections; ``reply``'s state is the child's copy
-    (share what must change during the run, e.g. through ``multiprocessing.Value``)."""
+def child_server(server: Callable[[], AbstractContextManager[Any]]) -> Iterator[str]:
+    """URL of the server ``server()`` makes (a context manager with a ``url``), served by a
+    forked child process."""
     import gc
     import multiprocessing
 
     context = multiprocessing.get_context("fork")
     parent, child = context.Pipe()
-    process = context.Process(target=_serve_judge, args=(reply, child, protocol), daemon=True)
+    process = context.Process(target=_serve, args=(server, child), daemon=True)
     # Garbage the child would inherit is finalized here, where its native threads exist: an
     # app left behind in reference cycles (say by an earlier test) holds an ONNX Runtime
     # session, and the child's garbage collector hung for good finalizing it.
@@ -107,6 +97,34 @@ def judge_process(reply: Callable[..., Awaitable[Any]], protocol: str = "chat") 
         if process.is_alive():
             process.terminate()
             process.join(5)
+
+
+def _chat_judge(reply: Callable[..., Awaitable[Any]]) -> AbstractContextManager[Any]:
+    from service.bench.loopback import LoopbackServer, chat_completions_app
+
+    # uvloop: this process only serves the judge, and the judge should cost the machine as
+    # little as a remote provider would (uvicorn's own default, not the tests' plain asyncio).
+    return LoopbackServer(chat_completions_app(reply), loop="uvloop")
+
+
+@contextmanager
+def judge_process(reply: Callable[..., Awaitable[Any]]) -> Iterator[str]:
+    """URL of a chat-completions judge (see :mod:`service.bench.loopback`) answering with
+    ``reply``, served by a forked child process, so serving it does not compete with the
+    bench's clients for the GIL. Fork it before this process has threads or connections;
+    ``reply``'s state is the child's copy (share what must change during the run, e.g. through
+    ``multiprocessing.Value``)."""
+    with child_server(functools.partial(_chat_judge, reply)) as url:
+        yield url
+
+
+@contextmanager
+def rerank_judge_process(scores: ScoreFn, latency_s: Callable[[], float]) -> Iterator[str]:
+    """URL of a ``/rerank`` backend answering with ``scores`` ``latency_s()`` after each
+    request arrives (:class:`~service.bench.common.rerank_server.RerankServer`), served by a
+    forked child process as :func:`judge_process` is."""
+    with child_server(functools.partial(RerankServer, scores, latency_s)) as url:
+        yield url
 
 
 @dataclass

@@ -15,9 +15,10 @@ class Judge:
     """Reads the query and memory numbers from a scorer prompt and answers their relevance
     after ``latency_ms``.
 
-    It is served by a child process of its own (:func:`service.bench.common.processes.
-    judge_process`), so serving the judge's HTTP does not compete with this process's clients
-    for the GIL; the latency is shared memory, so the run can change it between phases.
+    It is served by child processes of its own (:func:`service.bench.common.processes.
+    judge_process`, :func:`~service.bench.common.processes.rerank_judge_process`), so serving
+    the judge's HTTP does not compete with this process's clients for the GIL; the latency is
+    shared memory, so the run can change it between phases.
     """
 
     def __init__(self, world: World, latency_ms: float) -> None:
@@ -34,14 +35,14 @@ class Judge:
     def latency_ms(self, value: float) -> None:
         self._latency.value = value
 
-    async def rerank(self, query: str, documents: list[str]) -> list[float | None]:
-        """A ``/rerank`` answer: every document's relevance, ``latency_ms`` after the call."""
-        answered_at = self._answer_time()
-        scores: list[float | None] = [
-            float(self._relevance(query, document)) for document in documents
-        ]
-        await _sleep_until(answered_at)
-        return scores
+    def latency_s(self) -> float:
+        return self.latency_ms / 1000
+
+    def rerank(self, query: str, documents: list[str]) -> list[float | None]:
+        """A ``/rerank`` answer: every document's relevance (the server serving it waits
+        ``latency_ms`` from the request's arrival: :func:`service.bench.common.processes.
+        rerank_judge_process`)."""
+        return [float(self._relevance(query, document)) for document in documents]
 
     async def reply(self, prompt: str) -> str:
         answered_at = self._answer_time()

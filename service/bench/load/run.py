@@ -15,6 +15,7 @@ from service.bench.common.database import migrated_database
 from service.bench.common.processes import (
     ServiceProcess,
     judge_process,
+    rerank_judge_process,
     service_process,
 )
 from service.bench.common.stats import percentiles
@@ -39,6 +40,10 @@ from service.bench.load.world import World
 
 #: Anchors of the rerank-backend row: the issue's "a retrieve scoring 35 anchors".
 RERANK_ANCHORS = 35
+#: Untimed retrieves before the latency matrix and before the rerank row, each the first
+#: requests of its service process (pool connections opened, statements prepared, code loaded),
+#: so the overhead the rerank target allows and the rerank row's own are measured alike.
+WARM_UP_RETRIEVES = 8
 
 
 def service_settings(
@@ -74,7 +79,7 @@ async def latency_matrix(
     on a warmer cache: kept to show by how much)."""
     config = run.config
     run.judge.latency_ms = config.latency_ms
-    await drive(run, run.query_numbers(8), 1, "earm", "warm-up")
+    await drive(run, run.query_numbers(WARM_UP_RETRIEVES), 1, "earm", "warm-up")
     cells, floors, replayed = [], [], []
     for concurrency in config.concurrency:
         asked: list[int] = []
@@ -112,22 +117,26 @@ async def slow_judge(run: LoadRun) -> list[dict[str, Any]]:
 async def rerank_backend(run: LoadRun, judge_url: str, workdir: Path) -> dict[str, Any]:
     """``earm`` through a ``/rerank`` backend of the slow judge's latency, scoring
     :data:`RERANK_ANCHORS` anchors per retrieve (one batch, so one request), concurrency 1:
-    a second service on the same database and namespace whose scorer is the rerank judge."""
+    a second service on the same database and namespace whose scorer is the rerank judge,
+    warmed up as the latency matrix's service is before its cells."""
     config = run.config
     workdir.mkdir(exist_ok=True)
     settings = service_settings(config, run.database_url, judge_url, scorer="rerank")
     run.judge.latency_ms = config.slow_latency_ms
     with service_process(settings, workdir) as service:
         async with httpx.AsyncClient(base_url=service.url, timeout=900) as client:
+            description = f"earm {config.slow_latency_ms:g} ms rerank"
             try:
+                await drive(run, run.query_numbers(WARM_UP_RETRIEVES), 1, "earm",
+                            f"{description} warm-up", budget=RERANK_ANCHORS, clients=[client])
                 numbers = run.query_numbers(config.slow_requests)
-                samples = await drive(run, numbers, 1, "earm",
-                                      f"earm {config.slow_latency_ms:g} ms rerank",
+                samples = await drive(run, numbers, 1, "earm", description,
                                       budget=RERANK_ANCHORS, clients=[client])
             finally:
                 run.judge.latency_ms = config.latency_ms
     return {"policy": "earm", "scorer": "rerank", "budget": RERANK_ANCHORS, "concurrency": 1,
-            "judge_latency_ms": config.slow_latency_ms, **samples.summary()}
+            "judge_latency_ms": config.slow_latency_ms, "warm_up": WARM_UP_RETRIEVES,
+            **samples.summary()}
 
 
 async def observation_tier(
@@ -183,8 +192,8 @@ def run_load(config: LoadConfig) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="earm-load-") as tmp_name:
         tmp = Path(tmp_name)
         # The judge is forked first, before this process has threads or connections.
-        with judge_process(judge.reply) as judge_url, judge_process(
-            judge.rerank, protocol="rerank"
+        with judge_process(judge.reply) as judge_url, rerank_judge_process(
+            judge.rerank, judge.latency_s
         ) as rerank_url, migrated_database(
             config.database_url, config.dim, tmp
         ) as database_url:
