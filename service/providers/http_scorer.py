@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-import json
 import logging
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -129,6 +128,7 @@ class HTTPScorer:
         self.backoff_base_s = backoff_base_s
         self.outcomes: collections.Counter[str] = collections.Counter()
         self.observer = observer
+        self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         # One single-connection client per concurrency slot, handed out through a queue (which
         # is also the concurrency bound), rather than one client pooling `concurrency`
         # connections: httpcore's pool walks all its connections, querying each one's socket,
@@ -137,18 +137,8 @@ class HTTPScorer:
         # They share one TLS context: loading the CA bundle costs ~25 ms per context.
         self._tls = httpx.create_ssl_context()
         self._clients: asyncio.LifoQueue[httpx.AsyncClient] = asyncio.LifoQueue()
-        clients = [self._new_client() for _ in range(concurrency)]
-        for client in clients:
-            self._clients.put_nowait(client)
-        # What every request shares, built once and sent as is (``client.send``): through
-        # ``client.post`` each request parsed the URL and merged the client's headers, cookies
-        # and timeout anew (0.1-0.4 ms of a 50 ms reranker's score phase: docs/perf/rerank_rtt.py).
-        self._url = httpx.URL(url)
-        self._request_headers = httpx.Headers(clients[0].headers)  # User-Agent, Accept, ...
-        self._request_headers["Content-Type"] = "application/json"
-        if api_key:
-            self._request_headers["Authorization"] = f"Bearer {api_key}"
-        self._timeout = {"timeout": httpx.Timeout(timeout_s).as_dict()}
+        for _ in range(concurrency):
+            self._clients.put_nowait(self._new_client())
         # Closing of clients taken out of service (see _slot); awaited by aclose().
         self._closing: set[asyncio.Task[None]] = set()
         self.failure_log = FailureLog()
@@ -301,7 +291,9 @@ class HTTPScorer:
             outcome: Outcome
             attempts.count += 1
             try:
-                response = await client.send(self._request(client, request.body))
+                response = await client.post(
+                    self.url, json=request.body, headers=self._headers, timeout=self.timeout_s
+                )
             except httpx.TimeoutException:
                 outcome = "timeout"
             except httpx.HTTPError:  # connect/read/protocol errors, undecodable bodies
@@ -321,21 +313,6 @@ class HTTPScorer:
                 raise RequestFailed(outcome)  # would outlive the budget: give the slot back now
             await asyncio.sleep(delay)
             attempt += 1
-
-    def _request(self, client: httpx.AsyncClient, body: dict[str, Any]) -> httpx.Request:
-        """The ``POST`` of ``body`` as ``client.post(url, json=body)`` builds it: the client's
-        headers, its cookies (a provider's session affinity), the JSON encoded as httpx does."""
-        content = json.dumps(body, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
-        request = httpx.Request(
-            "POST",
-            self._url,
-            content=content.encode(),
-            headers=self._request_headers,
-            extensions=self._timeout,
-        )
-        if client.cookies:
-            client.cookies.set_cookie_header(request)
-        return request
 
     async def aclose(self) -> None:
         """Close the HTTP clients (the scorer is not used afterwards)."""
