@@ -65,27 +65,36 @@ ROW_VERSION_SQL = (
 
 # The online update of rows read before the namespace lock was taken (OnlineUpdate): a row still
 # at the version it was read at gets its re-solved values; one that changed since (another query
-# observed the memory, a refit or feedback rewrote it) gets this query's terms added to the
-# statistics it holds now (sufficient statistics add up), and keeps its factors until its next
-# update; one without statistics now is left to be rebuilt from its history, as the next query
-# observing it does. Memories deleted meanwhile are skipped (the lock orders deletes before).
+# observed the memory, feedback rewrote it) gets this query's terms added to the statistics it
+# holds now (sufficient statistics add up), and keeps its factors until its next update; one
+# without statistics now is left to be rebuilt from its history, as the next query observing it
+# does. After a refit since the query searched, the update was computed against the old model
+# (content prior, the queries' parameters): every row keeps the refit's factors and drops its
+# statistics, to be rebuilt. Memories deleted meanwhile are skipped (the lock orders deletes
+# before).
 _UPDATE_READ_ROWS_SQL = f"""
-    WITH t AS (
+    WITH same_model AS (
+        SELECT last_refit_at IS NOT DISTINCT FROM %(refitted_at)s::timestamptz AS same
+        FROM namespaces WHERE name = %(namespace)s
+    ), t AS (
         SELECT t.*, {_row_of("statistics")} AS p, {_row_of("added")} AS added
         FROM unnest(%(ids)s::bigint[], %(bias)s::float8[], %(factors)s::text[],
                     %(counts)s::int[], %(added_counts)s::int[], %(versions)s::text[])
             WITH ORDINALITY AS t(id, b, fs, n, added_n, version, i)
     ), read AS (
-        SELECT t.*, {ROW_VERSION_SQL} = t.version AS unchanged
+        SELECT t.*, same_model.same, same_model.same AND {ROW_VERSION_SQL} = t.version AS unchanged
         FROM t JOIN memories m ON m.id = t.id LEFT JOIN memory_factors f ON f.memory_id = t.id
+        CROSS JOIN same_model
     ), moved AS (
         UPDATE memory_factors f SET
-            statistics = (SELECT array_agg(held + more ORDER BY k)
-                          FROM unnest(f.statistics, r.added) WITH ORDINALITY AS x(held, more, k)),
+            statistics = CASE WHEN r.same THEN (
+                SELECT array_agg(held + more ORDER BY k)
+                FROM unnest(f.statistics, r.added) WITH ORDINALITY AS x(held, more, k)
+            ) END,
             observation_count = f.observation_count + r.added_n
         FROM read r
         WHERE f.memory_id = r.id AND NOT r.unchanged
-          AND cardinality(f.statistics) = cardinality(r.added)
+          AND (NOT r.same OR cardinality(f.statistics) = cardinality(r.added))
     )
     INSERT INTO {_FACTOR_ROWS}
     SELECT id, %(namespace)s::text, b, fs::real[], n, p FROM read WHERE unchanged
@@ -107,12 +116,15 @@ class MemoryRowUpdate:
 @dataclass(frozen=True)
 class OnlineUpdate(MemoryRowUpdate):
     """A query's update of the rows it observed, computed from rows read before its record
-    took the namespace lock: their versions then (``ROW_VERSION_SQL``) and what this query's
-    cells add to each (``added``, packed, and ``added_counts``), for a row that changed since."""
+    took the namespace lock: their versions then (``ROW_VERSION_SQL``), what this query's cells
+    add to each (``added``, packed, and ``added_counts``), for a row that changed since, and
+    the namespace's last refit when the query searched (``refitted_at``: the model the update
+    was computed against)."""
 
     versions: Sequence[str]
     added: np.ndarray
     added_counts: np.ndarray
+    refitted_at: datetime | None
 
 
 def online_update_statement(namespace: str, update: OnlineUpdate) -> tuple[str, dict[str, Any]]:
@@ -123,6 +135,7 @@ def online_update_statement(namespace: str, update: OnlineUpdate) -> tuple[str, 
         "added": Float8Rows.of(update.added),
         "added_counts": array_literal(update.added_counts),
         "versions": list(update.versions),
+        "refitted_at": update.refitted_at,
     }
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy import text
@@ -23,11 +24,15 @@ class NamespaceState:
     score_count: int
     queries_since_refit: int
     content_slope: float  # γ of the content prior (0 before the first refit)
+    # When the namespace's model was last refitted (None before its first refit): what the
+    # content prior and every query's parameters are as of.
+    refitted_at: datetime | None
 
 
 # What state_from_row reads, in its order; one list for the SQLAlchemy and psycopg readers.
 _STATE_COLUMNS = (
-    "next_query_index, score_sum, score_count, queries_since_refit, coalesce(content_slope, 0)"
+    "next_query_index, score_sum, score_count, queries_since_refit, coalesce(content_slope, 0), "
+    "last_refit_at"
 )
 
 
@@ -58,10 +63,11 @@ STATE_SQL = f"SELECT {_STATE_COLUMNS} FROM namespaces WHERE name = %(namespace)s
 def state_from_row(row: Sequence[Any] | None, namespace: str) -> NamespaceState:
     if row is None:
         raise NotFound(f"namespace {namespace!r} has no memories")
-    next_index, score_sum, score_count, since_refit, content_slope = row
+    next_index, score_sum, score_count, since_refit, content_slope, refitted_at = row
     mean = float(score_sum) / score_count if score_count else 0.0
     return NamespaceState(
-        int(next_index), mean, int(score_count), int(since_refit), float(content_slope)
+        int(next_index), mean, int(score_count), int(since_refit), float(content_slope),
+        refitted_at,
     )
 
 

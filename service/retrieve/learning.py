@@ -37,6 +37,7 @@ from service.db.experience import (
 )
 from service.db.model_state import MemoryRowUpdate, OnlineUpdate, RefittedModel
 from service.db.namespaces import (
+    NamespaceState,
     namespace_state,
     try_lock_namespace_refit,
     unlock_namespace_refit,
@@ -51,14 +52,15 @@ log = logging.getLogger(__name__)
 
 
 def update_memory_rows(
-    mean_score: float,
+    state: NamespaceState,
     stored: StoredRows,
     new_cells: RowObservations,
     reg: float,
     rank: int,
 ) -> OnlineUpdate:
     """Online update of the rows a query observed, at a cost independent of their history:
-    each row's stored statistics plus the query's new cells, re-solved with the current mean.
+    each row's stored statistics plus the query's new cells, re-solved with the mean of the
+    namespace ``state`` the query searched with (its refit stamp goes with the update).
     Rows without stored statistics are built from their whole history instead (read before
     this query's cells were recorded). Stored statistics of another rank (EARM_RANK changed)
     count as none until the next refit, as stored factors do."""
@@ -74,10 +76,11 @@ def update_memory_rows(
         statistics.gram[positions], statistics.moment[positions] = unpacked.gram, unpacked.moment
     added = new_cells.subset(np.isin(new_cells.memory_ids, ids)).statistics(ids)
     statistics = statistics + added + stored.history.statistics(ids)
-    bias, factors = solve_from_statistics(mean_score, statistics, reg)
+    bias, factors = solve_from_statistics(state.mean_score, statistics, reg)
     return OnlineUpdate(
         ids, bias, factors, statistics.counts, statistics.packed(),
         versions=stored.versions, added=added.packed(), added_counts=added.counts,
+        refitted_at=state.refitted_at,
     )
 
 
@@ -131,7 +134,7 @@ class Learner:
         observed_similarities: np.ndarray,
         observed_scores: np.ndarray,
         observed_prior_offsets: np.ndarray,
-        mean_score: float,
+        state: NamespaceState,
         family_key: bytes | None,
         reused_ids: np.ndarray,
         reuse_saved_calls: int,
@@ -139,8 +142,9 @@ class Learner:
         stored: StoredRows,
     ) -> RecordedQuery:
         """Record the query and its observations, update the observed memory rows online
-        (from ``stored``, :meth:`read_rows` of them), and commit, all before the response, so
-        the next query learns from this one.
+        (from ``stored``, :meth:`read_rows` of them, and the namespace ``state`` the query
+        searched with), and commit, all before the response, so the next query learns from
+        this one.
 
         Cells reused from the query's family (``reused_ids``) are recorded as ids only, never
         as observations: the judgement already has its row, and learning counts it once."""
@@ -151,7 +155,7 @@ class Learner:
                 observed_prior_offsets,
             )
             update = await asyncio.to_thread(
-                update_memory_rows, mean_score, stored.subset(observed_ids), new_cells,
+                update_memory_rows, state, stored.subset(observed_ids), new_cells,
                 self.settings.memory_reg, self.settings.rank,
             )
         async with self.sessions() as session:

@@ -370,7 +370,7 @@ class RetrievalPipeline:
                 found.candidates.similarities[observed_positions],
                 found.candidates.content_scores[observed_positions],
             ),
-            found.state.mean_score,
+            found.state,
             found.family_key,
             found.candidates.ids[reused.positions],
             # What the budget would have scored had the family not covered those candidates.
