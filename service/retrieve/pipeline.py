@@ -121,6 +121,9 @@ class RetrieveResult:
     # Memories outside the semantic candidates that search expansion added to them (they
     # were ranked with the others; the budget is a share of the semantic ones only).
     expanded: int
+    # Candidates ranked by an estimate that near-paraphrases' observations weighed on
+    # (paraphrase transfer, earm; observed and reused candidates are not counted).
+    paraphrased: int
     # HTTP requests the scorer made for those calls, retries included (0 for the local
     # scorer; one per batch of documents for a reranker).
     scorer_requests: int
@@ -392,6 +395,7 @@ class RetrievalPipeline:
             scorer_calls=len(found.anchors),
             reused=len(reused),
             expanded=found.candidates.expanded,
+            paraphrased=ranking.paraphrased,
             scorer_requests=scorer_requests,
             degraded=bool(np.any(~succeeded)),
             memories=memories,
@@ -417,6 +421,7 @@ class RetrievalPipeline:
             scorer_requests=0,
             reused=0,
             expanded=0,
+            paraphrased=0,
             degraded=False,
             memories=[],
             timings=watch.total(),

@@ -56,6 +56,8 @@ class Ranking:
     # |estimate - observed| for the observed anchors that had history, each estimated as if
     # it had not been scored (leave-one-out fold-in): the completion's prequential error.
     prequential_errors: np.ndarray
+    # Unobserved candidates whose estimate near-paraphrases' observations weighed on.
+    paraphrased: int = 0
 
 
 def rank_candidates(
@@ -90,6 +92,7 @@ def rank_candidates(
     sources = [SEMANTIC] * n
     query: QueryParameters | None = None
     prequential_errors = np.zeros(0)
+    paraphrased = np.zeros(n, dtype=bool)
 
     if len(observed_positions):
         # Every policy that observed something solves the query's parameters, so the model
@@ -113,12 +116,12 @@ def rank_candidates(
             )
             learned = (candidates.observation_count > 0) | (candidates.prior_offsets != 0)
             if neighbours is not None:
-                covered = neighbours.weights > 0
-                scores[covered] = (
-                    neighbour_prior * scores[covered]
-                    + neighbours.weights[covered] * neighbours.means[covered]
-                ) / (neighbour_prior + neighbours.weights[covered])
-                learned |= covered
+                paraphrased = neighbours.weights > 0
+                scores[paraphrased] = (
+                    neighbour_prior * scores[paraphrased]
+                    + neighbours.weights[paraphrased] * neighbours.means[paraphrased]
+                ) / (neighbour_prior + neighbours.weights[paraphrased])
+                learned |= paraphrased
             for position in np.flatnonzero(learned):
                 sources[position] = ESTIMATED
         else:
@@ -130,13 +133,17 @@ def rank_candidates(
     sources[n - candidates.expanded :] = [EXPANDED] * candidates.expanded
     if len(observed_positions):
         scores[observed_positions] = observed_scores
+        paraphrased[observed_positions] = False
         for position in observed_positions:
             sources[position] = OBSERVED
 
     # Ties (e.g. equal observed scores) keep the semantic order: the candidates arrive most
     # similar first and the sort is stable.
     order = np.argsort(-scores, kind="stable")
-    return Ranking(order, scores, estimates, sources, query, prequential_errors)
+    return Ranking(
+        order, scores, estimates, sources, query, prequential_errors,
+        int(np.count_nonzero(paraphrased)),
+    )
 
 
 def _fold_in_query(

@@ -202,6 +202,8 @@ def test_with_paraphrase_transfer_a_rephrased_query_judges_its_head_and_explores
         rephrased = ask(client, "Remind me: which memories are about topic 3?")
         candidates = client.get(f"/queries/{rephrased['query_id']}").json()["candidates"]
     assert (rephrased["scorer_calls"], rephrased["reused"]) == (BUDGET, 0)
+    # The response counts the candidates the paraphrase's judgements moved.
+    assert first["paraphrased"] == 0 and rephrased["paraphrased"] > 0
     by_similarity = sorted(candidates, key=lambda c: -c["similarity"])
     head = {c["text"] for c in by_similarity[: (BUDGET + 1) // 2]}
     scored = recording.memories_scored()
@@ -216,9 +218,10 @@ def test_with_paraphrase_transfer_a_rephrased_query_judges_its_head_and_explores
 
 def explored_after_a_paraphrase(
     settings: Settings, recording: RecordingJudge, asked_between: tuple[str, ...] = ()
-) -> tuple[set[str], set[str]]:
-    """What a first question's retrieve scored, and what the exploring half of a rephrasing's
-    retrieve (budget 30: 15 of the 25 candidates below its head) scored."""
+) -> tuple[set[str], set[str], int]:
+    """What a first question's retrieve scored, what the exploring half of a rephrasing's
+    retrieve (budget 30: 15 of the 25 candidates below its head) scored, and how many of the
+    rephrasing's candidates it reports as moved by paraphrase evidence."""
     with TestClient(create_app(settings)) as client:
         client.post(
             "/memories",
@@ -232,7 +235,7 @@ def explored_after_a_paraphrase(
         rephrased = ask(client, "Remind me: which memories are about topic 3?", budget=30)
         candidates = client.get(f"/queries/{rephrased['query_id']}").json()["candidates"]
     head = {c["text"] for c in sorted(candidates, key=lambda c: -c["similarity"])[:15]}
-    return first_scored, recording.memories_scored() - head
+    return first_scored, recording.memories_scored() - head, rephrased["paraphrased"]
 
 
 def test_without_paraphrase_transfer_a_rephrased_query_explores_what_its_paraphrase_scored(
@@ -241,9 +244,10 @@ def test_without_paraphrase_transfer_a_rephrased_query_explores_what_its_paraphr
     settings = judge_settings(
         judge[1], embedder="local", refit_in_background=False, paraphrase_transfer=False
     )
-    first_scored, explored = explored_after_a_paraphrase(settings, judge[0])
+    first_scored, explored, paraphrased = explored_after_a_paraphrase(settings, judge[0])
     # Nothing steers the exploring half: it lands on cells the paraphrase scored too.
     assert explored & first_scored
+    assert paraphrased == 0
 
 
 def test_paraphrase_transfer_looks_only_at_the_latest_window_of_queries(
@@ -255,7 +259,8 @@ def test_paraphrase_transfer_looks_only_at_the_latest_window_of_queries(
         judge[1], embedder="local", refit_in_background=False, paraphrase_similarity=0.8,
         paraphrase_window=1,
     )
-    first_scored, explored = explored_after_a_paraphrase(
+    first_scored, explored, paraphrased = explored_after_a_paraphrase(
         settings, judge[0], ("What will the weather be like on Mars tomorrow?",)
     )
     assert explored & first_scored
+    assert paraphrased == 0
