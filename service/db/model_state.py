@@ -42,6 +42,7 @@ _REPLACE_ON_CONFLICT = """ON CONFLICT (memory_id) DO UPDATE SET
         bias = EXCLUDED.bias, factors = EXCLUDED.factors,
         observation_count = EXCLUDED.observation_count, statistics = EXCLUDED.statistics"""
 
+
 def _row_of(parameter: str) -> str:
     """Row ``i`` of the :class:`Float8Rows` parameter named ``parameter`` (``%(width)s`` wide)."""
     return f"%({parameter})b[(i - 1) * %(width)s + 1 : i * %(width)s]"
