@@ -77,12 +77,11 @@ _FLOAT8_ARRAY_OID = 1022
 class Float8Rows:
     """The rows of a 2-D float64 array (a 1-D array: one row) as one flat ``float8[]``
     parameter, built in binary by numpy (formatting a retrieve's ~2,000 floats as text took
-    ~1 ms, psycopg's list dumper ~0.3 ms): row i (from 1) is the slice
+    ~1 ms, psycopg's list dumper ~0.3 ms): row i (from 1) of rows ``width`` wide is the slice
     ``[(i - 1) * width + 1 : i * width]`` in SQL. Sent by :class:`Float8RowsDumper`, which the
     engine registers on every connection; values arrive exactly."""
 
-    data: bytes
-    width: int
+    data: bytes  # the array's binary form
 
     @classmethod
     def of(cls, rows: np.ndarray) -> Float8Rows:
@@ -92,7 +91,7 @@ class Float8Rows:
         elements["value"] = values.ravel()
         # ndim, has-nulls, element oid, then the one dimension's size and lower bound
         header = struct.pack(">iiiii", 1, 0, _FLOAT8_OID, values.size, 1)
-        return cls(header + elements.tobytes(), values.shape[-1] if values.ndim else 1)
+        return cls(header + elements.tobytes())
 
 
 class Float8RowsDumper(Dumper):

@@ -218,7 +218,7 @@ def _register_adapters(
     """Our binary adapters on every new connection: pgvector's, so vectors can travel in
     binary (numpy arrays are dumped as ``vector``; ``vector`` values load as
     ``pgvector.Vector``; a database without the extension yet, before ``earm migrate``, is left
-    without them), and :class:`~service.db.codecs.Float8Rows`'."""
+    without them), and the one for :class:`~service.db.codecs.Float8Rows`."""
     dbapi_connection.run_async(_register_adapters_async)
 
 
