@@ -5,6 +5,7 @@ and feedback; the stored statistics always equal a rebuild from the live observa
 from __future__ import annotations
 
 import asyncio
+import zlib
 
 import numpy as np
 import pytest
@@ -241,7 +242,7 @@ def test_rows_changed_between_their_read_and_the_record_keep_exact_statistics(
             assert loop is not None
             loop.call_soon_threadsafe(slow_started.set)
             await asyncio.sleep(1.0)  # long enough for the fast retrieve to record
-        return [((hash((query, d)) % 1000) / 1000) for d in documents]
+        return [(zlib.crc32(f"{query}|{d}".encode()) % 1000) / 1000 for d in documents]
 
     async def run(url: str) -> tuple[int, int]:
         nonlocal loop
