@@ -131,7 +131,11 @@ def _candidate_sql(exact: bool, filtered: bool, expand: bool = False) -> str:
 # plan_cache_mode: the candidate query is prepared (psycopg prepares a statement from its
 # 5th execution on a connection), and Postgres may then switch to a generic plan, which does
 # not know the query vector or the limit and is slower (measured 18 vs 10 ms at 100k
-# memories). A custom plan costs ~0.2 ms of planning.
+# memories). A custom plan costs ~0.2 ms of planning. The settings are transaction-local and
+# meant for the candidate query alone, so the pipeline sets them right before it: under them
+# the planner, knowing the namespace, read the paraphrase window of a namespace that is most of
+# the table by a sequential scan of `queries`, dead row versions included (2x the buffers of
+# the index scan it otherwise takes; docs/performance.md, round 10).
 _SEARCH_SETTINGS_SQL = (
     "SELECT set_config('hnsw.ef_search', %(ef)s, true), "
     "set_config('hnsw.iterative_scan', 'relaxed_order', true), "
@@ -238,15 +242,15 @@ async def search(
     if filtered:
         params["filters"] = Jsonb(filters)
     async with conn.pipeline():
-        await conn.execute(_SEARCH_SETTINGS_SQL, params)
         state_cursor = await conn.execute(STATE_SQL, params)
-        candidates_cursor = await conn.execute(_candidate_sql(False, filtered, expand > 0), params)
         family_cursor = (
             await conn.execute(_FAMILY_SQL, params) if family_key is not None else None
         )
         neighbour_cursor = (
             await conn.execute(_NEIGHBOUR_SQL, params) if neighbours is not None else None
         )
+        await conn.execute(_SEARCH_SETTINGS_SQL, params)
+        candidates_cursor = await conn.execute(_candidate_sql(False, filtered, expand > 0), params)
         await conn.commit()
     state = state_from_row(await state_cursor.fetchone(), namespace)
     past = _past(
