@@ -87,3 +87,13 @@ def judge_settings(clean_database: str) -> Callable[..., Settings]:
 def client(settings: Settings) -> Iterator[TestClient]:
     with TestClient(create_app(settings)) as test_client:
         yield test_client
+
+
+@pytest.fixture
+def plan_nodes() -> Callable[[dict[str, Any]], list[dict[str, Any]]]:
+    """Every node of an ``EXPLAIN (FORMAT JSON)`` plan, the root first (depth first)."""
+
+    def nodes(plan: dict[str, Any]) -> list[dict[str, Any]]:
+        return [plan] + [node for child in plan.get("Plans", []) for node in nodes(child)]
+
+    return nodes

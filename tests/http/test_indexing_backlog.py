@@ -5,7 +5,8 @@ but the test's own call of the indexer."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import numpy as np
 import pytest
@@ -146,7 +147,7 @@ def test_without_a_limit_ingests_are_never_refused_for_the_backlog(clean_databas
 
 
 def test_the_backlog_count_reads_the_partial_index_even_when_statistics_overrate_the_backlog(
-    clean_database: str,
+    clean_database: str, plan_nodes: Callable[[dict[str, Any]], list[dict[str, Any]]]
 ) -> None:
     """The count reads ``ix_memories_unindexed`` (migration 0006), never the table: here the
     statistics say a fifth of the rows are unindexed, spread evenly, so a plain ``LIMIT`` query
@@ -173,13 +174,7 @@ def test_the_backlog_count_reads_the_partial_index_even_when_statistics_overrate
             backlog = conn.execute(UNINDEXED_BACKLOG_SQL, parameters).scalar_one()
     finally:
         engine.dispose()
-    nodes = list(plan_nodes(plan[0]["Plan"]))
+    nodes = plan_nodes(plan[0]["Plan"])
     on_memories = [n for n in nodes if n.get("Relation Name") == "memories"]
     assert [n.get("Index Name") for n in on_memories] == ["ix_memories_unindexed"], plan
     assert backlog == LIMIT
-
-
-def plan_nodes(node: dict) -> Iterator[dict]:
-    yield node
-    for child in node.get("Plans", ()):
-        yield from plan_nodes(child)

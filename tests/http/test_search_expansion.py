@@ -188,12 +188,10 @@ def test_an_invalid_expand_is_a_precise_4xx(
     assert error["code"] == code and "expand" in error["message"] and says in error["message"]
 
 
-def _nodes(plan: dict[str, Any]) -> list[dict[str, Any]]:
-    return [plan] + [node for child in plan.get("Plans", []) for node in _nodes(child)]
-
-
 def test_the_expansion_is_an_hnsw_index_scan_along_the_prior_direction(
-    client: TestClient, clean_database: str
+    client: TestClient,
+    clean_database: str,
+    plan_nodes: Callable[[dict[str, Any]], list[dict[str, Any]]],
 ) -> None:
     """The plan of the search statement with expansion: the HNSW index answers both the
     semantic top-N and the expansion (ordered by the distance to the prior's direction), with
@@ -220,7 +218,7 @@ def test_the_expansion_is_an_hnsw_index_scan_along_the_prior_direction(
         sql = _candidate_sql(exact=False, filtered=False, expand=True)
         plan = conn.execute("EXPLAIN (FORMAT JSON) " + sql, params).fetchone()[0][0]["Plan"]
         rows = conn.execute(sql, params).fetchall()
-    on_memories = [n for n in _nodes(plan) if n.get("Relation Name") == "memories"]
+    on_memories = [n for n in plan_nodes(plan) if n.get("Relation Name") == "memories"]
     hnsw = [n for n in on_memories if n.get("Index Name") == "ix_memories_embedding_hnsw"]
     assert len(hnsw) == 2, json.dumps(plan, indent=1)  # the semantic search, the expansion
     assert all("Order By" in n for n in hnsw)
