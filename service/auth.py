@@ -108,6 +108,13 @@ def require_namespace(principal: Principal, namespace: str) -> None:
         )
 
 
+def require_admin(principal: Principal, reason: str) -> None:
+    """Raise 403 ``forbidden`` unless the principal is an admin (pattern ``*``); ``reason``
+    says what needs one."""
+    if not principal.is_admin:
+        raise Forbidden(f"this API key ({principal.name}) is not an admin key ('*'): {reason}")
+
+
 @dataclass(frozen=True)
 class SeedKey:
     key: str

@@ -267,6 +267,13 @@ class Settings(BaseSettings):
     auth_cache_ttl_s: float = Field(
         default=2.0, ge=0, le=60, description="Key lookups are cached this long (revocation delay)."
     )
+    metrics_public: bool = Field(
+        default=False,
+        description=(
+            "Serve /metrics without an API key once key enforcement is on (it needs an admin "
+            "key otherwise: its gauges name the busiest namespaces)."
+        ),
+    )
 
     # --- agent integrations (service/integrations/) ---------------------------------------
     mcp_default_namespace: str = Field(

@@ -286,8 +286,27 @@ def test_public_endpoints_stay_open_when_keys_exist(api: TestClient, keys) -> No
     create_key(keys, "*")
     for path in ("/healthz", "/readyz", "/openapi.json", "/docs"):
         assert api.get(path).status_code == 200, path
-    if has_route(api.app, "/metrics"):
-        assert api.get("/metrics").status_code == 200
+
+
+def test_metrics_names_namespaces_so_it_needs_an_admin_key(api: TestClient, keys) -> None:
+    admin = create_key(keys, "*")
+    scoped = create_key(keys, "agent-*")
+    ingest(api, "agent-secret-tenant", admin)
+    assert_error(api.get("/metrics"), 401, "unauthenticated")
+    refused = api.get("/metrics", headers=bearer(scoped))
+    assert_error(refused, 403, "forbidden")
+    assert "EARM_METRICS_PUBLIC" in refused.json()["error"]["message"]
+    scraped = api.get("/metrics", headers=bearer(admin))
+    assert scraped.status_code == 200
+    assert 'namespace="agent-secret-tenant"' in scraped.text
+
+
+def test_metrics_public_serves_metrics_without_a_key(auth_settings: Settings, keys) -> None:
+    create_key(keys, "*")
+    public = auth_settings.model_copy(update={"metrics_public": True})
+    with TestClient(create_app(public)) as client:
+        assert client.get("/metrics").status_code == 200
+        assert_error(client.get("/stats"), 401, "unauthenticated")
 
 
 def test_a_namespace_outside_the_key_scope_is_forbidden_everywhere(api: TestClient, keys) -> None:

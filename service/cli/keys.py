@@ -118,7 +118,7 @@ def _cli_enforcement(args: argparse.Namespace, settings: Settings) -> int:
     keys = f"{active} active key{'' if active == 1 else 's'}"
     if enforced:
         consequence = "requests need an API key" + (
-            "" if active else "; with none active, only /healthz, /readyz and /metrics answer"
+            "" if active else "; with none active, only /healthz and /readyz answer"
         )
     else:
         consequence = "requests without a key are served as an anonymous admin, " + (

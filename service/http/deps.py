@@ -73,8 +73,10 @@ SessionDep = Annotated[AsyncSession, Depends(get_session)]
 
 # ---------------------------------------------------------------------------- authentication
 
-#: Routes that answer without a key: probes and metrics (the docs are not API routes).
-PUBLIC_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
+#: Routes that answer without a key: the probes (the docs are not API routes).
+PUBLIC_PATHS = frozenset({"/healthz", "/readyz"})
+#: Public too with ``EARM_METRICS_PUBLIC=true``; an admin key's otherwise (the route checks).
+METRICS_PATH = "/metrics"
 
 #: Declares the bearer scheme in the OpenAPI document (and the docs' "Authorize" button) for
 #: the routers that use it; the checking itself is :func:`authenticate`.
@@ -85,12 +87,15 @@ bearer_scheme = HTTPBearer(
 
 
 async def authenticate(request: Request) -> Principal:
-    """App-level dependency: every route but :data:`PUBLIC_PATHS` needs a principal.
+    """App-level dependency: every route but :data:`PUBLIC_PATHS` (and :data:`METRICS_PATH`
+    with ``EARM_METRICS_PUBLIC``) needs a principal.
 
     FastAPI caches a dependency per request, so handlers that declare ``PrincipalDep`` get the
     principal resolved here without a second lookup."""
-    route = request.scope.get("route")
-    if getattr(route, "path", request.url.path) in PUBLIC_PATHS:
+    path = getattr(request.scope.get("route"), "path", request.url.path)
+    if path in PUBLIC_PATHS or (
+        path == METRICS_PATH and get_components(request).settings.metrics_public
+    ):
         return ANONYMOUS
     authenticator: Authenticator = request.app.state.authenticator  # set by the lifespan
     peer = request.client.host if request.client else None

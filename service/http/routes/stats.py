@@ -9,11 +9,12 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query, Request, Response
 
-from service.auth import require_namespace
+from service.auth import require_admin, require_namespace
 from service.db import stats as stats_sql
 from service.http.deps import (
     AUTH_RESPONSES,
     DOCUMENT_BEARER,
+    METRICS_PATH,
     ComponentsDep,
     PrincipalDep,
     SessionDep,
@@ -61,11 +62,21 @@ async def read_stats(
 
 
 @router.get(
-    "/metrics", response_class=Response, responses={200: {"content": {CONTENT_TYPE_LATEST: {}}}}
+    METRICS_PATH,
+    response_class=Response,
+    dependencies=[DOCUMENT_BEARER],
+    responses={
+        200: {"content": {CONTENT_TYPE_LATEST: {}}},
+        **AUTH_RESPONSES,
+        403: {"model": ErrorResponse, "description": "The key is not an admin key ('*')."},
+    },
 )
-async def metrics(components: ComponentsDep) -> Response:
+async def metrics(components: ComponentsDep, principal: PrincipalDep) -> Response:
     """Prometheus exposition: HTTP, retrieve, scorer metrics, the scorer's health and gauges
-    from the namespace counters (which read the `namespaces` table only)."""
+    from the namespace counters (which read the `namespaces` table only). It names the busiest
+    namespaces, so it needs an admin key (or `EARM_METRICS_PUBLIC=true`)."""
+    require_admin(principal, "/metrics names every namespace; scrape it with an admin key "
+                  "or set EARM_METRICS_PUBLIC=true")
     snapshot = None
     try:
         async with asyncio.timeout(METRICS_DATABASE_TIMEOUT_S):
