@@ -52,7 +52,10 @@ class ScorerHealthSnapshot:
 
     # What /stats (`scorer`) returns as is and /metrics (`earm_scorer_*` gauges) reports; the
     # descriptions are the API's.
-    name: Annotated[str, Field(description="The scorer (`EARM_SCORER`): `local` or `openai`.")]
+    name: Annotated[
+        str,
+        Field(description="The scorer (`EARM_SCORER`): `local`, `openai`, `rerank` or `tei`."),
+    ]
     recent_calls: Annotated[
         int,
         Field(
