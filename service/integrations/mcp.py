@@ -42,6 +42,7 @@ from service.client import (
     MemoryPage,
     NamespaceStats,
 )
+from service.retrieve.rerank import Source
 from service.settings import Settings
 
 MCP_PATH = "/mcp"
@@ -91,9 +92,10 @@ class RecalledMemory(BaseModel):
     occurred_at: datetime | None
     metadata: dict[str, Any]
     score: float = Field(description="Relevance to the query in [0, 1].")
-    source: Literal["observed", "estimated", "semantic"] = Field(
+    source: Source = Field(
         description="Where the score comes from: judged for this query (observed), predicted "
-        "from earlier judgements (estimated), or embedding similarity alone (semantic)."
+        "from earlier judgements (estimated; expanded: a memory outside the semantic "
+        "candidates that search expansion added), or embedding similarity alone (semantic)."
     )
     rank: int = Field(description="1 = most relevant.")
 

@@ -9,7 +9,7 @@ import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, get_args
 
 import httpx
 import httpx2
@@ -22,6 +22,9 @@ from mcp_types import CallToolResult
 
 from service.client import EarmClient
 from service.http.app import create_app
+from service.integrations.mcp import RecalledMemory
+from service.retrieve.pipeline import RetrievedMemory
+from service.retrieve.rerank import Source
 from service.settings import Settings
 
 if TYPE_CHECKING:
@@ -44,6 +47,14 @@ MEMORIES = [
 ]
 
 Connect = Callable[[str | None], AbstractAsyncContextManager[Client]]
+
+
+def test_recalled_memories_carry_every_source_a_retrieve_returns() -> None:
+    """search_memories validates the API's memories into its own model: a source it did not
+    know (search expansion's `expanded`) failed the whole tool call."""
+    for source in get_args(Source):
+        memory = RetrievedMemory(1, None, "text", None, {}, 0.5, source, 0.4, 1)
+        assert RecalledMemory.model_validate(memory, from_attributes=True).source == source
 
 
 def over_http(service_url: str) -> Connect:
