@@ -236,7 +236,6 @@ class Settings(BaseSettings):
     # --- request limits -------------------------------------------------------------------
     max_batch: int = Field(default=1000, ge=1, description="Memories per POST /memories.")
     max_text_chars: int = Field(default=8000, ge=1)
-    max_namespace_chars: int = Field(default=128, ge=1)
     max_k: int = Field(default=100, ge=1)
     max_candidates: int = Field(default=1000, ge=1)
     default_candidates: int = Field(default=200, ge=1)
@@ -312,6 +311,16 @@ class Settings(BaseSettings):
     def _parseable_schedule(cls, schedule: str) -> str:
         BudgetSchedule.parse(schedule)  # raises ValueError naming the bad entry
         return schedule
+
+    @model_validator(mode="after")
+    def _default_candidates_allowed(self) -> Settings:
+        if self.default_candidates > self.max_candidates:
+            raise ValueError(
+                f"EARM_DEFAULT_CANDIDATES={self.default_candidates} is above "
+                f"EARM_MAX_CANDIDATES={self.max_candidates}: every retrieve that sets no "
+                "candidates would be refused"
+            )
+        return self
 
     @model_validator(mode="after")
     def _floor_below_ceiling(self) -> Settings:

@@ -167,7 +167,10 @@ class RetrieveIn(StrictModel):
     query: NonEmptyText
     query_embedding: Embedding | None = None
     k: Annotated[int, Field(ge=1, description="Memories to return.")] = 10
-    candidates: Annotated[int, Field(ge=1, description="Semantic candidates (N).")] = 200
+    candidates: Annotated[
+        int | None,
+        Field(ge=1, description="Semantic candidates (N). Default: EARM_DEFAULT_CANDIDATES."),
+    ] = None
     policy: Literal["earm", "semantic", "full", "observed"] = "earm"
     budget: Annotated[
         int | None,

@@ -65,7 +65,8 @@ class RetrieveRequest:
     query: str
     query_embedding: Sequence[float] | None = None
     k: int = 10
-    candidates: int = 200
+    # Semantic candidates (N); None: the deployment's EARM_DEFAULT_CANDIDATES.
+    candidates: int | None = None
     policy: Policy = "earm"
     budget: int | None = None
     seed: int = 0
@@ -230,13 +231,12 @@ class RetrievalPipeline:
         settings = self.settings
         if not 1 <= request.k <= settings.max_k:
             raise LimitExceeded(f"k={request.k} is outside 1..{settings.max_k}")
-        if not 1 <= request.candidates <= settings.max_candidates:
-            raise LimitExceeded(
-                f"candidates={request.candidates} is outside 1..{settings.max_candidates}"
-            )
-        if request.budget is not None and not 0 <= request.budget <= request.candidates:
+        candidates = self._candidates(request)
+        if not 1 <= candidates <= settings.max_candidates:
+            raise LimitExceeded(f"candidates={candidates} is outside 1..{settings.max_candidates}")
+        if request.budget is not None and not 0 <= request.budget <= candidates:
             raise InvalidInput(
-                f"budget={request.budget} must be between 0 and candidates={request.candidates}"
+                f"budget={request.budget} must be between 0 and candidates={candidates}"
             )
         if request.expand is not None and not 0 <= request.expand <= MAX_EXPAND:
             raise LimitExceeded(f"expand={request.expand} is outside 0..{MAX_EXPAND}")
@@ -244,6 +244,11 @@ class RetrievalPipeline:
             raise LimitExceeded(
                 f"query has {len(request.query)} characters; the limit is {settings.max_text_chars}"
             )
+
+    def _candidates(self, request: RetrieveRequest) -> int:
+        if request.candidates is None:
+            return self.settings.default_candidates
+        return request.candidates
 
     async def _query_vector(self, request: RetrieveRequest) -> NDArray[np.float32]:
         if request.query_embedding is not None:
@@ -467,7 +472,7 @@ class RetrievalPipeline:
                     session,
                     request.namespace,
                     query_vector,
-                    request.candidates,
+                    self._candidates(request),
                     self.settings.rank,
                     request.filters,
                     family,

@@ -176,6 +176,28 @@ def test_retrieve_limits(stocked: TestClient, fields: dict, status: int, code: s
     assert_error(retrieve(stocked, **fields), status, code)
 
 
+def test_a_retrieve_without_candidates_takes_them_from_the_setting(
+    limited_settings: Settings,
+) -> None:
+    settings = limited_settings.model_copy(update={"default_candidates": 3})
+    with TestClient(create_app(settings)) as api:
+        assert ingest(api, *(memory(text=f"memory {i}") for i in range(5))).status_code == 201
+        by_default = retrieve(api, policy="full")
+        other_question = (np.arange(384) % 7 + 1.0).tolist()
+        asked = retrieve(api, query_embedding=other_question, policy="full", candidates=5)
+        over_budget = retrieve(api, budget=4)
+    # `full` scores every candidate (none reused: another question), so the calls count them.
+    assert by_default.json()["scorer_calls"] == 3
+    assert asked.json()["scorer_calls"] == 5
+    assert_error(over_budget, 422, "invalid_input")
+    assert "candidates=3" in over_budget.json()["error"]["message"]
+
+
+def test_a_default_candidates_above_the_maximum_is_a_configuration_error() -> None:
+    with pytest.raises(ValueError, match="EARM_DEFAULT_CANDIDATES=2000 is above"):
+        Settings(default_candidates=2000, _env_file=None)
+
+
 def test_feedback_batch_limit(stocked: TestClient) -> None:
     query_id = retrieve(stocked).json()["query_id"]
     scores = [{"memory_id": 1, "score": 0.5}] * 6
