@@ -57,7 +57,13 @@ def test_report_has_every_section(report: dict) -> None:
     assert [f["concurrency"] for f in report["floor"]] == [1, 4]
     assert [f["concurrency"] for f in report["floor_replayed"]] == [1, 4]
     assert len(report["observations"]) == 2
-    assert len(report["targets"]) == 6
+    names = [t["target"] for t in report["targets"]]
+    assert len(names) == 8
+    # Issue #18's acceptance points are verdicts of the report, beside the original 1.5 × target.
+    assert any(n.startswith("earm server-side overhead") and "≤ 2 × floor" in n for n in names)
+    first, last = (tier["observations"] for tier in report["observations"])
+    growth = f"record p50 at {last:,} observations ≤ 1.5 × its value at {first:,} (issue #18)"
+    assert growth in names
     for tier in report["observations"]:
         pages = {row["page"]: row for row in tier["dashboard"]}
         assert set(pages) == {"namespaces", "namespace", "experience matrix", "query trace"}

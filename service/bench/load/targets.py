@@ -11,18 +11,41 @@ from service.bench.load.dashboard import PAGE_TARGET_MS
 Target = dict[str, Any]
 
 
+#: The overhead's allowed multiples of the floor: the performance target this bench was built
+#: with, and the looser bound issue #18 accepts.
+OVERHEAD_BOUNDS = ((1.5, "performance target"), (2.0, "issue #18"))
+
+
 def _overhead(report: dict[str, Any], floors: dict[int, float]) -> Iterator[Target]:
     for cell in report.get("retrieve", []):
         if cell["concurrency"] == 1 and cell["policy"] == "earm" and floors.get(1):
             ratio = cell["overhead_ms"]["p50"] / floors[1]
-            yield {
-                "target": "earm server-side overhead (total − score) p50 ≤ 1.5 × floor p50, "
-                          "concurrency 1",
-                "measured": f"{cell['overhead_ms']['p50']:.2f} ms = {ratio:.2f} × floor "
-                            f"{floors[1]:.2f} ms",
-                "met": ratio <= 1.5,
-                "margin": f"{ratio / 1.5:.2f} × the allowed 1.5",
-            }
+            for allowed, source in OVERHEAD_BOUNDS:
+                yield {
+                    "target": f"earm server-side overhead (total − score) p50 ≤ {allowed:g} × "
+                              f"floor p50, concurrency 1 ({source})",
+                    "measured": f"{cell['overhead_ms']['p50']:.2f} ms = {ratio:.2f} × floor "
+                                f"{floors[1]:.2f} ms",
+                    "met": ratio <= allowed,
+                    "margin": f"{ratio / allowed:.2f} × the allowed {allowed:g}",
+                }
+
+
+def _record_growth(report: dict[str, Any]) -> Iterator[Target]:
+    """Issue #18: learning at constant cost, so the record at the largest observation tier
+    stays within 1.5 × its value at the smallest."""
+    tiers = [tier for tier in report.get("observations", []) if tier.get("record_ms")]
+    if len(tiers) >= 2 and tiers[0]["record_ms"]["p50"]:
+        first, last = tiers[0], tiers[-1]
+        ratio = last["record_ms"]["p50"] / first["record_ms"]["p50"]
+        yield {
+            "target": f"record p50 at {last['observations']:,} observations ≤ 1.5 × its value at "
+                      f"{first['observations']:,} (issue #18)",
+            "measured": f"{last['record_ms']['p50']:.2f} ms against "
+                        f"{first['record_ms']['p50']:.2f} ms = {ratio:.2f} ×",
+            "met": ratio <= 1.5,
+            "margin": f"{ratio / 1.5:.2f} × the allowed 1.5",
+        }
 
 
 def _completion(report: dict[str, Any]) -> Iterator[Target]:
@@ -31,7 +54,7 @@ def _completion(report: dict[str, Any]) -> Iterator[Target]:
         last = tiers[-1]
         p50 = last["complete_ms"]["p50"]
         yield {
-            "target": f"completion p50 ≤ 2 ms at the largest tier ({last['observations']} "
+            "target": f"completion p50 ≤ 2 ms at the largest tier ({last['observations']:,} "
                       "observations)",
             "measured": f"{p50:.2f} ms",
             "met": p50 is not None and p50 <= 2.0,
@@ -109,5 +132,5 @@ def _dashboard(report: dict[str, Any]) -> Iterator[Target]:
 def targets(report: dict[str, Any]) -> list[Target]:
     """The issue's targets, each with the measured value and whether it holds."""
     floors = {f["concurrency"]: f["latency_ms"]["p50"] for f in report.get("floor", [])}
-    return [*_overhead(report, floors), *_completion(report), *_ingest(report),
-            *_slow_judge(report, floors), *_rerank(report), *_dashboard(report)]
+    return [*_overhead(report, floors), *_record_growth(report), *_completion(report),
+            *_ingest(report), *_slow_judge(report, floors), *_rerank(report), *_dashboard(report)]
