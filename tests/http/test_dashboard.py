@@ -146,6 +146,18 @@ def test_an_unknown_namespace_or_query_is_a_404_page(app_client: TestClient) -> 
         assert response.status_code == 404 and "<h1>Error 404</h1>" in response.text
 
 
+@pytest.mark.parametrize(
+    "path",
+    ["/dashboard/namespaces/a%00b", "/dashboard/namespaces/a%00b/matrix",
+     "/dashboard/namespaces/-dash", "/dashboard/namespaces/x%20y"],
+)
+def test_a_namespace_name_the_api_refuses_is_a_422_not_a_database_error(
+    app_client: TestClient, path: str
+) -> None:
+    response = app_client.get(path)
+    assert response.status_code == 422 and "namespace" in response.text
+
+
 def test_the_matrix_groups_many_memories_into_a_bounded_number_of_columns(
     app_client: TestClient,
 ) -> None:

@@ -22,6 +22,7 @@ from service.errors import EarmError, Unauthenticated
 from service.http.dashboard import charts
 from service.http.deps import Components
 from service.http.error_handlers import status_for
+from service.http.schemas import NamespaceName
 
 DASHBOARD_PATH = "/dashboard"
 COOKIE_NAME = "earm_dashboard_key"
@@ -180,7 +181,9 @@ async def namespaces_page(request: Request, principal: PrincipalDep) -> HTMLResp
     return _page(request, "namespaces.html", {"principal": principal, "namespaces": visible})
 
 
-async def namespace_page(request: Request, namespace: str, principal: PrincipalDep) -> HTMLResponse:
+async def namespace_page(
+    request: Request, namespace: Annotated[NamespaceName, Path()], principal: PrincipalDep
+) -> HTMLResponse:
     require_namespace(principal, namespace)
     components = _components(request)
     schedule = components.pipeline.schedule
@@ -278,7 +281,7 @@ def _namespace_charts(
 
 async def matrix_page(
     request: Request,
-    namespace: str,
+    namespace: Annotated[NamespaceName, Path()],
     principal: PrincipalDep,
     before: Annotated[int | None, Query(ge=1, le=MAX_BIGINT)] = None,
 ) -> HTMLResponse:
