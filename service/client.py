@@ -33,7 +33,7 @@ from pydantic import TypeAdapter
 from service.db.namespaces import ErasedNamespace
 from service.db.stats import NamespaceStats
 from service.db.traces import QueryTraceResult, TracedCandidate
-from service.http.schemas import StatsListOut
+from service.http.schemas import NamespaceReportOut, StatsListOut
 from service.ingest.memories import (
     IngestResult,
     MemoryPage,
@@ -53,9 +53,11 @@ __all__ = [
     "IngestResult",
     "Memory",
     "MemoryPage",
+    "NamespaceReportOut",
     "NamespaceStats",
     "QueryTrace",
     "RetrieveResult",
+    "StatsListOut",
     "TracedCandidate",
     "UpdatedMemory",
 ]
@@ -187,10 +189,10 @@ def _result(result_type: type[Result], payload: Any) -> Result:
     return validated
 
 
-def _stats_result(payload: Any) -> NamespaceStats | list[NamespaceStats]:
+def _stats_result(payload: Any) -> NamespaceReportOut | StatsListOut:
     if "namespaces" in payload:
-        return _result(StatsListOut, payload).namespaces
-    return _result(NamespaceStats, payload)
+        return _result(StatsListOut, payload)
+    return _result(NamespaceReportOut, payload)
 
 
 def _headers(api_key: str | None) -> dict[str, str]:
@@ -255,8 +257,9 @@ class EarmClient:
         body = {"namespace": namespace, "query_id": query_id, "scores": _scores_body(scores)}
         return self._parse(FeedbackResult, "POST", "/feedback", json=body)
 
-    def stats(self, namespace: str | None = None) -> NamespaceStats | list[NamespaceStats]:
-        """``GET /stats``: one namespace's stats, or (no namespace) a list of every visible one."""
+    def stats(self, namespace: str | None = None) -> NamespaceReportOut | StatsListOut:
+        """``GET /stats``: one namespace's stats, or (no namespace) those of every visible one
+        (``.namespaces``); both with the answering process's scorer health (``.scorer``)."""
         return _stats_result(self._call("GET", "/stats", params=_stats_params(namespace)).json())
 
     def trace(self, query_id: int) -> QueryTrace:
@@ -340,9 +343,7 @@ class AsyncEarmClient:
         body = {"namespace": namespace, "query_id": query_id, "scores": _scores_body(scores)}
         return await self._parse(FeedbackResult, "POST", "/feedback", json=body)
 
-    async def stats(
-        self, namespace: str | None = None
-    ) -> NamespaceStats | list[NamespaceStats]:
+    async def stats(self, namespace: str | None = None) -> NamespaceReportOut | StatsListOut:
         params = _stats_params(namespace)
         return _stats_result((await self._call("GET", "/stats", params=params)).json())
 

@@ -48,7 +48,10 @@ def test_client_round_trip_add_retrieve_feedback_stats(service_url: str) -> None
         stats = earm.stats("agent-1")
         assert (stats.memories, stats.queries, stats.observations) == (3, 1, 3)
         assert stats.calls_saved == 0.0
-        assert [s.namespace for s in earm.stats()] == ["agent-1"]
+        assert (stats.scorer.name, stats.scorer.healthy) == ("local", True)  # GET /stats' own
+        every = earm.stats()
+        assert [s.namespace for s in every.namespaces] == ["agent-1"]
+        assert every.scorer.recent_calls >= 3
 
         assert earm.get(added.ids[1]).metadata == {"topic": "work"}
         page = earm.list("agent-1", limit=2)

@@ -416,7 +416,7 @@ class EarmStore(BaseStore):
         start = self.prefix + "."
         namespaces = {
             tuple(row.namespace[len(start) :].split("."))
-            for row in stats
+            for row in stats.namespaces
             if row.namespace.startswith(start) and row.memories > 0
         }
         matching = {
