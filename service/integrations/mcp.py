@@ -42,6 +42,7 @@ from service.client import (
     MemoryPage,
     NamespaceStats,
 )
+from service.http.schemas import Timestamp
 from service.retrieve.rerank import Source
 from service.settings import Settings
 
@@ -75,7 +76,9 @@ class NewMemory(BaseModel):
         description="Your own id for the memory. Adding a memory with an external_id the "
         "namespace already has changes nothing and returns the existing id.",
     )
-    occurred_at: datetime | None = Field(
+    # The API's own type: an ISO-8601 string only (pydantic alone would read a number as Unix
+    # time and store a date the API would have refused to guess).
+    occurred_at: Timestamp | None = Field(
         default=None,
         description="When what the memory describes happened (ISO 8601, e.g. "
         "2023-05-07T14:00:00Z). Search results come in this order.",

@@ -8,6 +8,7 @@ import os
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, get_args
 
@@ -19,10 +20,12 @@ from mcp import Client
 from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp_types import CallToolResult
+from pydantic import ValidationError
 
 from service.client import EarmClient
 from service.http.app import create_app
-from service.integrations.mcp import RecalledMemory
+from service.http.schemas import MemoryIn
+from service.integrations.mcp import NewMemory, RecalledMemory
 from service.retrieve.pipeline import RetrievedMemory
 from service.retrieve.rerank import Source
 from service.settings import Settings
@@ -55,6 +58,18 @@ def test_recalled_memories_carry_every_source_a_retrieve_returns() -> None:
     for source in get_args(Source):
         memory = RetrievedMemory(1, None, "text", None, {}, 0.5, source, 0.4, 1)
         assert RecalledMemory.model_validate(memory, from_attributes=True).source == source
+
+
+@pytest.mark.parametrize("occurred_at", [1683554160, "1683554160", 1683554160000.0])
+def test_add_memories_refuses_a_numeric_occurred_at_like_the_api(occurred_at: object) -> None:
+    """POST /memories refuses Unix times rather than guess their unit; the tool's model read
+    them as dates and the API stored them."""
+    for model in (NewMemory, MemoryIn):
+        with pytest.raises(ValidationError, match="ISO-8601"):
+            model.model_validate({"text": "x", "occurred_at": occurred_at})
+    assert NewMemory(text="x", occurred_at="2023-05-08T13:56:00Z").occurred_at == datetime(
+        2023, 5, 8, 13, 56, tzinfo=UTC
+    )
 
 
 def over_http(service_url: str) -> Connect:
