@@ -291,7 +291,7 @@ class Settings(BaseSettings):
     # --- serving --------------------------------------------------------------------------
     host: str = "127.0.0.1"
     port: int = Field(default=8000, ge=0, le=65535)
-    log_level: str = "INFO"
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"] = "INFO"
     header_timeout_s: float = Field(
         default=10.0,
         gt=0,
@@ -329,6 +329,12 @@ class Settings(BaseSettings):
                 "EARM_BUDGET_FLOOR <= EARM_BUDGET_TARGET <= EARM_BUDGET_CEILING is required"
             )
         return self
+
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _upper_case_level(cls, level: object) -> object:
+        # Python's and uvicorn's levels are case-insensitive names; so is the setting.
+        return level.upper() if isinstance(level, str) else level
 
     @field_validator("mcp_default_namespace")
     @classmethod

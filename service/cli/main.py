@@ -157,7 +157,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         settings = Settings()
     except ValidationError as error:
         return _configuration_error(_describe_invalid_settings(error))
-    level = settings.log_level.upper()
+    level: str = settings.log_level
     if args.command in RESULT_COMMANDS:
         from service.logs import startup_detail_level
 

@@ -73,6 +73,10 @@ def assert_one_plain_line(result: subprocess.CompletedProcess, *hints: str) -> N
         ),
         pytest.param(("serve",), {"port": "eighty"}, ("EARM_PORT",), id="unparseable-setting"),
         pytest.param(
+            ("keys", "list"), {"log_level": "VERBOSE"}, ("EARM_LOG_LEVEL", "WARNING"),
+            id="unknown-log-level",
+        ),
+        pytest.param(
             ("serve", "--no-background-work", "--port", "0"),
             {"database_url": ""},
             ("without background work", "EARM_DATABASE_URL"),
