@@ -151,7 +151,7 @@ def run(app: FastAPI, settings: Settings) -> None:
     # shutdown also stops the server and lets the lifespan finish; uvicorn raises the signal
     # again at the end, for Python's handlers, as `uvicorn.run` does. The loop is the one
     # `uvicorn.run` would make (uvloop where installed): asyncio.run would make asyncio's own,
-    # whose callbacks cost the scorer's HTTP calls and the database round trips more CPU.
+    # on which a database round trip takes ~30 % longer (docs/perf/event_loop.py).
     with (
         contextlib.suppress(KeyboardInterrupt),
         server.capture_signals(),
