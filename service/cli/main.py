@@ -57,7 +57,7 @@ def _serve(args: argparse.Namespace, settings: Settings) -> int:
         })
         with multiprocess_directory():
             uvicorn.run(
-                "service.http.server:create_served_app",
+                server.SERVED_APP_FACTORY,
                 factory=True,
                 workers=args.workers,
                 **server.uvicorn_options(settings),

@@ -127,12 +127,17 @@ def freeze_start_up_objects() -> None:
 
 def create_served_app() -> FastAPI:
     """:func:`~service.http.app.create_app` for the processes ``earm serve --workers`` starts
-    (``uvicorn.run``'s factory): the app, with the start-up objects frozen."""
+    (``uvicorn.run``'s factory, :data:`SERVED_APP_FACTORY`): the app, with the start-up objects
+    frozen."""
     from service.http.app import create_app
 
     app = create_app()
     freeze_start_up_objects()
     return app
+
+
+#: Where ``uvicorn.run`` (and ``uvicorn --factory``) finds :func:`create_served_app`.
+SERVED_APP_FACTORY = f"{__name__}:{create_served_app.__name__}"
 
 
 def run(app: FastAPI, settings: Settings) -> None:

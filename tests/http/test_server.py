@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 from fastapi import FastAPI
+from uvicorn.importer import import_from_string
 
 from service.http import server
 from service.settings import Settings
@@ -51,3 +52,12 @@ def test_earm_serve_freezes_its_start_up_objects_before_serving(
 ) -> None:
     # What start-up built (this test process's imports, the app) is out of the full passes.
     assert served_once["frozen"] > 10_000
+
+
+def test_the_factory_of_earm_serve_workers_freezes_the_app_it_builds() -> None:
+    factory = import_from_string(server.SERVED_APP_FACTORY)  # as uvicorn.run finds it
+    try:
+        assert isinstance(factory(), FastAPI)
+        assert gc.get_freeze_count() > 10_000
+    finally:
+        gc.unfreeze()
