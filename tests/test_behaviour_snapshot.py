@@ -63,11 +63,11 @@ CLOCK_FIELDS = frozenset({
 # Stored as a sketch (the raw vectors would make the golden file large); model parameters
 # (factors, biases, content weights) and scores are kept as values.
 SKETCHED_COLUMNS = frozenset({"embedding"})
-# A sketch's projections: any change of a vector beyond float noise moves them.
-SKETCH = np.random.default_rng(0).standard_normal((8, 384))
 STATE_TABLES = ("namespaces", "memories", "queries", "scores", "score_history", "memory_factors")
 
 DIM = 384
+# A sketch's projections: any change of a vector beyond float noise moves them.
+SKETCH = np.random.default_rng(0).standard_normal((8, DIM))
 VECTORS, TEXTS = "agent-vectors", "agent-texts"
 TOPICS = ("garden", "travel", "finance", "health")
 POLICIES = ("semantic", "observed", "earm", "full")
@@ -191,7 +191,7 @@ def vector_sketch(vector: list[float]) -> list[float]:
     """A vector as its length and 8 random projections: compared within FLOAT_TOLERANCE like
     every other float, where a digest of the values failed on float noise."""
     values = np.asarray(vector, dtype=np.float64)
-    return [float(len(values)), *(SKETCH[:, : len(values)] @ values).tolist()]
+    return [float(len(values)), *(SKETCH @ values).tolist()]
 
 
 def stored_state(database_url: str) -> dict[str, list[dict[str, Any]]]:
