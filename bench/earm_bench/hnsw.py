@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from service.bench.common.cli import (
+from earm_bench.common.cli import (
     add_command,
     command_line,
     config_from_args,
@@ -38,8 +38,8 @@ from service.bench.common.cli import (
     quiet,
     write_json,
 )
-from service.bench.common.database import libpq_url, migrated_database
-from service.bench.load import LoadConfig, World
+from earm_bench.common.database import libpq_url, migrated_database
+from earm_bench.load import LoadConfig, World
 
 NAMESPACE = "hnsw-bench"
 INDEX_SQL = (

@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 from sqlalchemy import create_engine, text
 
-from service.bench.hnsw import HnswConfig, render_markdown, run_hnsw
+from earm_bench.hnsw import HnswConfig, render_markdown, run_hnsw
 
 
 def test_report_has_a_sane_row_per_parameter_set_and_restores_the_index(

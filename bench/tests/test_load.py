@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import create_engine, text
 
-from service.bench.load import LoadConfig, plot, render_markdown, run_load
+from earm_bench.load import LoadConfig, plot, render_markdown, run_load
 
 
 @pytest.fixture(scope="module")

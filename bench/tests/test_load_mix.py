@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from sqlalchemy import create_engine, text
 
-from service.bench.load_mix import LoadMixConfig, LoadMixReport, run_load_mix
+from earm_bench.load_mix import LoadMixConfig, LoadMixReport, run_load_mix
 from service.settings import Settings
 
 

@@ -8,9 +8,9 @@ import json
 
 import pytest
 
-from service.bench.load_mix import LoadMixConfig, LoadMixReport, run_load_mix
-from service.bench.load_mix.config import Faults
-from service.bench.load_mix.fault_report import FIRST_AFTER_RECOVERY
+from earm_bench.load_mix import LoadMixConfig, LoadMixReport, run_load_mix
+from earm_bench.load_mix.config import Faults
+from earm_bench.load_mix.fault_report import FIRST_AFTER_RECOVERY
 
 SECONDS = 4.0
 FAULTS = Faults(stalling_scorer=True, deletes=True, kill_postgres=True, scorer_timeout_s=0.5,

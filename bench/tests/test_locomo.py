@@ -16,13 +16,13 @@ from typing import Any
 import httpx
 import pytest
 
-from service.bench.locomo import (
+from earm_bench.locomo import (
     LocomoConfig,
     add_locomo_parser,
     format_markdown,
     run_locomo,
 )
-from service.bench.locomo.data import (
+from earm_bench.locomo.data import (
     Conversation,
     Question,
     Turn,
@@ -31,14 +31,14 @@ from service.bench.locomo.data import (
     parse_conversation,
     parse_session_datetime,
 )
-from service.bench.locomo.judge import (
+from earm_bench.locomo.judge import (
     NoiseModel,
     OracleJudge,
     oracle_score,
     pair_key,
     start_judge,
 )
-from service.bench.locomo.metrics import (
+from earm_bench.locomo.metrics import (
     QueryRecord,
     derived,
     estimated_share_at_k,
@@ -50,8 +50,8 @@ from service.bench.locomo.metrics import (
     source_shares_at_k,
     summarize_policy,
 )
-from service.bench.locomo.replay import askings
-from service.bench.locomo.shift import summarize_shift
+from earm_bench.locomo.replay import askings
+from earm_bench.locomo.shift import summarize_shift
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 LOCOMO_DIR = Path(

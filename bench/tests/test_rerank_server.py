@@ -10,7 +10,7 @@ import httpx
 import numpy as np
 import pytest
 
-from service.bench.common.rerank_server import RerankServer
+from earm_bench.common.rerank_server import RerankServer
 from service.providers.rerank_scorer import RerankScorer
 from service.providers.scorers import Scores
 

@@ -5,30 +5,20 @@ from __future__ import annotations
 
 import functools
 import os
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import httpx
-
-from service.bench.common.rerank_server import RerankServer, ScoreFn
+from earm_bench.common.rerank_server import RerankServer, ScoreFn
+from service.testing import free_port, interrupt, wait_ready
 
 #: Starting a service may include initdb and the migrations of a new embedded Postgres.
 STARTUP_TIMEOUT_S = 120.0
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 # ------------------------------------------------------------------------------ in-process
@@ -46,9 +36,9 @@ def in_process_service(settings: Any | None = None, **options: Any) -> Iterator[
     """The service on a loopback port of this process. Without ``settings``, they are
     ``Settings(**options)`` (and the environment) over an embedded Postgres in a temporary
     directory unless ``options`` name a ``database_url``."""
-    from service.bench.loopback import LoopbackServer
     from service.http.app import create_app
     from service.settings import Settings
+    from service.testing import LoopbackServer
 
     with tempfile.TemporaryDirectory(prefix="earm-bench-") as tmp:
         if settings is None:
@@ -100,7 +90,7 @@ def child_server(server: Callable[[], AbstractContextManager[Any]]) -> Iterator[
 
 
 def _chat_judge(reply: Callable[..., Awaitable[Any]]) -> AbstractContextManager[Any]:
-    from service.bench.loopback import LoopbackServer, chat_completions_app
+    from service.testing import LoopbackServer, chat_completions_app
 
     # uvloop: this process only serves the judge, and the judge should cost the machine as
     # little as a remote provider would (uvicorn's own default, not the tests' plain asyncio).
@@ -109,9 +99,9 @@ def _chat_judge(reply: Callable[..., Awaitable[Any]]) -> AbstractContextManager[
 
 @contextmanager
 def judge_process(reply: Callable[..., Awaitable[Any]]) -> Iterator[str]:
-    """URL of a chat-completions judge (see :mod:`service.bench.loopback`) answering with
-    ``reply``, served by a forked child process, so serving it does not compete with the
-    bench's clients for the GIL. Fork it before this process has threads or connections;
+    """URL of a chat-completions judge (:func:`service.testing.chat_completions_app`)
+    answering with ``reply``, served by a forked child process, so serving it does not compete
+    with the bench's clients for the GIL. Fork it before this process has threads or connections;
     ``reply``'s state is the child's copy (share what must change during the run, e.g. through
     ``multiprocessing.Value``)."""
     with child_server(functools.partial(_chat_judge, reply)) as url:
@@ -121,7 +111,7 @@ def judge_process(reply: Callable[..., Awaitable[Any]]) -> Iterator[str]:
 @contextmanager
 def rerank_judge_process(scores: ScoreFn, latency_s: Callable[[], float]) -> Iterator[str]:
     """URL of a ``/rerank`` backend answering with ``scores`` ``latency_s()`` after each
-    request arrives (:class:`~service.bench.common.rerank_server.RerankServer`), served by a
+    request arrives (:class:`~earm_bench.common.rerank_server.RerankServer`), served by a
     forked child process as :func:`judge_process` is."""
     with child_server(functools.partial(RerankServer, scores, latency_s)) as url:
         yield url
@@ -168,33 +158,6 @@ class ServiceProcess(ChildProcess):
     """``earm serve`` in a child process, and where it answers."""
 
     url: str
-
-
-def wait_ready(url: str, timeout_s: float, process: subprocess.Popen[bytes] | None = None) -> bool:
-    """Whether the service at ``url`` answers ``/readyz`` with 200 within ``timeout_s`` (its
-    database reachable, its schema current); False at once when ``process`` exits."""
-    deadline = time.monotonic() + timeout_s
-    while process is None or process.poll() is None:
-        try:
-            if httpx.get(url + "/readyz", timeout=2).status_code == 200:
-                return True
-        except httpx.HTTPError:
-            pass
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.2)
-    return False
-
-
-def interrupt(process: subprocess.Popen[bytes]) -> None:
-    """Stop a service process as Ctrl-C would (its shutdown runs), killing it after 30 s."""
-    if process.poll() is None:
-        process.send_signal(signal.SIGINT)
-        try:
-            process.wait(30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(10)
 
 
 @contextmanager

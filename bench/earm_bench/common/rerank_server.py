@@ -1,11 +1,11 @@
 """A lean ``/rerank`` backend of a fixed latency, for benchmarks that time it.
 
 A backend of latency L should answer L after a request reaches it. The FastAPI stand-in of
-:func:`service.bench.loopback.rerank_app` adds its own cost to L: uvicorn's parsing, routing,
+:func:`service.testing.rerank_app` adds its own cost to L: uvicorn's parsing, routing,
 reading the body before the callback starts the clock, encoding the answer after it, and an event
 loop timer that fires up to a millisecond late (``docs/perf/rerank_rtt.py`` measured ~1.3 ms).
 This server stamps a request when its first line arrives, works out the whole response (the
-same protocol as :func:`~service.bench.loopback.rerank_app`: shared request parsing and response
+same protocol as :func:`~service.testing.rerank_app`: shared request parsing and response
 shape) while it waits, and sends it in one write at ``arrival + L``, waiting with
 ``time.sleep`` (a thread per connection), which wakes within tens of microseconds.
 
@@ -24,7 +24,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import TracebackType
 from typing import Any
 
-from service.bench.loopback import RERANK_PATHS, rerank_request, rerank_response
+from service.testing import RERANK_PATHS, rerank_request, rerank_response
 
 __all__ = ["RerankServer", "ScoreFn"]
 

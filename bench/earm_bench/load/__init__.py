@@ -5,7 +5,7 @@ The run builds synthetic data of known structure and drives the real service ove
 
 - **memories**: ``--memories`` vectors (``--dim``, 384) in ``--topics`` clusters (cosine to the
   topic centre ≈ 0.74), each with a rank-``--true-rank`` latent vector of its topic plus noise;
-- **judge**: a loopback OpenAI-compatible chat-completions server (:func:`service.bench.loopback.
+- **judge**: a loopback OpenAI-compatible chat-completions server (:func:`service.testing.
   chat_completions_app`) that reads the query and memory numbers from the prompt and answers
   the low-rank relevance ``clip(0.5 + 0.5·a_q·b_m, 0, 1)``, after ``--latency-ms`` per call;
 - **service**: ``earm serve`` in a child process (so its resident memory is its own), over an
@@ -54,11 +54,11 @@ Postgres, share the machine. Numbers are as measured, on whatever machine runs t
 # in order), targets, report, plot and cli. The docstring above is `earm bench load --help`'s
 # description.
 
-from service.bench.load.cli import add_load_parser
-from service.bench.load.config import LoadConfig
-from service.bench.load.plot import plot
-from service.bench.load.report import render_markdown
-from service.bench.load.run import run_load
-from service.bench.load.world import World
+from earm_bench.load.cli import add_load_parser
+from earm_bench.load.config import LoadConfig
+from earm_bench.load.plot import plot
+from earm_bench.load.report import render_markdown
+from earm_bench.load.run import run_load
+from earm_bench.load.world import World
 
 __all__ = ["LoadConfig", "World", "add_load_parser", "plot", "render_markdown", "run_load"]

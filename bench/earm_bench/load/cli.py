@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-from service.bench.common.cli import (
+from earm_bench.common.cli import (
     add_command,
     command_line,
     config_from_args,
@@ -15,10 +15,10 @@ from service.bench.common.cli import (
     quiet,
     write_json,
 )
-from service.bench.load.config import LoadConfig
-from service.bench.load.plot import plot
-from service.bench.load.report import render_markdown
-from service.bench.load.run import run_load
+from earm_bench.load.config import LoadConfig
+from earm_bench.load.plot import plot
+from earm_bench.load.report import render_markdown
+from earm_bench.load.run import run_load
 
 
 def _add_size_flags(parser: argparse.ArgumentParser, defaults: LoadConfig) -> None:
@@ -89,7 +89,7 @@ def add_load_parser(
     subparsers: argparse._SubParsersAction[argparse.ArgumentParser],
 ) -> argparse.ArgumentParser:
     """Register ``earm bench load``."""
-    from service.bench import load  # its docstring describes the run
+    from earm_bench import load  # its docstring describes the run
 
     parser = add_command(
         subparsers, "load",

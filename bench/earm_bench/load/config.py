@@ -6,7 +6,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from service.bench.common.http import POLICIES
+from earm_bench.common.http import POLICIES
 
 
 @dataclass

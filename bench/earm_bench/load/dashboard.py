@@ -7,8 +7,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from service.bench.common.stats import percentiles
-from service.bench.load.session import LoadRun
+from earm_bench.common.stats import percentiles
+from earm_bench.load.session import LoadRun
 
 #: The target of issue #17: every page within this, at 100k memories and 1M observations.
 PAGE_TARGET_MS = 500.0

@@ -8,8 +8,8 @@ import platform
 import time
 from typing import TYPE_CHECKING, Any, LiteralString
 
-from service.bench.common.database import libpq_url
-from service.bench.load.session import LoadRun
+from earm_bench.common.database import libpq_url
+from earm_bench.load.session import LoadRun
 
 if TYPE_CHECKING:
     import psycopg

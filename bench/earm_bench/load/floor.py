@@ -8,8 +8,8 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from service.bench.common.stats import percentiles
-from service.bench.load.session import LoadRun
+from earm_bench.common.stats import percentiles
+from earm_bench.load.session import LoadRun
 
 _TOP_N_SQL = (
     # `indexed`: the HNSW index is partial (service.ingest.indexer); the bench measures after the

@@ -10,11 +10,11 @@ from typing import Any
 
 import numpy as np
 
-from service.bench.common.cli import progress
-from service.bench.common.http import check
-from service.bench.common.stats import percentiles
-from service.bench.load.database import analyze, settle, until_indexed
-from service.bench.load.session import LoadRun
+from earm_bench.common.cli import progress
+from earm_bench.common.http import check
+from earm_bench.common.stats import percentiles
+from earm_bench.load.database import analyze, settle, until_indexed
+from earm_bench.load.session import LoadRun
 
 
 def _row(path: str, memories: int, batch: int, clients: int, seconds: float) -> dict[str, Any]:

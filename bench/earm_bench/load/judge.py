@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import re
 
-from service.bench.load.world import World
+from earm_bench.load.world import World
 
 _QUERY_RE = re.compile(r"bench query (\d+)")
 _MEMORY_RE = re.compile(r"bench memory (\d+)")
@@ -15,8 +15,8 @@ class Judge:
     """Reads the query and memory numbers from a scorer prompt and answers their relevance
     after ``latency_ms``.
 
-    It is served by child processes of its own (:func:`service.bench.common.processes.
-    judge_process`, :func:`~service.bench.common.processes.rerank_judge_process`), so serving
+    It is served by child processes of its own (:func:`earm_bench.common.processes.
+    judge_process`, :func:`~earm_bench.common.processes.rerank_judge_process`), so serving
     the judge's HTTP does not compete with this process's clients for the GIL; the latency is
     shared memory, so the run can change it between phases.
     """
@@ -40,7 +40,7 @@ class Judge:
 
     def rerank(self, query: str, documents: list[str]) -> list[float | None]:
         """A ``/rerank`` answer: every document's relevance (the server serving it waits
-        ``latency_ms`` from the request's arrival: :func:`service.bench.common.processes.
+        ``latency_ms`` from the request's arrival: :func:`earm_bench.common.processes.
         rerank_judge_process`)."""
         return [float(self._relevance(query, document)) for document in documents]
 

@@ -9,8 +9,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from service.bench.load.database import make_refit_due
-from service.bench.load.session import LoadRun, Samples, retrieve
+from earm_bench.load.database import make_refit_due
+from earm_bench.load.session import LoadRun, Samples, retrieve
 
 
 class _BulkQueries(NamedTuple):

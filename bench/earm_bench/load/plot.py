@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from service.bench.common.http import POLICIES
+from earm_bench.common.http import POLICIES
 
 
 def plot(reports: Sequence[dict[str, Any]], path: Path) -> None:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from service.bench.common.markdown import table
-from service.bench.common.stats import PERCENTILES
-from service.bench.load.session import PHASES
+from earm_bench.common.markdown import table
+from earm_bench.common.stats import PERCENTILES
+from earm_bench.load.session import PHASES
 
 Report = dict[str, Any]
 

@@ -11,17 +11,17 @@ from typing import Any
 
 import httpx
 
-from service.bench.common.database import migrated_database
-from service.bench.common.processes import (
+from earm_bench.common.database import migrated_database
+from earm_bench.common.processes import (
     ServiceProcess,
     judge_process,
     rerank_judge_process,
     service_process,
 )
-from service.bench.common.stats import percentiles
-from service.bench.load.config import LoadConfig
-from service.bench.load.dashboard import dashboard_pages
-from service.bench.load.database import (
+from earm_bench.common.stats import percentiles
+from earm_bench.load.config import LoadConfig
+from earm_bench.load.dashboard import dashboard_pages
+from earm_bench.load.database import (
     analyze,
     database_sizes,
     environment,
@@ -29,14 +29,14 @@ from service.bench.load.database import (
     refit,
     settle,
 )
-from service.bench.load.floor import floor
-from service.bench.load.ingest import ingest_phase
-from service.bench.load.judge import Judge
-from service.bench.load.observations import add_observations, trigger_service_refit
-from service.bench.load.scale_out import scale_out
-from service.bench.load.session import LoadRun, drive
-from service.bench.load.targets import targets
-from service.bench.load.world import World
+from earm_bench.load.floor import floor
+from earm_bench.load.ingest import ingest_phase
+from earm_bench.load.judge import Judge
+from earm_bench.load.observations import add_observations, trigger_service_refit
+from earm_bench.load.scale_out import scale_out
+from earm_bench.load.session import LoadRun, drive
+from earm_bench.load.targets import targets
+from earm_bench.load.world import World
 
 #: Anchors of the rerank-backend row: the issue's "a retrieve scoring 35 anchors".
 RERANK_ANCHORS = 35

@@ -20,14 +20,14 @@ from typing import Any
 
 import httpx
 
-from service.bench.common.processes import (
+from earm_bench.common.processes import (
     ChildProcess,
     ServiceProcess,
     child_process,
     service_process,
 )
-from service.bench.load.database import last_refit_at, make_refit_due
-from service.bench.load.session import LoadRun, drive
+from earm_bench.load.database import last_refit_at, make_refit_due
+from earm_bench.load.session import LoadRun, drive
 
 #: The log messages of a full refit and of an indexer batch (service/retrieve/learning.py,
 #: service/ingest/indexer.py).

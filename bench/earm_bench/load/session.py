@@ -14,14 +14,14 @@ from typing import Any
 import httpx
 import numpy as np
 
-from service.bench.common.cli import progress
-from service.bench.common.database import libpq_url
-from service.bench.common.http import ServiceError, check
-from service.bench.common.processes import ServiceProcess
-from service.bench.common.stats import percentiles
-from service.bench.load.config import LoadConfig
-from service.bench.load.judge import Judge
-from service.bench.load.world import World
+from earm_bench.common.cli import progress
+from earm_bench.common.database import libpq_url
+from earm_bench.common.http import ServiceError, check
+from earm_bench.common.processes import ServiceProcess
+from earm_bench.common.stats import percentiles
+from earm_bench.load.config import LoadConfig
+from earm_bench.load.judge import Judge
+from earm_bench.load.world import World
 
 logger = logging.getLogger(__name__)
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from service.bench.load.dashboard import PAGE_TARGET_MS
+from earm_bench.load.dashboard import PAGE_TARGET_MS
 
 Target = dict[str, Any]
 

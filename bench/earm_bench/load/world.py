@@ -8,7 +8,7 @@ from collections.abc import Sequence
 import numpy as np
 from numpy.typing import NDArray
 
-from service.bench.load.config import LoadConfig
+from earm_bench.load.config import LoadConfig
 
 _WORDS = (
     "hiking", "trip", "garden", "recipe", "concert", "project", "deadline", "birthday", "museum",

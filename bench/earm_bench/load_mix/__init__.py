@@ -33,9 +33,9 @@ whether the first ones after it are scored normally; deletes and the errors mean
 # The package: config (the flags), ledger (what the clients were told), driver (the clients),
 # audit, report, run and cli. The docstring above is `earm bench load-mix --help`'s description.
 
-from service.bench.load_mix.cli import add_load_mix_parser
-from service.bench.load_mix.config import LoadMixConfig
-from service.bench.load_mix.report import LoadMixReport
-from service.bench.load_mix.run import drive, run_load_mix
+from earm_bench.load_mix.cli import add_load_mix_parser
+from earm_bench.load_mix.config import LoadMixConfig
+from earm_bench.load_mix.report import LoadMixReport
+from earm_bench.load_mix.run import drive, run_load_mix
 
 __all__ = ["LoadMixConfig", "LoadMixReport", "add_load_mix_parser", "drive", "run_load_mix"]

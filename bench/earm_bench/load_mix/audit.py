@@ -14,8 +14,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from service.bench.load_mix.config import LoadMixConfig
-from service.bench.load_mix.ledger import NamespaceLedger
+from earm_bench.load_mix.config import LoadMixConfig
+from earm_bench.load_mix.ledger import NamespaceLedger
 
 Audits = dict[str, bool]
 

@@ -8,22 +8,22 @@ import os
 import sys
 from pathlib import Path
 
-from service.bench.common.cli import (
+from earm_bench.common.cli import (
     add_command,
     config_from_args,
     csv,
     quiet,
     write_json,
 )
-from service.bench.load_mix.config import Faults, LoadMixConfig
-from service.bench.load_mix.run import run_load_mix
+from earm_bench.load_mix.config import Faults, LoadMixConfig
+from earm_bench.load_mix.run import run_load_mix
 
 
 def add_load_mix_parser(
     subparsers: argparse._SubParsersAction[argparse.ArgumentParser],
 ) -> argparse.ArgumentParser:
     """Register ``earm bench load-mix``."""
-    from service.bench import load_mix  # its docstring describes the run and its audits
+    from earm_bench import load_mix  # its docstring describes the run and its audits
 
     parser = add_command(
         subparsers, "load-mix",
@@ -46,7 +46,7 @@ def add_load_mix_parser(
     parser.add_argument("--database-url", default=None,
                         help="the service's Postgres, for the database audit with --url")
     parser.add_argument("--json", type=Path, default=None, help="also write the report here")
-    faults = parser.add_argument_group("faults (service.bench.load_mix.faults has the schedule)")
+    faults = parser.add_argument_group("faults (earm_bench.load_mix.faults has the schedule)")
     faults.add_argument("--fault-stalling-scorer", action="store_true",
                         help="score with a loopback judge that, from 20%% to 45%% of the run, "
                              "answers after 3 x the scorer timeout; in-process only")

@@ -9,7 +9,7 @@ OPERATIONS = ("ingest", "retrieve", "feedback")
 
 @dataclass(frozen=True)
 class Faults:
-    """Faults injected into the run (:mod:`service.bench.load_mix.faults` has the schedule)."""
+    """Faults injected into the run (:mod:`earm_bench.load_mix.faults` has the schedule)."""
 
     #: The in-process service is scored by a loopback judge that, for a window in the middle
     #: of the run, answers after longer than the service's scorer timeout.

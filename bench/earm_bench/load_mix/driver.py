@@ -13,10 +13,10 @@ from typing import Any
 import httpx
 import numpy as np
 
-from service.bench.common.http import error_code
-from service.bench.load_mix.config import OPERATIONS, LoadMixConfig
-from service.bench.load_mix.faults import FaultInjector
-from service.bench.load_mix.ledger import Answer, Event, NamespaceLedger, OperationStats
+from earm_bench.common.http import error_code
+from earm_bench.load_mix.config import OPERATIONS, LoadMixConfig
+from earm_bench.load_mix.faults import FaultInjector
+from earm_bench.load_mix.ledger import Answer, Event, NamespaceLedger, OperationStats
 
 TOPICS = 8
 #: After a 503 a client waits its Retry-After, but at most this long: the recovery from an

@@ -6,9 +6,9 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from service.bench.common.stats import percentile
-from service.bench.load_mix.faults import DELETER_EVERY, STALL_FACTOR, FaultInjector
-from service.bench.load_mix.ledger import Event, NamespaceLedger
+from earm_bench.common.stats import percentile
+from earm_bench.load_mix.faults import DELETER_EVERY, STALL_FACTOR, FaultInjector
+from earm_bench.load_mix.ledger import Event, NamespaceLedger
 
 #: How many retrieves right after the stall tell whether the scorer recovered.
 FIRST_AFTER_RECOVERY = 10

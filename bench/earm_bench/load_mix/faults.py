@@ -25,8 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from service.bench.common.processes import wait_ready
-from service.bench.load_mix.config import Faults
+from earm_bench.load_mix.config import Faults
+from service.testing import wait_ready
 
 #: Fractions of the run: the judge's stall, and the kill.
 STALL_WINDOW = (0.20, 0.45)

@@ -7,7 +7,7 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
-from service.bench.common.stats import percentiles
+from earm_bench.common.stats import percentiles
 
 
 @dataclass

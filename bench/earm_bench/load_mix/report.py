@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from service.bench.load_mix.config import LoadMixConfig
-from service.bench.load_mix.ledger import OperationStats
+from earm_bench.load_mix.config import LoadMixConfig
+from earm_bench.load_mix.ledger import OperationStats
 
 
 @dataclass
@@ -16,7 +16,7 @@ class LoadMixReport:
     operations: dict[str, OperationStats]
     audits: dict[str, bool]
     problems: list[str]
-    #: Per injected fault, its figures (:mod:`service.bench.load_mix.fault_report`).
+    #: Per injected fault, its figures (:mod:`earm_bench.load_mix.fault_report`).
     faults: dict[str, Any] = field(default_factory=dict)
 
     @property

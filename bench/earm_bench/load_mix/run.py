@@ -9,17 +9,17 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from service.bench.common.processes import (
+from earm_bench.common.processes import (
     InProcessService,
     in_process_service,
     judge_process,
 )
-from service.bench.load_mix import fault_report
-from service.bench.load_mix.audit import audit_database, audit_http
-from service.bench.load_mix.config import LoadMixConfig
-from service.bench.load_mix.driver import Driver
-from service.bench.load_mix.faults import STALL_FACTOR, FaultInjector, StallingJudge
-from service.bench.load_mix.report import LoadMixReport
+from earm_bench.load_mix import fault_report
+from earm_bench.load_mix.audit import audit_database, audit_http
+from earm_bench.load_mix.config import LoadMixConfig
+from earm_bench.load_mix.driver import Driver
+from earm_bench.load_mix.faults import STALL_FACTOR, FaultInjector, StallingJudge
+from earm_bench.load_mix.report import LoadMixReport
 
 
 def drive(base_url: str, config: LoadMixConfig, database_url: str | None = None,

@@ -5,7 +5,7 @@ experience), the runner ingests every dialogue turn as one memory and replays th
 conversation's questions (categories 1–4, in file order; ``--include-adversarial`` adds
 category 5, reported separately) through ``POST /retrieve`` with ``order="relevance"`` and
 ``k = max(--k)``. The service's relevance scorer is an oracle "LLM" on loopback that answers from
-the evidence labels with a documented noise model (:mod:`service.bench.locomo.judge`), or the
+the evidence labels with a documented noise model (:mod:`earm_bench.locomo.judge`), or the
 service's local offline scorer (``--judge local``).
 
 It reports evidence recall@K and hit@K per policy, overall and per category and budget stage,
@@ -36,9 +36,9 @@ EARM_SCORER_BASE_URL=http://127.0.0.1:P/v1`` (the budget schedule is the service
 # the replay through it), results, run, report, plot and cli. The docstring above is
 # `earm bench locomo --help`'s description.
 
-from service.bench.locomo.cli import add_locomo_parser, main
-from service.bench.locomo.config import LocomoConfig
-from service.bench.locomo.report import format_markdown
-from service.bench.locomo.run import run_locomo
+from earm_bench.locomo.cli import add_locomo_parser, main
+from earm_bench.locomo.config import LocomoConfig
+from earm_bench.locomo.report import format_markdown
+from earm_bench.locomo.run import run_locomo
 
 __all__ = ["LocomoConfig", "add_locomo_parser", "format_markdown", "main", "run_locomo"]

@@ -1,7 +1,7 @@
-"""``python -m service.bench.locomo --data DIR …``: the replay without the ``earm`` command."""
+"""``python -m earm_bench.locomo --data DIR …``: the replay without the ``earm`` command."""
 
 import sys
 
-from service.bench.locomo.cli import main
+from earm_bench.locomo.cli import main
 
 sys.exit(main())

@@ -1,19 +1,18 @@
-"""``earm bench locomo``'s flags and command, and ``python -m service.bench.locomo``."""
+"""``earm bench locomo``'s flags and command, and ``python -m earm_bench.locomo``."""
 
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import logging
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from service.bench.common.cli import add_command, config_from_args, csv, quiet
-from service.bench.common.http import POLICIES
-from service.bench.locomo.config import LocomoConfig
-from service.bench.locomo.report import format_markdown
-from service.bench.locomo.run import run_locomo
+from earm_bench.common.cli import add_command, config_from_args, csv, quiet
+from earm_bench.common.http import POLICIES
+from earm_bench.locomo.config import LocomoConfig
+from earm_bench.locomo.report import format_markdown
+from earm_bench.locomo.run import run_locomo
 
 logger = logging.getLogger(__name__)
 
@@ -30,7 +29,7 @@ def add_locomo_parser(
     subparsers: argparse._SubParsersAction[argparse.ArgumentParser],
 ) -> argparse.ArgumentParser:
     """Register the ``locomo`` sub-command (``earm bench locomo …``)."""
-    from service.bench import locomo  # its docstring describes the replay
+    from earm_bench import locomo  # its docstring describes the replay
 
     parser = add_command(
         subparsers, "locomo",
@@ -113,10 +112,6 @@ def run_locomo_command(args: argparse.Namespace) -> int:
     except ValueError as exc:
         logger.error("%s", exc)
         return 2
-    if config.plot is not None and importlib.util.find_spec("matplotlib") is None:
-        # Say so before a run of many minutes, not after it.
-        logger.error("--plot needs matplotlib: pip install -e '.[bench]'")
-        return 2
     # One INFO line per HTTP request (hundreds of thousands of scorer calls) drowns the run.
     quiet("httpx", "httpcore", "earm.access")
     results = run_locomo(config)
@@ -126,8 +121,8 @@ def run_locomo_command(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Standalone entry point: ``python -m service.bench.locomo --data DIR …``."""
-    parser = argparse.ArgumentParser(prog="python -m service.bench.locomo")
+    """Standalone entry point: ``python -m earm_bench.locomo --data DIR …``."""
+    parser = argparse.ArgumentParser(prog="python -m earm_bench.locomo")
     sub = parser.add_subparsers(dest="bench", required=True)
     add_locomo_parser(sub)
     argv = list(sys.argv[1:] if argv is None else argv)

@@ -6,8 +6,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from service.bench.common.http import POLICIES
-from service.bench.locomo.data import DEFAULT_CATEGORIES
+from earm_bench.common.http import POLICIES
+from earm_bench.locomo.data import DEFAULT_CATEGORIES
 from service.settings import MAX_EXPAND
 
 ADVERSARIAL = 5
@@ -47,7 +47,7 @@ class LocomoConfig:
     request_timeout_s: float = 600.0
     rolling_window: int = 25
     per_query: bool = False
-    # --shift: all conversations in one namespace, one after another (service.bench.locomo.shift)
+    # --shift: all conversations in one namespace, one after another (earm_bench.locomo.shift)
     shift: bool = False
     shift_window: int = 20  # the first queries of each later segment, reported "after shift"
     progress: bool | None = None  # None: show the bar when stderr is a terminal

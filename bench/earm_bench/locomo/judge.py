@@ -2,7 +2,7 @@
 or, with ``protocol="rerank"``, as a ``/rerank`` endpoint (Cohere/vLLM shape).
 
 The service scores (query, memory) pairs through its OpenAI-compatible scorer. In the benchmark
-that "LLM" is a real HTTP server on loopback (:mod:`service.bench.loopback`) whose answers come
+that "LLM" is a real HTTP server on loopback (:mod:`service.testing`) whose answers come
 from LoCoMo's evidence labels, through a documented noise model:
 
 * the pair is identified by finding a known question text and a known turn (memory) text inside
@@ -35,9 +35,9 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
-from service.bench.locomo.data import Conversation
-from service.bench.loopback import LoopbackServer, chat_completions_app, rerank_app
+from earm_bench.locomo.data import Conversation
 from service.providers.chat_scorer import USER_PROMPT, fill
+from service.testing import LoopbackServer, chat_completions_app, rerank_app
 
 logger = logging.getLogger(__name__)
 

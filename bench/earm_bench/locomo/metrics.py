@@ -11,7 +11,7 @@ from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from service.bench.common.stats import percentile
+from earm_bench.common.stats import percentile
 
 #: Score sources the service reports per returned memory.
 SOURCES = ("observed", "estimated", "semantic", "expanded")

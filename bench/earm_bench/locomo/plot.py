@@ -9,9 +9,9 @@ from itertools import accumulate
 from pathlib import Path
 from typing import Any
 
-from service.bench.locomo import metrics
-from service.bench.locomo.metrics import QueryRecord
-from service.bench.locomo.report import pct
+from earm_bench.locomo import metrics
+from earm_bench.locomo.metrics import QueryRecord
+from earm_bench.locomo.report import pct
 
 COLORS = {"semantic": "#7f7f7f", "observed": "#1f77b4", "earm": "#d62728", "full": "#2ca02c"}
 Records = dict[str, list[QueryRecord]]

@@ -13,12 +13,12 @@ from typing import Any
 
 import httpx
 
-from service.bench.common.http import check
-from service.bench.common.processes import in_process_service
-from service.bench.locomo.config import LocomoConfig
-from service.bench.locomo.data import Conversation, Question
-from service.bench.locomo.judge import RunningJudge
-from service.bench.locomo.metrics import QueryRecord
+from earm_bench.common.http import check
+from earm_bench.common.processes import in_process_service
+from earm_bench.locomo.config import LocomoConfig
+from earm_bench.locomo.data import Conversation, Question
+from earm_bench.locomo.judge import RunningJudge
+from earm_bench.locomo.metrics import QueryRecord
 
 logger = logging.getLogger(__name__)
 

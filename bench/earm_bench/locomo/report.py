@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from service.bench.common.markdown import table
-from service.bench.locomo.data import CATEGORY_NAMES
+from earm_bench.common.markdown import table
+from earm_bench.locomo.data import CATEGORY_NAMES
 
 Policies = dict[str, Any]
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from service.bench.locomo import metrics
-from service.bench.locomo.config import ADVERSARIAL, LocomoConfig
-from service.bench.locomo.data import CATEGORY_NAMES, DEFAULT_CATEGORIES, Conversation
-from service.bench.locomo.metrics import QueryRecord
-from service.bench.locomo.replay import question_stream
-from service.bench.locomo.shift import summarize_shift
+from earm_bench.locomo import metrics
+from earm_bench.locomo.config import ADVERSARIAL, LocomoConfig
+from earm_bench.locomo.data import CATEGORY_NAMES, DEFAULT_CATEGORIES, Conversation
+from earm_bench.locomo.metrics import QueryRecord
+from earm_bench.locomo.replay import question_stream
+from earm_bench.locomo.shift import summarize_shift
 
 
 def dataset_summary(conversations: Sequence[Conversation], config: LocomoConfig) -> dict[str, Any]:

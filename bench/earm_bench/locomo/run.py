@@ -8,15 +8,15 @@ import time
 from datetime import UTC, datetime
 from typing import Any, cast
 
-from service.bench.common.cli import progress, write_json
-from service.bench.locomo.config import LocomoConfig
-from service.bench.locomo.data import load_conversations
-from service.bench.locomo.judge import JudgeKind, JudgeProtocol, NoiseModel, start_judge
-from service.bench.locomo.metrics import QueryRecord
-from service.bench.locomo.plot import plot_results
-from service.bench.locomo.replay import askings, replay, service_for
-from service.bench.locomo.results import build_results, plain_stream
-from service.bench.locomo.shift import replay_shift
+from earm_bench.common.cli import progress, write_json
+from earm_bench.locomo.config import LocomoConfig
+from earm_bench.locomo.data import load_conversations
+from earm_bench.locomo.judge import JudgeKind, JudgeProtocol, NoiseModel, start_judge
+from earm_bench.locomo.metrics import QueryRecord
+from earm_bench.locomo.plot import plot_results
+from earm_bench.locomo.replay import askings, replay, service_for
+from earm_bench.locomo.results import build_results, plain_stream
+from earm_bench.locomo.shift import replay_shift
 
 logger = logging.getLogger(__name__)
 

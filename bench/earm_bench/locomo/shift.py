@@ -19,12 +19,12 @@ from typing import Any
 
 import httpx
 
-from service.bench.locomo import metrics
-from service.bench.locomo.config import LocomoConfig
-from service.bench.locomo.data import Conversation, Question
-from service.bench.locomo.judge import RunningJudge
-from service.bench.locomo.metrics import QueryRecord
-from service.bench.locomo.replay import Asking, ingest, question_stream, retrieve, to_record
+from earm_bench.locomo import metrics
+from earm_bench.locomo.config import LocomoConfig
+from earm_bench.locomo.data import Conversation, Question
+from earm_bench.locomo.judge import RunningJudge
+from earm_bench.locomo.metrics import QueryRecord
+from earm_bench.locomo.replay import Asking, ingest, question_stream, retrieve, to_record
 
 logger = logging.getLogger(__name__)
 
