@@ -24,21 +24,10 @@ def _probability(value: str) -> float:
     return p
 
 
-# Over 60 lines on purpose: a flat list of argparse flag declarations.
-def add_locomo_parser(
-    subparsers: argparse._SubParsersAction[argparse.ArgumentParser],
-) -> argparse.ArgumentParser:
-    """Register the ``locomo`` sub-command (``earm bench locomo …``)."""
-    from earm_bench import locomo  # its docstring describes the replay
-
-    parser = add_command(
-        subparsers, "locomo",
-        "LoCoMo replay: recall@K and scorer calls of semantic/observed/earm/full", locomo.__doc__,
-    )
+def _add_replay_flags(parser: argparse.ArgumentParser) -> None:
+    """What is replayed: the data, the policies, the cut-offs, the query stream and its rounds."""
     parser.add_argument("--data", required=True, type=Path,
                         help="directory of LoCoMo conversation files (<sample_id>.json)")
-    parser.add_argument("--out", type=Path, default=None, help="write RESULTS.json here")
-    parser.add_argument("--plot", type=Path, default=None, help="write a PNG plot here")
     parser.add_argument("--policies", type=csv(str), default=POLICIES,
                         help="comma-separated subset of semantic,observed,earm,full (default all)")
     parser.add_argument("--k", dest="ks", type=csv(int), default=(10, 20),
@@ -52,6 +41,29 @@ def add_locomo_parser(
     parser.add_argument("--schedule", default=None,
                         help="budget schedule 't:ratio,…' (default: the service's, "
                              "0:1.0,5:0.5,15:0.3,30:0.175)")
+    parser.add_argument("--include-adversarial", action="store_true",
+                        help="add category 5 to the query stream (reported separately)")
+    parser.add_argument("--conversations", type=csv(str), default=None,
+                        help="only these sample ids, e.g. conv-26,conv-30 (default: all files)")
+    parser.add_argument("--max-questions", type=int, default=None,
+                        help="replay at most this many questions per conversation")
+    parser.add_argument("--max-sessions", type=int, default=None,
+                        help="ingest only the first sessions (keeps questions whose evidence "
+                             "lies inside them)")
+    parser.add_argument("--repeat", type=int, default=0,
+                        help="after each conversation's stream, re-ask its questions this many "
+                             "more rounds (shuffled; half verbatim, half rephrased by a "
+                             "template); reported per round and kind (default 0)")
+    parser.add_argument("--shift", action="store_true",
+                        help="replay the conversations one after another into one namespace "
+                             "and report recall and calls per segment")
+    parser.add_argument("--shift-window", type=int, default=20,
+                        help="--shift: the first queries of each later segment reported as "
+                             "'after shift' (default 20)")
+
+
+def _add_judge_flags(parser: argparse.ArgumentParser) -> None:
+    """The relevance judge: the oracle's protocol and noise model, or the local scorer."""
     parser.add_argument("--judge", choices=("oracle", "local"), default="oracle",
                         help="oracle: labels + noise over loopback chat-completions; "
                              "local: the service's offline scorer")
@@ -67,39 +79,46 @@ def add_locomo_parser(
     parser.add_argument("--judge-port", type=int, default=0,
                         help="oracle: fixed loopback port (for --url setups; default: any free)")
     parser.add_argument("--seed", type=int, default=0, help="judge noise and anchor sampling seed")
+
+
+def _add_service_flags(parser: argparse.ArgumentParser) -> None:
+    """The service replayed through: in this process (its scorer and database) or at ``--url``."""
     parser.add_argument("--url", default=None,
                         help="use a running service instead of starting one; point its scorer "
                              "at the judge (EARM_SCORER=openai "
                              "EARM_SCORER_BASE_URL=http://127.0.0.1:<--judge-port>/v1)")
-    parser.add_argument("--include-adversarial", action="store_true",
-                        help="add category 5 to the query stream (reported separately)")
-    parser.add_argument("--conversations", type=csv(str), default=None,
-                        help="only these sample ids, e.g. conv-26,conv-30 (default: all files)")
-    parser.add_argument("--max-questions", type=int, default=None,
-                        help="replay at most this many questions per conversation")
-    parser.add_argument("--max-sessions", type=int, default=None,
-                        help="ingest only the first sessions (keeps questions whose evidence "
-                             "lies inside them)")
-    parser.add_argument("--repeat", type=int, default=0,
-                        help="after each conversation's stream, re-ask its questions this many "
-                             "more rounds (shuffled; half verbatim, half rephrased by a "
-                             "template); reported per round and kind (default 0)")
     parser.add_argument("--scorer-concurrency", type=int, default=32,
                         help="the in-process service's scorer concurrency (default 32)")
     parser.add_argument("--database-url", default=None,
                         help="Postgres for the in-process service (default: embedded, temporary)")
+
+
+def _add_output_flags(parser: argparse.ArgumentParser) -> None:
+    """What the run writes besides the markdown table: RESULTS.json, the plot, progress."""
+    parser.add_argument("--out", type=Path, default=None, help="write RESULTS.json here")
+    parser.add_argument("--plot", type=Path, default=None, help="write a PNG plot here")
     parser.add_argument("--window", dest="rolling_window", type=int, default=25,
                         help="rolling-mean window of the plot (default 25)")
     parser.add_argument("--per-query", action="store_true",
                         help="also store per-query rows (ids and numbers only) in RESULTS.json")
-    parser.add_argument("--shift", action="store_true",
-                        help="replay the conversations one after another into one namespace "
-                             "and report recall and calls per segment")
-    parser.add_argument("--shift-window", type=int, default=20,
-                        help="--shift: the first queries of each later segment reported as "
-                             "'after shift' (default 20)")
     parser.add_argument("--no-progress", dest="progress", action="store_const", const=False,
                         default=None, help="hide the progress bar")
+
+
+def add_locomo_parser(
+    subparsers: argparse._SubParsersAction[argparse.ArgumentParser],
+) -> argparse.ArgumentParser:
+    """Register the ``locomo`` sub-command (``earm bench locomo …``)."""
+    from earm_bench import locomo  # its docstring describes the replay
+
+    parser = add_command(
+        subparsers, "locomo",
+        "LoCoMo replay: recall@K and scorer calls of semantic/observed/earm/full", locomo.__doc__,
+    )
+    _add_replay_flags(parser)
+    _add_judge_flags(parser)
+    _add_service_flags(parser)
+    _add_output_flags(parser)
     parser.set_defaults(func=run_locomo_command)
     return parser
 

@@ -77,34 +77,32 @@ def build_results(
         out["repeat"] = repeat_results(records, config.ks)
     if config.per_query:
         out["per_query"] = {
-            policy: [
-                {
-                    "sample_id": r.sample_id,
-                    "qa_index": r.qa_index,
-                    "t": r.query_index,
-                    "round": r.round,
-                    "kind": r.kind,
-                    "category": r.category,
-                    "stage": r.stage,
-                    "budget": r.budget,
-                    "scorer_calls": r.scorer_calls,
-                    "reused": r.reused,
-                    "scorer_requests": r.scorer_requests,
-                    **r.extra,  # --shift: segment and position in it
-                    **{
-                        f"recall@{k}": metrics.recall_at_k(r.ranked, r.evidence, k)
-                        for k in config.ks
-                    },
-                    **{
-                        f"{source}@{max(config.ks)}": r.sources[: max(config.ks)].count(source)
-                        for source in ("estimated", "expanded")
-                    },
-                }
-                for r in recs
-            ]
-            for policy, recs in records.items()
+            policy: [per_query_row(r, config.ks) for r in recs] for policy, recs in records.items()
         }
     return out
+
+
+def per_query_row(record: QueryRecord, ks: Sequence[int]) -> dict[str, Any]:
+    """One query of ``--per-query``: ids and numbers only (no texts)."""
+    return {
+        "sample_id": record.sample_id,
+        "qa_index": record.qa_index,
+        "t": record.query_index,
+        "round": record.round,
+        "kind": record.kind,
+        "category": record.category,
+        "stage": record.stage,
+        "budget": record.budget,
+        "scorer_calls": record.scorer_calls,
+        "reused": record.reused,
+        "scorer_requests": record.scorer_requests,
+        **record.extra,  # --shift: segment and position in it
+        **{f"recall@{k}": metrics.recall_at_k(record.ranked, record.evidence, k) for k in ks},
+        **{
+            f"{source}@{max(ks)}": record.sources[: max(ks)].count(source)
+            for source in ("estimated", "expanded")
+        },
+    }
 
 
 def plain_stream(records: dict[str, list[QueryRecord]]) -> dict[str, list[QueryRecord]]:
