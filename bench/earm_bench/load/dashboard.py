@@ -10,7 +10,7 @@ from typing import Any
 from earm_bench.common.stats import percentiles
 from earm_bench.load.session import LoadRun
 
-#: The target of issue #17: every page within this, at 100k memories and 1M observations.
+#: The dashboard's target: every page within this, at 100k memories and 1M observations.
 PAGE_TARGET_MS = 500.0
 
 

@@ -118,7 +118,7 @@ def _slow_judge(report: Report) -> list[str]:
 
 def _tier_row(tier: dict[str, Any]) -> tuple[object, ...]:
     refit = tier["service_refit"]
-    record = tier.get("record_ms", {}).get("p50")  # reports before issue #18.4 lack it
+    record = tier.get("record_ms", {}).get("p50")  # reports from before it was timed lack it
     return (f"{tier['observations']:,}", f"{tier['queries']:,}",
             f"{tier['memories_with_history']:,}", f"{tier['insert']['seconds']:.1f}",
             "-" if record is None else f"{record:.2f}",

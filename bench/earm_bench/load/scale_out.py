@@ -1,4 +1,4 @@
-"""The scale-out cell of ``earm bench load`` (``--scale-out``, issue #18.4): ``earm`` retrieves
+"""The scale-out cell of ``earm bench load`` (``--scale-out``): ``earm`` retrieves
 at one concurrency against ``--api-processes`` ``earm serve`` processes without background work
 (round robin, by request) and ``--workers`` ``earm worker`` processes on the one database, and,
 for comparison in the same run, against one ``earm serve`` doing its own background work.
