@@ -1,4 +1,5 @@
-"""Shared fixtures: one real embedded Postgres per test session, a clean database per test."""
+"""Fixtures of the product's tests: a clean database per test, settings and a client over it.
+The embedded Postgres and its databases are the root conftest.py's (shared with bench/tests/)."""
 
 from __future__ import annotations
 
@@ -9,46 +10,12 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import create_engine, text
 
-from service.db import migrate
-from service.db.engine import EmbeddedPostgres
 from service.http.app import create_app
 from service.settings import Settings
 
 TABLES = (
     "namespaces, memories, queries, scores, score_history, memory_factors, api_keys, auth_settings"
 )
-
-
-@pytest.fixture(scope="session")
-def postgres_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """URL of the maintenance database of a throwaway embedded server."""
-    server = EmbeddedPostgres(tmp_path_factory.mktemp("pg") / "data")
-    url = server.start()
-    yield url
-    server.stop()
-
-
-def create_database(server_url: str, name: str) -> str:
-    engine = create_engine(server_url, isolation_level="AUTOCOMMIT")
-    with engine.connect() as conn:
-        conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        conn.execute(text(f'CREATE DATABASE "{name}"'))
-    engine.dispose()
-    return server_url.replace("/postgres?", f"/{name}?")
-
-
-@pytest.fixture
-def new_database(postgres_server: str) -> Callable[[str], str]:
-    """Factory of empty databases (no schema) on the session's server, by name."""
-    return lambda name: create_database(postgres_server, name)
-
-
-@pytest.fixture(scope="session")
-def database_url(postgres_server: str) -> str:
-    """A database migrated to head once per session."""
-    url = create_database(postgres_server, "earm_test")
-    migrate.upgrade_to_head(url, 384)
-    return url
 
 
 @pytest.fixture

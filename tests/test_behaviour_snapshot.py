@@ -40,10 +40,10 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import create_engine, text
 
-from service.bench.locomo.judge import NoiseModel, oracle_score
-from service.bench.loopback import LoopbackServer, chat_completions_app
+from earm_bench.locomo.judge import NoiseModel, oracle_score
 from service.http.app import create_app
 from service.settings import Settings
+from service.testing import LoopbackServer, chat_completions_app
 
 GOLDEN = Path(__file__).parent / "data" / "behaviour_snapshot.json"
 RECORD = os.environ.get("EARM_RECORD_SNAPSHOT") == "1"

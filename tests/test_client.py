@@ -7,10 +7,10 @@ from collections.abc import Iterator
 
 import pytest
 
-from service.bench.loopback import LoopbackServer
 from service.client import AsyncEarmClient, EarmAPIError, EarmClient
 from service.http.app import create_app
 from service.settings import Settings
+from service.testing import LoopbackServer
 
 MEMORIES = [
     "My dog is called Rex and loves the beach.",

@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from service.bench.loopback import LoopbackServer, chat_completions_app
 from service.http.app import create_app
 from service.logs import ACCESS_LOGGER, JsonFormatter
 from service.settings import Settings
+from service.testing import LoopbackServer, chat_completions_app
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 SECRET_MEMORY = "the vault code is 0451 and nobody may know"

@@ -14,9 +14,9 @@ import pytest
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
-from service.bench.loopback import LoopbackServer, chat_completions_app
 from service.http.app import create_app
 from service.settings import Settings
+from service.testing import LoopbackServer, chat_completions_app
 
 DIM = 384
 N_MEMORIES = 12

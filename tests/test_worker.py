@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from sqlalchemy import create_engine, text
 
-from service.bench.common.processes import free_port, interrupt, wait_ready
+from service.testing import free_port, interrupt, wait_ready
 
 DIM = 384
 NAMESPACE = "shared"

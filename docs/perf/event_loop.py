@@ -22,8 +22,8 @@ import httpx
 import psycopg
 import uvloop
 
-from service.bench.common.database import libpq_url
-from service.bench.common.processes import rerank_judge_process
+from earm_bench.common.database import libpq_url
+from earm_bench.common.processes import rerank_judge_process
 from service.db.engine import EmbeddedPostgres
 
 CALLS = 400

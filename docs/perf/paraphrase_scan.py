@@ -16,7 +16,7 @@ import numpy as np
 import psycopg
 from pgvector.psycopg import register_vector
 
-from service.bench.common.database import libpq_url, migrated_database
+from earm_bench.common.database import libpq_url, migrated_database
 from service.db.search import _NEIGHBOUR_SQL
 
 QUERIES = 20_000

@@ -5,7 +5,7 @@ query that ``earm bench load`` calls the floor. No pipeline, no HTTP, no scorer.
 
 Each round, interleaved, in one process:
 
-- the floor (``service.bench.load.floor``'s query) on a fresh query vector of the bench's world;
+- the floor (``earm_bench.load.floor``'s query) on a fresh query vector of the bench's world;
 - the service's candidate statement (``service.db.search``: HNSW top-N with every candidate's
   texts, content-prior score and model row) on another fresh vector;
 - ``service.db.experience.record_query``, the service's record, replaying one of the
@@ -36,9 +36,9 @@ import numpy as np
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from service.bench.load.config import LoadConfig
-from service.bench.load.floor import _TOP_N_SQL
-from service.bench.load.world import World
+from earm_bench.load.config import LoadConfig
+from earm_bench.load.floor import _TOP_N_SQL
+from earm_bench.load.world import World
 from service.completion.similarity import QueryParameters
 from service.db import experience
 from service.db.engine import create_engine, driver_connection, sqlalchemy_url

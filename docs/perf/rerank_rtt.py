@@ -18,9 +18,9 @@ import time
 import httpx
 import numpy as np
 
-from service.bench.common.processes import child_server, rerank_judge_process
-from service.bench.loopback import LoopbackServer, rerank_app
+from earm_bench.common.processes import child_server, rerank_judge_process
 from service.providers.rerank_scorer import RerankScorer
+from service.testing import LoopbackServer, rerank_app
 
 CALLS = 60
 DOCUMENTS = [f"memory text number {i} " * 6 for i in range(35)]

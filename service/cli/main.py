@@ -1,4 +1,5 @@
-"""The ``earm`` command: serve, worker, migrate, keys, mcp, bench."""
+"""The ``earm`` command: serve, worker, migrate, keys, mcp, and the commands of installed
+distributions (``bench``: service/cli/plugins.py)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,10 @@ from service.settings import Settings
 #: Commands whose output is their result: what they log while starting (Alembic, the embedded
 #: Postgres) is shown only with EARM_LOG_LEVEL=DEBUG (warnings and errors always).
 RESULT_COMMANDS = frozenset({"keys", "migrate"})
+#: The product's own commands, which take the settings. Any other comes from an installed
+#: distribution and is loaded only for a command line that names none of these, so that
+#: `earm serve` loads no benchmark code.
+BUILTIN_COMMANDS = frozenset({"serve", "worker", "migrate", "keys", "mcp"})
 
 
 def _serve(args: argparse.Namespace, settings: Settings) -> int:
@@ -96,7 +101,9 @@ def _migrate(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
+    """The parser of the command line ``argv``: the product's commands, and those of installed
+    distributions unless ``argv`` names one of the product's."""
     parser = argparse.ArgumentParser(prog="earm", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
 
@@ -129,30 +136,16 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_mcp_parser(commands)
 
-    bench = commands.add_parser("bench", help="benchmarks")
-    bench_commands = bench.add_subparsers(dest="bench", required=True)
-    _add_benchmarks(bench_commands)
+    if not argv or argv[0] not in BUILTIN_COMMANDS:
+        from service.cli.plugins import add_installed_commands
+
+        add_installed_commands(commands)
     return parser
 
 
-def _add_benchmarks(
-    bench_commands: argparse._SubParsersAction[argparse.ArgumentParser],
-) -> None:
-    # Imported here, not at module level: `earm serve` should not load benchmark code.
-    from service.bench.load_mix import add_load_mix_parser
-    from service.bench.locomo import add_locomo_parser
-
-    add_locomo_parser(bench_commands)
-    add_load_mix_parser(bench_commands)
-    from service.bench.hnsw import add_hnsw_parser
-    from service.bench.load import add_load_parser
-
-    add_load_parser(bench_commands)
-    add_hnsw_parser(bench_commands)
-
-
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser(argv).parse_args(argv)
     try:
         settings = Settings()
     except ValidationError as error:
@@ -164,9 +157,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         level = startup_detail_level(level)
     logging.basicConfig(level=level, stream=sys.stderr)
     try:
-        if args.command == "bench":
-            return int(args.func(args) or 0)
-        return int(args.func(args, settings) or 0)
+        if args.command in BUILTIN_COMMANDS:
+            return int(args.func(args, settings) or 0)
+        return int(args.func(args) or 0)
     except (ConfigurationError, SchemaOutOfDate) as error:
         return _configuration_error(str(error))
 

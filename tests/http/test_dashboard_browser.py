@@ -19,10 +19,10 @@ from typing import Any
 
 import pytest
 
-from service.bench.loopback import LoopbackServer, chat_completions_app
 from service.client import EarmClient
 from service.http.app import create_app
 from service.settings import Settings
+from service.testing import LoopbackServer, chat_completions_app
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = [

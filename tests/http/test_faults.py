@@ -23,11 +23,11 @@ import pytest
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
-from service.bench.loopback import HTTPFault, LoopbackServer, chat_completions_app
 from service.db import migrate
 from service.db.engine import EmbeddedPostgres
 from service.http.app import create_app
 from service.settings import Settings
+from service.testing import HTTPFault, LoopbackServer, chat_completions_app
 
 DIM = 384
 

@@ -27,9 +27,9 @@ from schemathesis.specs.openapi.checks import (
 )
 from sqlalchemy import create_engine, text
 
-from service.bench.loopback import LoopbackServer
 from service.http.app import create_app
 from service.settings import Settings
+from service.testing import LoopbackServer
 
 ADMIN_KEY = "earm_fuzzing-admin-key-0123456789abcdefghij"
 EXAMPLES = 20

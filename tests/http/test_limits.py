@@ -23,10 +23,10 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import create_engine, text
 
-from service.bench.loopback import LoopbackServer
 from service.http.app import create_app
 from service.ingest.validation import json_depth
 from service.settings import Settings
+from service.testing import LoopbackServer
 
 VECTOR = (np.arange(384) % 3 + 1.0).tolist()
 

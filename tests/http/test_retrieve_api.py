@@ -12,9 +12,9 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import create_engine, text
 
-from service.bench.loopback import HTTPFault, LoopbackServer, chat_completions_app
 from service.http.app import create_app
 from service.settings import Settings
+from service.testing import HTTPFault, LoopbackServer, chat_completions_app
 
 DIM = 384
 N_MEMORIES = 60

@@ -13,10 +13,10 @@ import pytest
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
-from service.bench.loopback import LoopbackServer, chat_completions_app
 from service.http.app import create_app
 from service.retrieve.reuse import family_key, normalise_query
 from service.settings import Settings
+from service.testing import LoopbackServer, chat_completions_app
 
 N_MEMORIES = 40
 BUDGET = 10

@@ -9,14 +9,14 @@ from typing import Any
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
-from service.bench.loopback import (
+from service.http.app import create_app
+from service.settings import Settings
+from service.testing import (
     HTTPFault,
     LoopbackServer,
     chat_completions_app,
     rerank_app,
 )
-from service.http.app import create_app
-from service.settings import Settings
 
 MEMORIES = 35
 

@@ -15,10 +15,10 @@ import pytest
 from fastapi.testclient import TestClient
 from pgvector.psycopg import register_vector
 
-from service.bench.loopback import LoopbackServer, chat_completions_app
 from service.db.search import _candidate_sql
 from service.http.app import create_app
 from service.settings import Settings
+from service.testing import LoopbackServer, chat_completions_app
 
 DIM = 384
 NAMESPACE = "agent-1"

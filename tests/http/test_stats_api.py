@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
-from service.bench.loopback import LoopbackServer, chat_completions_app
 from service.http.app import create_app
 from service.settings import Settings
+from service.testing import LoopbackServer, chat_completions_app
 
 DIM = 384
 N_MEMORIES = 40

@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 
-from service.bench.loopback import LoopbackServer
 from service.client import EarmClient
 from service.http.app import create_app
 from service.settings import Settings
+from service.testing import LoopbackServer
 
 
 @dataclass(frozen=True)

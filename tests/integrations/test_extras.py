@@ -23,7 +23,7 @@ def requirements_by_extra() -> dict[str | None, set[str]]:
     by_extra: dict[str | None, set[str]] = {}
     for line in importlib.metadata.requires("earm") or []:
         requirement = Requirement(line)
-        extras = [*OPTIONAL, "dev", "bench"]
+        extras = [*OPTIONAL, "dev"]
         marker = requirement.marker
         extra = next((e for e in extras if marker and marker.evaluate({"extra": e})), None)
         by_extra.setdefault(extra, set()).add(requirement.name)
@@ -35,7 +35,7 @@ def test_each_integration_has_an_extra_that_dev_installs_and_the_core_does_not()
     for extra, packages in OPTIONAL.items():
         assert set(packages) <= by_extra[extra], extra
         assert not set(packages) & by_extra[None], f"{extra} leaked into the core install"
-    assert {"earm"} <= by_extra["dev"]  # dev = earm[bench,mcp,langchain,llamaindex] + test tools
+    assert {"earm"} <= by_extra["dev"]  # dev = earm[mcp,langchain,llamaindex] + test tools
     dev_line = next(
         line for line in importlib.metadata.requires("earm") or [] if line.startswith("earm[")
     )

@@ -6,7 +6,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from service.bench.loopback import LoopbackServer
+from service.testing import LoopbackServer
 
 #: Starts a loopback server for an ASGI app; the fixture stops every one when the test ends.
 Serve = Callable[[object], LoopbackServer]

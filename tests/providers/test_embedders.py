@@ -12,11 +12,11 @@ import httpx
 import numpy as np
 import pytest
 
-from service.bench.loopback import HTTPFault, LoopbackServer, embeddings_app
 from service.providers.embedders import LOCAL_DIM, LOCAL_MODEL_ID, EmbedderError, LocalEmbedder
 from service.providers.factory import build_embedder
 from service.providers.openai_embedder import OpenAIEmbedder
 from service.settings import Settings
+from service.testing import HTTPFault, LoopbackServer, embeddings_app
 
 Serve = Callable[[object], LoopbackServer]  # the `serve` fixture (conftest.py)
 

@@ -11,7 +11,6 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 
-from service.bench.loopback import HTTPFault, LoopbackServer, rerank_app
 from service.providers.factory import build_scorer
 from service.providers.rerank_scorer import (
     RerankProtocol,
@@ -20,6 +19,7 @@ from service.providers.rerank_scorer import (
 )
 from service.providers.scorers import Scores
 from service.settings import Settings
+from service.testing import HTTPFault, LoopbackServer, rerank_app
 
 Serve = Callable[[object], LoopbackServer]  # the `serve` fixture (conftest.py)
 

@@ -15,7 +15,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from service.bench.loopback import HTTPFault, LoopbackServer, chat_completions_app
 from service.providers.chat_scorer import OpenAIChatScorer, parse_batch, parse_score
 from service.providers.factory import build_scorer
 from service.providers.http_scorer import FailureLog
@@ -27,6 +26,7 @@ from service.providers.scorers import (
     cosine_to_score,
 )
 from service.settings import Settings
+from service.testing import HTTPFault, LoopbackServer, chat_completions_app
 
 Serve = Callable[[object], LoopbackServer]  # the `serve` fixture (conftest.py)
 

@@ -24,7 +24,6 @@ from fastapi.testclient import TestClient
 from sqlalchemy import create_engine, text
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from service.bench.loopback import LoopbackServer, chat_completions_app
 from service.db.engine import Database, open_database
 from service.db.experience import record_feedback
 from service.db.namespaces import erase_namespace, namespace_state
@@ -34,6 +33,7 @@ from service.ingest.memories import MemoryPatch, NewMemory, delete_memory, inges
 from service.providers.scorers import LocalScorer
 from service.retrieve.pipeline import RetrievalPipeline, RetrieveRequest
 from service.settings import Settings
+from service.testing import LoopbackServer, chat_completions_app
 
 T = TypeVar("T")
 

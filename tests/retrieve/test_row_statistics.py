@@ -12,7 +12,6 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from service.bench.loopback import LoopbackServer, rerank_app
 from service.completion import solve_rows_batch
 from service.completion.statistics import RowStatistics
 from service.db import experience
@@ -24,6 +23,7 @@ from service.providers.rerank_scorer import RerankScorer
 from service.providers.scorers import LocalScorer
 from service.retrieve.pipeline import RetrievalPipeline, RetrieveRequest
 from service.settings import Settings
+from service.testing import LoopbackServer, rerank_app
 
 NAMESPACE = "replay"
 RANK = 4

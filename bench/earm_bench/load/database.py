@@ -1,0 +1,179 @@
+"""What ``earm bench load`` reads and does in the service's database directly."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import platform
+import time
+from typing import TYPE_CHECKING, Any, LiteralString
+
+from earm_bench.common.database import libpq_url
+from earm_bench.load.session import LoadRun
+
+if TYPE_CHECKING:
+    import psycopg
+
+
+async def until_indexed(run: LoadRun) -> None:
+    """Wait until the service's background indexer has moved every memory into the HNSW
+    index (measurements of the search start from an indexed namespace)."""
+    conn = await run.connect()
+    try:
+        while (await (await conn.execute(
+            "SELECT count(*) FROM memories WHERE NOT indexed"
+        )).fetchone())[0]:
+            await asyncio.sleep(0.25)
+    finally:
+        await conn.close()
+
+
+async def analyze(run: LoadRun) -> None:
+    """``VACUUM ANALYZE`` after a bulk load: the state autovacuum reaches a minute later,
+    without it running in the middle of a measurement. Without fresh statistics a
+    namespace the planner does not know yet is estimated at one row, and its top-N query
+    (earm's and the floor's alike) gets an exact scan instead of the HNSW index, depending
+    on when each ran."""
+    conn = await run.connect()
+    try:
+        await conn.execute("VACUUM ANALYZE")
+    finally:
+        await conn.close()
+
+
+async def settle(run: LoadRun) -> None:
+    """Indexed and analyzed: the state every measurement starts from."""
+    await until_indexed(run)
+    await analyze(run)
+
+
+async def observation_counts(run: LoadRun) -> dict[str, int]:
+    conn = await run.connect()
+    try:
+        cursor = await conn.execute(
+            "SELECT (SELECT count(*) FROM scores WHERE namespace = %(ns)s), "
+            "(SELECT count(*) FROM queries WHERE namespace = %(ns)s), "
+            "(SELECT count(*) FROM memory_factors WHERE namespace = %(ns)s)",
+            {"ns": run.namespace},
+        )
+        observations, queries, with_history = await cursor.fetchone()
+    finally:
+        await conn.close()
+    return {"observations": observations, "queries": queries,
+            "memories_with_history": with_history}
+
+
+async def refit(run: LoadRun) -> float:
+    """The pipeline's full refit of the namespace, in this process; seconds."""
+    from service.db.engine import open_database
+    from service.providers.scorers import LocalScorer
+    from service.retrieve.pipeline import RetrievalPipeline
+    from service.settings import Settings
+
+    settings = Settings(database_url=run.database_url, embedder="none", scorer="local",
+                        embedding_dim=run.config.dim, _env_file=None)
+    async with open_database(settings) as db:
+        pipeline = RetrievalPipeline(db.sessions, None, LocalScorer(), settings)
+        began = time.perf_counter()
+        done = await pipeline.refit(run.namespace)
+        seconds = time.perf_counter() - began
+    if not done:
+        raise RuntimeError("the refit lock was held by another process")
+    return seconds
+
+
+async def make_refit_due(run: LoadRun) -> None:
+    """Set the namespace's counter so that its next query is due a full refit."""
+    conn = await run.connect()
+    try:
+        await conn.execute(
+            "UPDATE namespaces SET queries_since_refit = 1000000000 WHERE name = %s",
+            (run.namespace,),
+        )
+    finally:
+        await conn.close()
+
+
+#: The tables whose size grows with memories or observations, each with its indexes (and TOAST).
+SIZED_TABLES = ("memories", "queries", "scores", "memory_factors")
+
+
+async def database_sizes(run: LoadRun) -> dict[str, Any]:
+    """Bytes on disk of the tables that grow (with their indexes), the HNSW index alone, and
+    the rows they hold (all namespaces: the run's are most of them)."""
+    from psycopg import sql
+
+    conn = await run.connect()
+    try:
+        sizes: dict[str, Any] = {}
+        for name in SIZED_TABLES:
+            cursor = await conn.execute(
+                sql.SQL("SELECT pg_total_relation_size(%s::regclass), count(*) FROM {}").format(
+                    sql.Identifier(name)
+                ),
+                (name,),
+            )
+            sizes[name] = dict(zip(("bytes", "rows"), await cursor.fetchone(), strict=True))
+        cursor = await conn.execute(
+            "SELECT pg_relation_size('ix_memories_embedding_hnsw'::regclass), "
+            "(SELECT count(*) FROM memories WHERE indexed)"
+        )
+        sizes["hnsw_index"] = dict(zip(("bytes", "rows"), await cursor.fetchone(), strict=True))
+    finally:
+        await conn.close()
+    return sizes
+
+
+async def last_refit_at(run: LoadRun) -> Any:
+    """When the namespace's latest full refit was written (None before the first)."""
+    conn = await run.connect()
+    try:
+        cursor = await conn.execute(
+            "SELECT last_refit_at FROM namespaces WHERE name = %s", (run.namespace,)
+        )
+        return (await cursor.fetchone())[0]
+    finally:
+        await conn.close()
+
+
+def _machine() -> dict[str, Any]:
+    info: dict[str, Any] = {
+        "python": platform.python_version(),
+        "cpus": os.cpu_count(),
+        "platform": platform.platform(),
+    }
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    info["cpu"] = line.split(":", 1)[1].strip()
+                    break
+        info["load_average_at_start"] = [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        pass
+    return info
+
+
+def environment(database_url: str) -> dict[str, Any]:
+    """The machine and the database server the run measures on."""
+    import psycopg
+
+    info = _machine()
+    with psycopg.connect(libpq_url(database_url)) as conn:
+        info["postgres"] = _value(conn, "SHOW server_version")
+        info["pgvector"] = _value(
+            conn, "SELECT extversion FROM pg_extension WHERE extname = 'vector'"
+        )
+        info["hnsw_index"] = _value(
+            conn, "SELECT pg_get_indexdef('ix_memories_embedding_hnsw'::regclass)"
+        )
+        info["shared_buffers"] = _value(conn, "SHOW shared_buffers")
+    return info
+
+
+def _value(conn: psycopg.Connection[Any], query: LiteralString) -> Any:
+    """The first column of the statement's one row."""
+    row = conn.execute(query).fetchone()
+    if row is None:
+        raise RuntimeError(f"no row from {query!r}")
+    return row[0]

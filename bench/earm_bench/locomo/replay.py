@@ -1,0 +1,230 @@
+"""The replay of ``earm bench locomo``: the service it runs through, and every conversation's
+questions through ``POST /retrieve``, one namespace per (conversation, policy)."""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from earm_bench.common.http import check
+from earm_bench.common.processes import in_process_service
+from earm_bench.locomo.config import LocomoConfig
+from earm_bench.locomo.data import Conversation, Question
+from earm_bench.locomo.judge import RunningJudge
+from earm_bench.locomo.metrics import QueryRecord
+
+logger = logging.getLogger(__name__)
+
+INGEST_CHUNK = 500
+
+#: How ``--repeat`` rephrases a question: templates that wrap its text.
+REPHRASINGS = ("Remind me: {q}", "{q} Do you remember?", "Quick question: {q}")
+
+
+@contextmanager
+def service_for(
+    config: LocomoConfig, judge: RunningJudge, policies: Sequence[str]
+) -> Iterator[tuple[str, dict[str, Any]]]:
+    """The base URL of the service to use and a description of its settings. A service of
+    ``full`` alone is stateless full reranking, as peers do: every asking scores every
+    candidate (no reuse of earlier askings' observations)."""
+    if config.url:
+        if config.schedule:
+            logger.warning("--schedule is ignored with --url: the service's schedule applies")
+        yield config.url.rstrip("/"), {"url": config.url, "external": True}
+        return
+    from service.settings import DEFAULT_BUDGET_SCHEDULE
+
+    options: dict[str, Any] = {
+        "database_url": config.database_url,
+        "embedder": "local",
+        "scorer_concurrency": config.scorer_concurrency,
+        "budget_schedule": config.schedule or DEFAULT_BUDGET_SCHEDULE,
+        "max_candidates": max(config.candidates, 1000),
+        "max_k": max(100, max(config.ks)),
+        # Refits inside the request that makes them due: the replay is then exactly
+        # reproducible (a background refit lands after a timing-dependent number of queries).
+        "refit_in_background": False,
+        "reuse_observations": tuple(policies) != ("full",),
+        **judge.service_settings(),
+    }
+    logger.info("starting the service")
+    with in_process_service(**options) as service:
+        logger.info("service listening on %s", service.url)
+        described = service.settings.model_dump(
+            mode="json",
+            exclude={"scorer_api_key", "embedder_api_key", "data_dir", "database_url"},
+        )
+        yield service.url, described | {"external": False}
+
+
+def ingest(client: httpx.Client, namespace: str, memories: Sequence[dict[str, Any]]) -> int:
+    """Store memories in ``namespace`` in chunks; returns how many the service created."""
+    created = 0
+    for start in range(0, len(memories), INGEST_CHUNK):
+        chunk = list(memories[start : start + INGEST_CHUNK])
+        body = check(client.post("/memories", json={"namespace": namespace, "memories": chunk}))
+        created += int(body.get("created", 0))
+    return created
+
+
+def retrieve(
+    client: httpx.Client,
+    namespace: str,
+    query: str,
+    policy: str,
+    k: int,
+    candidates: int,
+    seed: int,
+    expand: int = 0,
+) -> tuple[dict[str, Any], float]:
+    """One ``POST /retrieve`` in relevance order; returns the body and the client-side ms.
+    ``expand`` 0 sends no ``expand``: the service's default (EARM_EXPAND) applies."""
+    body: dict[str, Any] = {
+        "namespace": namespace,
+        "query": query,
+        "k": k,
+        "candidates": candidates,
+        "policy": policy,
+        "order": "relevance",
+        "seed": seed,
+    }
+    if expand:
+        body["expand"] = expand
+    started = time.perf_counter()
+    response = client.post("/retrieve", json=body)
+    elapsed_ms = (time.perf_counter() - started) * 1000.0
+    return check(response), elapsed_ms
+
+
+def to_record(asking: Asking, reply: dict[str, Any], client_ms: float) -> QueryRecord:
+    """A :class:`QueryRecord` from an asking and the service's answer."""
+    question = asking.question
+    memories = sorted(reply.get("memories", []), key=lambda m: m.get("rank") or 1 << 30)
+    timings = reply.get("timings") or {}
+    return QueryRecord(
+        sample_id=question.sample_id,
+        qa_index=question.qa_index,
+        query_index=int(reply.get("query_index", 0)),
+        category=question.category,
+        evidence=question.evidence,
+        ranked=tuple(str(m.get("external_id")) for m in memories),
+        sources=tuple(str(m.get("source")) for m in memories),
+        stage=int(reply.get("stage") or 0),
+        budget=int(reply.get("budget") or 0),
+        scorer_calls=int(reply.get("scorer_calls") or 0),
+        reused=int(reply.get("reused") or 0),
+        scorer_requests=int(reply.get("scorer_requests") or 0),
+        degraded=bool(reply.get("degraded")),
+        total_ms=float(timings.get("total_ms") or 0.0),
+        score_ms=float(timings.get("score_ms") or 0.0),
+        client_ms=client_ms,
+        round=asking.round,
+        kind=asking.kind,
+    )
+
+
+
+def replay(
+    config: LocomoConfig,
+    base_url: str,
+    conversations: Sequence[Conversation],
+    judge: RunningJudge,
+    run_id: str,
+    policies: Sequence[str],
+    bar: Any,
+) -> dict[str, list[QueryRecord]]:
+    """Replay every conversation under the given policies; records per policy."""
+    k = max(config.ks)
+    streams = {c.sample_id: askings(c, config) for c in conversations}
+    records: dict[str, list[QueryRecord]] = {p: [] for p in policies}
+    with httpx.Client(base_url=base_url, timeout=config.request_timeout_s) as client:
+        for conv in conversations:
+            if judge.oracle is not None:
+                judge.oracle.set_active([conv.sample_id])
+            memories = conv.memories()
+            for policy in policies:
+                namespace = namespace_for(
+                    conv.sample_id, policy, run_id if config.url or config.database_url else None
+                )
+                bar.set_postfix_str(f"{conv.sample_id} {policy} ingest")
+                started = time.perf_counter()
+                created = ingest(client, namespace, memories)
+                logger.info("%s: ingested %d turns (%d new) in %.1f s", namespace, len(memories),
+                            created, time.perf_counter() - started)
+                bar.set_postfix_str(f"{conv.sample_id} {policy}")
+                for asking in streams[conv.sample_id]:
+                    reply, client_ms = retrieve(
+                        client, namespace, asking.text, policy, k, config.candidates,
+                        config.seed, config.expand,
+                    )
+                    records[policy].append(to_record(asking, reply, client_ms))
+                    bar.update(1)
+    return records
+
+
+def namespace_for(sample_id: str, policy: str, run_id: str | None = None) -> str:
+    """The namespace of one (conversation, policy) replay.
+
+    In-process, every policy gets its own service and empty database, so the name is the same
+    for all policies and carries no run id: the service derives anchors from (namespace, query
+    index, seed), so ``observed`` and ``earm`` score the very same anchors and differ only in
+    how they rank the rest (a paired comparison), and a run is reproducible. Against a shared
+    service or database (``--url``, ``--database-url``) policy and run id keep every replay in
+    a fresh namespace; the policies then sample different anchors.
+    """
+    if run_id is None:
+        return f"locomo-{sample_id}"
+    return f"locomo-{sample_id}-{policy}-{run_id}"
+
+
+def question_stream(conv: Conversation, config: LocomoConfig) -> list[Question]:
+    """The questions the replay asks of a conversation, in file order."""
+    questions = conv.replay_questions(config.categories)
+    if config.max_questions is not None:
+        questions = questions[: config.max_questions]
+    return questions
+
+
+@dataclass(frozen=True)
+class Asking:
+    """One ``POST /retrieve`` of the replay: a question, the text sent for it, and its round."""
+
+    question: Question
+    text: str
+    round: int = 0  # 0: the plain stream; 1..R: the --repeat rounds
+    kind: str = "plain"  # "plain" | "verbatim" | "rephrased"
+
+
+def askings(conv: Conversation, config: LocomoConfig) -> list[Asking]:
+    """The conversation's questions in file order, then ``config.repeat`` rounds re-asking
+    them, each round in its own shuffled order. Which half of the questions is re-asked
+    verbatim and which rephrased is drawn once per conversation; a rephrased question takes
+    the next template (:data:`REPHRASINGS`) each round, so no two of its rephrasings repeat
+    the same text. Seeded by (seed, conversation): every policy asks the same stream."""
+    questions = question_stream(conv, config)
+    stream = [Asking(q, q.question) for q in questions]
+    if config.repeat == 0:
+        return stream
+    rng = random.Random(f"{config.seed}|{conv.sample_id}")
+    positions = list(range(len(questions)))
+    rng.shuffle(positions)
+    rephrased = set(positions[len(positions) // 2 :])
+    for round_ in range(1, config.repeat + 1):
+        rng.shuffle(positions)
+        for i in positions:
+            question = questions[i]
+            if i in rephrased:
+                template = REPHRASINGS[(i + round_ - 1) % len(REPHRASINGS)]
+                stream.append(Asking(question, template.format(q=question.question), round_,
+                                     "rephrased"))
+            else:
+                stream.append(Asking(question, question.question, round_, "verbatim"))
+    return stream

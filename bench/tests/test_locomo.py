@@ -1,0 +1,541 @@
+"""The LoCoMo replay benchmark: loader, oracle judge, metrics, and a seconds-long end-to-end smoke.
+
+The LoCoMo data is read from ``../shared/data/locomo`` next to the repository (or
+``EARM_LOCOMO_DIR``); it is never copied into the repository. Unit tests use synthetic samples.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import statistics
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from earm_bench.locomo import (
+    LocomoConfig,
+    add_locomo_parser,
+    format_markdown,
+    run_locomo,
+)
+from earm_bench.locomo.data import (
+    Conversation,
+    Question,
+    Turn,
+    memory_text,
+    normalize_evidence,
+    parse_conversation,
+    parse_session_datetime,
+)
+from earm_bench.locomo.judge import (
+    NoiseModel,
+    OracleJudge,
+    oracle_score,
+    pair_key,
+    start_judge,
+)
+from earm_bench.locomo.metrics import (
+    QueryRecord,
+    derived,
+    estimated_share_at_k,
+    hit_at_k,
+    percentile,
+    quality,
+    recall_at_k,
+    rolling_mean,
+    source_shares_at_k,
+    summarize_policy,
+)
+from earm_bench.locomo.replay import askings
+from earm_bench.locomo.shift import summarize_shift
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+LOCOMO_DIR = Path(
+    os.environ.get("EARM_LOCOMO_DIR") or REPO_ROOT.parent / "shared" / "data" / "locomo"
+)
+
+# A prompt shaped like the service's scorer prompt (query and memory verbatim, labelled blocks).
+SYSTEM = "You are a relevance judge. Answer with a single number between 0 and 1."
+USER = "Query:\n{query}\n\nMemory:\n{memory}\n\nRelevance (0 to 1):"
+
+
+def prompt(query: str, memory: str) -> str:
+    """The concatenated message contents, as the loopback judge receives them."""
+    return SYSTEM + "\n\n" + USER.format(query=query, memory=memory)
+
+
+# --- synthetic data ---------------------------------------------------------------------------
+
+
+def synthetic_sample(sample_id: str = "conv-x") -> dict:
+    """A tiny LoCoMo-shaped sample (made-up text) exercising the schema's quirks."""
+    return {
+        "sample_id": sample_id,
+        "qa": [
+            {"question": "When did Ann paint a lake?", "answer": 2022, "evidence": ["D1:2"],
+             "category": 2},
+            {"question": "What does Ann like?", "answer": "lakes",
+             "evidence": ["D1:2; D2:1", "D1:2", "D:2:2"], "category": 1},
+            {"question": "Would Bob enjoy hiking?", "answer": "yes", "evidence": [],
+             "category": 3},
+            {"question": "What did Bob buy?", "adversarial_answer": "a boat",
+             "evidence": ["D2:09", "D"], "category": 5},
+        ],
+        "conversation": {
+            "speaker_a": "Ann",
+            "speaker_b": "Bob",
+            "session_1_date_time": "11:59 pm on 8 May, 2023",
+            "session_1": [
+                {"speaker": "Ann", "dia_id": "D1:1", "text": "Hi Bob!"},
+                {"speaker": "Bob", "dia_id": "D1:2", "text": "Look at this.",
+                 "img_url": ["http://example.invalid/x.jpg"],
+                 "blip_caption": "a painting of a lake", "query": "lake painting"},
+            ],
+            "session_2_date_time": "12:00 am on 9 May, 2023",
+            "session_2": [
+                {"speaker": "Ann", "dia_id": "D2:1", "text": "I love lakes."},
+                {"speaker": "Bob", "dia_id": "D2:2", "text": "Me too."},
+            ],
+            "session_3_date_time": "1:00 pm on 9 May, 2023",  # stray key without a session list
+        },
+    }
+
+
+# --- loader -----------------------------------------------------------------------------------
+
+
+def test_normalize_evidence_readme_quirks() -> None:
+    valid = {"D8:6", "D9:17", "D11:26", "D10:16", "D3:5", "D1:1", "D1:2"}
+    assert normalize_evidence(["D8:6; D9:17"], valid) == ("D8:6", "D9:17")
+    assert normalize_evidence(["D:11:26"], valid) == ("D11:26",)
+    assert normalize_evidence(["D"], valid) == ()
+    assert normalize_evidence(["D10:19"], valid) == ()  # well formed, past the session's end
+    assert normalize_evidence(["D10:19"]) == ("D10:19",)  # kept when validity is not checked
+    assert normalize_evidence(["D3:05"], valid) == ("D3:5",)  # zero-padded turn
+    assert normalize_evidence(["D1:1", "D1:1", "D1:2 D1:1"], valid) == ("D1:1", "D1:2")
+    assert normalize_evidence(["(D1:2)", "D1:1,D8:6"], valid) == ("D1:2", "D1:1", "D8:6")
+    assert normalize_evidence([], valid) == ()
+
+
+def test_parse_conversation_memories_and_questions() -> None:
+    conv = parse_conversation(synthetic_sample())
+    assert [t.dia_id for t in conv.turns] == ["D1:1", "D1:2", "D2:1", "D2:2"]
+    assert conv.turns[1].memory_text == "Bob: Look at this. [image: a painting of a lake]"
+    assert conv.turns[0].memory_text == "Ann: Hi Bob!"
+    memories = conv.memories()
+    assert memories[1]["external_id"] == "D1:2"
+    assert memories[0]["occurred_at"] == "2023-05-08T23:59:00+00:00"
+    # Session 2 starts one minute later: turn offsets shrink so order is kept across sessions.
+    times = [t.occurred_at for t in conv.turns]
+    assert times == sorted(times) and len(set(times)) == len(times)
+    assert times[1] < parse_session_datetime("12:00 am on 9 May, 2023") == times[2]
+    qs = conv.questions
+    assert [q.category for q in qs] == [2, 1, 3, 5]
+    assert qs[1].evidence == ("D1:2", "D2:1", "D2:2")
+    assert qs[2].evidence == () and not qs[2].has_evidence
+    assert qs[3].evidence == ()  # "D2:09" -> D2:9 does not exist; "D" is dropped
+    assert [q.category for q in conv.replay_questions()] == [2, 1, 3]
+    sliced = parse_conversation(synthetic_sample(), max_sessions=1)
+    assert [t.dia_id for t in sliced.turns] == ["D1:1", "D1:2"]
+    assert [q.qa_index for q in sliced.questions] == [0]  # evidence entirely inside the slice
+
+
+# --- oracle judge -----------------------------------------------------------------------------
+
+
+def test_oracle_score_is_deterministic_per_pair_and_seed() -> None:
+    model = NoiseModel(seed=7)
+    key = pair_key(7, "conv-x", "What does Ann like?", "D1:2")
+    assert oracle_score(True, key, model) == oracle_score(True, key, model)
+    one, two = NoiseModel(seed=1), NoiseModel(seed=2)
+    a = [oracle_score(True, pair_key(1, "c", "q", f"D1:{i}"), one) for i in range(50)]
+    b = [oracle_score(True, pair_key(2, "c", "q", f"D1:{i}"), two) for i in range(50)]
+    assert a != b
+    assert all(0.0 <= s <= 1.0 for s in a + b)
+
+
+def test_oracle_noise_model_rates() -> None:
+    n = 5000
+    flips = NoiseModel(miss=0.2, false=0.05, noise=0.0, seed=3)
+    missed = sum(oracle_score(True, f"3|c|q{i}|D1:1", flips) < 0.5 for i in range(n)) / n
+    false_pos = sum(oracle_score(False, f"3|c|q{i}|D1:2", flips) > 0.5 for i in range(n)) / n
+    assert abs(missed - 0.2) < 0.03
+    assert abs(false_pos - 0.05) < 0.015
+    # Gaussian noise only: E[min(1, 1 + 0.1 Z)] = 1 - 0.1 * phi(0) = 0.9601.
+    gauss = NoiseModel(miss=0.0, false=0.0, noise=0.1, seed=3)
+    scores = [oracle_score(True, f"3|c|q{i}|D1:1", gauss) for i in range(n)]
+    assert abs(statistics.fmean(scores) - 0.9601) < 0.01
+    assert 0.35 < sum(s == 1.0 for s in scores) / n < 0.65  # half clipped at 1
+
+
+def _conversation(
+    sample_id: str, speaker: str, turns: list[str], questions: list[tuple[str, list[str]]]
+) -> Conversation:
+    stamp = parse_session_datetime("1:00 pm on 1 May, 2023")
+    ts = [Turn(f"D1:{i}", 1, i, speaker, text, None, stamp) for i, text in enumerate(turns, 1)]
+    qs = [Question(sample_id, i, q, 1, tuple(ev), tuple(ev)) for i, (q, ev) in enumerate(questions)]
+    return Conversation(sample_id, speaker, "X", ts, qs)
+
+
+def test_judge_identifies_the_pair_in_a_prompt() -> None:
+    a = _conversation(
+        "conv-a", "Ann",
+        ["I painted a lake yesterday.", "What did Ann paint? I wonder.", "Ok."],
+        [("What did Ann paint?", ["D1:1"]), ("What did Ann paint in May?", ["D1:3"]),
+         ("Shared question text?", ["D1:1"])],
+    )
+    b = _conversation(
+        "conv-b", "Ann",  # same speaker name: "Ann: Ok." exists in both conversations
+        ["Ok.", "Something else entirely here."],
+        [("Shared question text?", ["D1:2"])],
+    )
+    judge = OracleJudge([a, b], NoiseModel(miss=0.0, false=0.0, noise=0.0))
+    lake = memory_text("Ann", "I painted a lake yesterday.")
+    assert judge.reply(prompt("What did Ann paint?", lake)) == "1.000"
+    assert judge.reply(prompt("What did Ann paint?", "Ann: Ok.")) == "0.000"
+    # The longest question match wins over its prefix "What did Ann paint?".
+    pair = judge.identify(prompt("What did Ann paint in May?", "Ann: Ok."))
+    assert pair is not None and pair.question == "What did Ann paint in May?" and pair.relevant
+    # A memory that quotes a question: the nested question match inside the memory is ignored.
+    pair = judge.identify(prompt("Shared question text?", "Ann: What did Ann paint? I wonder."))
+    assert pair is not None and pair.question == "Shared question text?"
+    assert pair.dia_ids == ("D1:2",)
+    # Same question text in two conversations: the memory's conversation decides.
+    pair = judge.identify(prompt("Shared question text?", "Ann: Something else entirely here."))
+    assert pair is not None and pair.sample_id == "conv-b" and pair.relevant
+    # Both texts in both conversations: the active conversation decides.
+    judge.set_active(["conv-b"])
+    pair = judge.identify(prompt("Shared question text?", "Ann: Ok."))
+    assert pair is not None and pair.sample_id == "conv-b" and pair.dia_ids == ("D1:1",)
+    assert not pair.relevant
+    # Unknown pairs score 0.
+    assert judge.reply(prompt("Who is Carl?", "Ann: Ok.")) == "0"
+    assert judge.reply("nothing known here") == "0"
+    assert judge.stats()["unknown"] == 2
+
+
+def test_judge_scores_a_question_with_another_conversations_turn_as_not_evidence() -> None:
+    a = _conversation("conv-a", "Ann", ["I painted a lake yesterday."],
+                      [("What did Ann paint?", ["D1:1"])])
+    b = _conversation("conv-b", "Bob", ["I sold my boat."], [("What did Bob sell?", ["D1:1"])])
+    judge = OracleJudge([a, b], NoiseModel(miss=0.0, false=0.0, noise=0.0))
+    judge.set_active(["conv-a"])
+    pair = judge.identify(prompt("What did Ann paint?", "Bob: I sold my boat."))
+    assert pair is not None and pair.sample_id == "conv-a" and not pair.relevant
+    assert pair.dia_ids == ("conv-b/D1:1",)
+    assert judge.reply(prompt("What did Ann paint?", "Bob: I sold my boat.")) == "0.000"
+    assert judge.stats()["unknown"] == 0
+
+
+def test_judge_serves_chat_completions_on_loopback() -> None:
+    conv = parse_conversation(synthetic_sample())
+    model = NoiseModel(miss=0.0, false=0.0, noise=0.0)
+    with start_judge("oracle", [conv], model) as judge:
+        assert judge.service_settings()["scorer_base_url"] == judge.base_url
+        body = {"model": "m", "messages": [
+            {"role": "system", "content": SYSTEM},
+            {"role": "user",
+             "content": USER.format(query="What does Ann like?", memory="Ann: I love lakes.")},
+        ]}
+        reply = httpx.post(f"{judge.base_url}/chat/completions", json=body, timeout=10).json()
+        assert reply["choices"][0]["message"]["content"] == "1.000"
+        assert judge.http_calls() == 1
+    with start_judge("local", [conv]) as local:
+        assert local.url is None and local.service_settings() == {"scorer": "local"}
+
+
+# --- metrics ----------------------------------------------------------------------------------
+
+
+def _rec(
+    ranked: str, evidence: str, category: int = 4, stage: int = 0, sources: str = "",
+    t: int = 0, calls: int = 0,
+) -> QueryRecord:
+    return QueryRecord(
+        sample_id="c", qa_index=t, query_index=t, category=category,
+        evidence=tuple(evidence.split()), ranked=tuple(ranked.split()),
+        sources=tuple(sources.split()), stage=stage, budget=calls, scorer_calls=calls,
+        total_ms=100.0 + t, score_ms=60.0,
+    )
+
+
+def test_metrics_on_hand_made_rankings() -> None:
+    ranked = ["a", "b", "c", "d"]
+    assert recall_at_k(ranked, ["b", "d", "z"], 2) == pytest.approx(1 / 3)
+    assert recall_at_k(ranked, ["b", "d", "z"], 4) == pytest.approx(2 / 3)
+    assert hit_at_k(ranked, ["d"], 3) == 0.0 and hit_at_k(ranked, ["d"], 4) == 1.0
+    assert recall_at_k(ranked, [], 2) is None and hit_at_k(ranked, [], 2) is None
+    assert percentile([1, 2, 3, 4], 50) == 2.5 and percentile([5], 95) == 5.0
+    assert percentile([], 50) is None
+    assert rolling_mean([1, 3, 5, 7], 2) == [1, 2, 4, 6]
+
+    records = [
+        _rec("a b c", "a", category=1, sources="observed estimated semantic", t=0, calls=3),
+        _rec("a b c", "c x", category=4, stage=1, sources="estimated estimated observed", t=1,
+             calls=1),
+        _rec("a b c", "", category=3, stage=1, t=2),  # no evidence: skipped for recall
+    ]
+    q = quality(records, [1, 3])
+    assert q["recall@1"] == pytest.approx(0.5) and q["recall@3"] == pytest.approx(0.75)
+    assert q["hit@1"] == pytest.approx(0.5) and q["hit@3"] == 1.0
+    assert q["n"] == 2 and q["skipped"] == 1
+    assert estimated_share_at_k(records, 2) == pytest.approx(3 / 4)
+
+    summary = summarize_policy(records, [1, 3])
+    assert summary["scorer_calls"] == 4 and summary["budget_total"] == 4
+    assert summary["by_category"]["4"]["recall@3"] == pytest.approx(0.5)
+    assert summary["by_stage"]["1"]["n"] == 1 and summary["by_stage"]["1"]["first_query_index"] == 1
+    assert summary["latency_ms"]["p50"] == pytest.approx(101.0)
+    assert summary["latency_ms"]["p50_excl_scorer"] == pytest.approx(41.0)
+
+    better = summarize_policy([_rec("a c b", "a", 1), _rec("c a b", "c x", 4)], [1, 3])
+    rows = derived({"observed": better, "semantic": summary, "earm": better}, [1, 3])
+    assert rows["observed_minus_semantic"]["recall@1"] == pytest.approx(0.75 - 0.5)
+    assert rows["earm_minus_observed"]["recall@1"] == 0.0
+    assert rows["earm_minus_semantic"]["by_category"]["4"]["recall@1"] == pytest.approx(0.5)
+    assert "full_minus_earm" not in rows
+
+
+def test_shift_summary_splits_segments_and_the_queries_after_each_shift() -> None:
+    def rec(segment: int, position: int, hit: bool, calls: int) -> QueryRecord:
+        base = _rec("a b", "a" if hit else "z", t=10 * segment + position, calls=calls)
+        return dataclasses.replace(base, extra={"segment": segment, "position": position})
+
+    records = [rec(0, 0, True, 5), rec(0, 1, True, 5),
+               rec(1, 0, False, 3), rec(1, 1, True, 3), rec(1, 2, True, 1),
+               rec(2, 0, False, 2), rec(2, 1, False, 2), rec(2, 2, True, 1)]
+    summary = summarize_shift(records, [1], window=2)
+    assert summary["segments"]["0"]["recall@1"] == 1.0
+    assert summary["segments"]["1"]["scorer_calls"] == 7
+    after = summary["after_shift"]  # positions 0 and 1 of segments 1 and 2
+    assert after["n"] == 4 and after["recall@1"] == pytest.approx(0.25)
+    assert after["scorer_calls"] == 10
+    assert summary["settled"]["n"] == 2 and summary["settled"]["recall@1"] == 1.0
+
+
+def test_cli_parser_registers_locomo() -> None:
+    parser = argparse.ArgumentParser()
+    add_locomo_parser(parser.add_subparsers(dest="bench"))
+    args = parser.parse_args(
+        ["locomo", "--data", "/d", "--policies", "semantic,full", "--k", "20,10",
+         "--judge-miss", "0.1", "--include-adversarial"]
+    )
+    assert args.func.__name__ == "run_locomo_command"
+    assert args.policies == ("semantic", "full") and args.ks == (20, 10)
+    assert args.judge == "oracle" and args.judge_miss == 0.1 and args.include_adversarial
+    with pytest.raises(ValueError):
+        LocomoConfig(data_dir=Path("/d"), policies=("bogus",))
+
+
+# --- end to end -------------------------------------------------------------------------------
+
+
+@pytest.mark.skipif(not LOCOMO_DIR.is_dir(), reason=f"LoCoMo data not found at {LOCOMO_DIR} "
+                    "(set EARM_LOCOMO_DIR to the directory of conv-*.json files)")
+def test_locomo_replay_smoke(tmp_path: Path) -> None:
+    n_questions, candidates = 15, 40
+    config = LocomoConfig(
+        data_dir=LOCOMO_DIR,
+        out=tmp_path / "RESULTS.json",
+        plot=tmp_path / "plot.png",
+        conversations=("conv-26",),
+        max_sessions=4,
+        max_questions=n_questions,
+        candidates=candidates,
+        ks=(10,),
+        schedule="0:1.0,5:0.5,10:0.25",
+        judge_miss=0.0,
+        judge_false=0.0,
+        judge_noise=0.0,
+        per_query=True,
+        progress=False,
+    )
+    results = run_locomo(config)
+    policies = results["policies"]
+    assert set(policies) == {"semantic", "observed", "earm", "full"}
+    assert results["dataset"]["questions"] == n_questions
+    for entry in policies.values():
+        assert entry["queries"] == n_questions
+        assert entry["degraded"] == 0
+    assert policies["semantic"]["scorer_calls"] == 0
+    assert policies["full"]["scorer_calls"] == n_questions * candidates
+    for name in ("observed", "earm"):
+        entry = policies[name]
+        budgets = sum(row["budget"] for row in results["per_query"][name])
+        assert entry["scorer_calls"] == budgets == entry["budget_total"]
+        assert 0 < entry["scorer_calls"] < policies["full"]["scorer_calls"]
+        assert entry["calls_vs_full"] < 1.0
+    assert policies["full"]["recall@10"] >= policies["semantic"]["recall@10"]
+    assert results["settings"]["judge_model"]["stats"]["unknown"] == 0
+    assert (tmp_path / "RESULTS.json").stat().st_size > 0
+    assert (tmp_path / "plot.png").read_bytes()[:4] == b"\x89PNG"
+    table = format_markdown(results)
+    assert "| earm |" in table and "observed − semantic" in table
+
+
+def small_replay(**options: Any) -> LocomoConfig:
+    """A few questions of conv-26 over 30 candidates, per-query rows kept; ``options`` the
+    rest of the run's configuration."""
+    return LocomoConfig(data_dir=LOCOMO_DIR, conversations=("conv-26",), candidates=30,
+                        per_query=True, progress=False, **options)
+
+
+@pytest.mark.skipif(not LOCOMO_DIR.is_dir(), reason=f"LoCoMo data not found at {LOCOMO_DIR}")
+def test_locomo_judge_gives_the_same_recall_through_chat_and_rerank(tmp_path: Path) -> None:
+    def run(protocol: str) -> dict[str, Any]:
+        return run_locomo(small_replay(
+            max_sessions=2, max_questions=6, ks=(5, 10), policies=("observed", "earm"),
+            schedule="0:1.0,2:0.5", judge_protocol=protocol, seed=7,
+        ))
+
+    chat, rerank = run("chat"), run("rerank")
+    assert rerank["settings"]["judge_model"]["protocol"] == "rerank"
+    for policy in ("observed", "earm"):
+        chat_entry, rerank_entry = chat["policies"][policy], rerank["policies"][policy]
+        for k in (5, 10):
+            assert rerank_entry[f"recall@{k}"] == chat_entry[f"recall@{k}"]
+        assert [r["recall@10"] for r in rerank["per_query"][policy]] == [
+            r["recall@10"] for r in chat["per_query"][policy]
+        ]
+        assert rerank_entry["scorer_calls"] == chat_entry["scorer_calls"] > 0
+        # The chat judge answers one request per pair, the reranker one per query here.
+        assert chat_entry["scorer_requests"] == chat_entry["scorer_calls"]
+        assert rerank_entry["scorer_requests"] == rerank_entry["queries"]
+    assert rerank["settings"]["judge_model"]["stats"]["unknown"] == 0
+
+
+def test_repeat_rounds_reask_every_question_half_verbatim_half_rephrased() -> None:
+    conv = parse_conversation(synthetic_sample())
+    config = LocomoConfig(data_dir=Path("."), repeat=3, seed=5)
+    stream = askings(conv, config)
+    questions = [q.question for q in conv.replay_questions(config.categories)]
+    assert [a.text for a in stream[: len(questions)]] == questions
+    assert {a.kind for a in stream[: len(questions)]} == {"plain"}
+    for round_ in (1, 2, 3):
+        this_round = [a for a in stream if a.round == round_]
+        assert sorted(a.question.question for a in this_round) == sorted(questions)
+        verbatim = [a for a in this_round if a.kind == "verbatim"]
+        assert len(verbatim) == len(questions) // 2
+        assert all(a.text == a.question.question for a in verbatim)
+    rephrased = [a for a in stream if a.kind == "rephrased"]
+    assert all(a.question.question in a.text != a.question.question for a in rephrased)
+    # The same question keeps its kind across rounds and never repeats a rephrasing.
+    by_question: dict[str, list[str]] = {}
+    for a in rephrased:
+        by_question.setdefault(a.question.question, []).append(a.text)
+    assert all(len(set(texts)) == 3 for texts in by_question.values())
+    assert askings(conv, config) == stream  # seeded
+    assert askings(conv, LocomoConfig(data_dir=Path("."))) == stream[: len(questions)]
+
+
+@pytest.mark.skipif(not LOCOMO_DIR.is_dir(), reason=f"LoCoMo data not found at {LOCOMO_DIR}")
+def test_locomo_repeat_smoke_reuses_for_earm_and_keeps_full_stateless(tmp_path: Path) -> None:
+    n_questions, candidates, repeat = 10, 40, 2
+    config = LocomoConfig(
+        data_dir=LOCOMO_DIR,
+        conversations=("conv-26",),
+        max_sessions=4,
+        max_questions=n_questions,
+        candidates=candidates,
+        ks=(10,),
+        policies=("earm", "full"),
+        schedule="0:1.0,5:0.5,10:0.25",
+        judge_miss=0.0,
+        judge_false=0.0,
+        judge_noise=0.0,
+        repeat=repeat,
+        progress=False,
+    )
+    results = run_locomo(config)
+    # The policy tables are the plain stream's.
+    assert results["policies"]["full"]["queries"] == n_questions
+    assert results["policies"]["full"]["scorer_calls"] == n_questions * candidates
+    rounds = results["repeat"]["earm"]["rounds"]
+    assert set(rounds) == {"0", "1", "2"} and set(rounds["0"]) == {"plain"}
+    assert set(rounds["1"]) == set(rounds["2"]) == {"verbatim", "rephrased"}
+    # full is stateless: every asking scores every candidate, nothing reused.
+    full = results["repeat"]["full"]
+    assert full["scorer_calls"] == (1 + repeat) * n_questions * candidates
+    assert full["reused"] == 0
+    # earm re-asks verbatim from experience: more reused each round, and cheaper than full.
+    assert 0 < rounds["1"]["verbatim"]["reused"] < rounds["2"]["verbatim"]["reused"]
+    assert rounds["1"]["rephrased"]["reused"] == 0
+    assert results["repeat"]["earm"]["calls_vs_full"] < 1.0
+    assert results["settings"]["judge_model"]["stats"]["unknown"] == 0
+    assert "--repeat: per round and kind" in format_markdown(results)
+
+
+@pytest.mark.skipif(not LOCOMO_DIR.is_dir(), reason=f"LoCoMo data not found at {LOCOMO_DIR}")
+def test_locomo_shift_replays_conversations_into_one_namespace(tmp_path: Path) -> None:
+    per_conversation = 6
+    config = LocomoConfig(
+        data_dir=LOCOMO_DIR,
+        conversations=("conv-26", "conv-30"),
+        max_sessions=2,
+        max_questions=per_conversation,
+        candidates=30,
+        ks=(10,),
+        policies=("semantic", "earm"),
+        schedule="0:1.0,3:0.5,6:0.2",
+        shift=True,
+        shift_window=2,
+        per_query=True,
+        progress=False,
+    )
+    results = run_locomo(config)
+    for policy in ("semantic", "earm"):
+        rows = results["per_query"][policy]
+        # One namespace: the query index runs on across the conversations.
+        assert [r["t"] for r in rows] == list(range(2 * per_conversation))
+        assert [r["segment"] for r in rows] == [0] * per_conversation + [1] * per_conversation
+        shift = results["shift"][policy]
+        assert [s["sample_id"] for s in shift["segments"].values()] == ["conv-26", "conv-30"]
+        assert shift["after_shift"]["queries"] == 2
+        assert shift["after_shift"]["scorer_calls"] == sum(
+            r["scorer_calls"] for r in rows if r["segment"] == 1 and r["position"] < 2
+        )
+    earm_rows = results["per_query"]["earm"]
+    # The second conversation starts at stage 2 of the schedule: its first query scores 20%
+    # of the candidates, which now include the first conversation's turns.
+    assert earm_rows[per_conversation]["budget"] == 6
+    assert results["policies"]["semantic"]["recall@10"] > 0  # scoped evidence ids resolve
+    assert results["settings"]["judge_model"]["stats"]["unknown"] == 0
+    assert "after each shift" in format_markdown(results)
+
+
+def test_expand_flag_is_parsed_and_bounded() -> None:
+    parser = argparse.ArgumentParser()
+    add_locomo_parser(parser.add_subparsers(dest="bench"))
+    assert parser.parse_args(["locomo", "--data", "/d", "--expand", "20"]).expand == 20
+    with pytest.raises(ValueError, match="--expand"):
+        LocomoConfig(data_dir=Path("/d"), expand=201)
+
+
+@pytest.mark.skipif(not LOCOMO_DIR.is_dir(), reason=f"LoCoMo data not found at {LOCOMO_DIR}")
+def test_locomo_expand_adds_candidates_at_the_same_scorer_calls() -> None:
+    def run(expand: int) -> dict[str, Any]:
+        return run_locomo(small_replay(
+            max_sessions=4, max_questions=12, ks=(10, 20), policies=("earm",),
+            schedule="0:1.0,2:0.5,4:0.2", expand=expand, seed=3,
+        ))
+
+    plain, expanded = run(0), run(10)
+    plain_rows, expanded_rows = plain["per_query"]["earm"], expanded["per_query"]["earm"]
+    # The same budgets and anchors: expansion adds candidates, never scorer calls.
+    assert [r["scorer_calls"] for r in expanded_rows] == [r["scorer_calls"] for r in plain_rows]
+    assert expanded["settings"]["expand"] == 10
+    assert plain["policies"]["earm"]["sources@20"]["expanded"] == 0
+    assert sum(r["expanded@20"] for r in plain_rows) == 0
+    # After the first refits the content prior finds memories outside the 30 candidates, and
+    # some compete for the top 20.
+    assert sum(r["expanded@20"] for r in expanded_rows) > 0
+
+
+def test_estimated_share_counts_expanded_memories_as_estimated() -> None:
+    records = [_rec("a b c d", "a", sources="observed expanded estimated semantic")]
+    assert estimated_share_at_k(records, 4) == pytest.approx(2 / 4)
+    assert source_shares_at_k(records, 4)["expanded"] == pytest.approx(1 / 4)

@@ -1,0 +1,62 @@
+"""Real HTTP stand-ins for the providers earm calls, served on loopback: a public helper for
+testing earm, or code that talks to it, without an LLM or embedding provider.
+
+As starlette ships its test client, earm ships these. Its own tests and its benchmarks (the
+earm-bench distribution) use them, and so can anyone who builds on earm. They are talked to
+through the very same httpx code path that talks to OpenAI, vLLM or Ollama in production, so
+retries, timeouts, concurrency limits and response parsing are exercised for real (sockets,
+HTTP framing, JSON) rather than through mocks. The apps speak just enough of each protocol for
+earm's clients; the behaviour (scores, vectors, latency, faults) is supplied by a plain callback,
+which may be a coroutine function and may raise :class:`HTTPFault` to answer with an error.
+
+- :class:`LoopbackServer` serves any ASGI app on 127.0.0.1 (a free port) from a thread of its
+  own, as a context manager;
+- :func:`chat_completions_app`: ``POST /v1/chat/completions`` (the LLM judge, optionally with
+  log-probabilities); :func:`embeddings_app`: ``POST /v1/embeddings``; :func:`rerank_app`:
+  ``POST /rerank`` in the Cohere/vLLM or the text-embeddings-inference shape, whose request and
+  response shapes are :func:`rerank_request` and :func:`rerank_response` (at
+  :data:`RERANK_PATHS`). Each app counts its requests on ``app.state`` (``calls``,
+  ``in_flight``, ``max_in_flight``, ``last_request``);
+- :func:`free_port`, :func:`wait_ready` and :func:`interrupt`: start, await and stop an
+  ``earm serve`` or ``earm worker`` process.
+
+Typical use::
+
+    from service.settings import Settings
+    from service.testing import LoopbackServer, chat_completions_app
+
+    app = chat_completions_app(lambda prompt: "0.8")
+    with LoopbackServer(app) as server:
+        settings = Settings(scorer="openai", scorer_base_url=server.url + "/v1")
+        ...
+    assert app.state.calls == 3
+"""
+
+from service.testing.chat import ReplyFn, chat_completions_app
+from service.testing.embeddings import EmbedFn, embeddings_app
+from service.testing.processes import free_port, interrupt, wait_ready
+from service.testing.rerank import (
+    RERANK_PATHS,
+    RerankFn,
+    rerank_app,
+    rerank_request,
+    rerank_response,
+)
+from service.testing.server import HTTPFault, LoopbackServer
+
+__all__ = [
+    "RERANK_PATHS",
+    "EmbedFn",
+    "HTTPFault",
+    "LoopbackServer",
+    "RerankFn",
+    "ReplyFn",
+    "chat_completions_app",
+    "embeddings_app",
+    "free_port",
+    "interrupt",
+    "rerank_app",
+    "rerank_request",
+    "rerank_response",
+    "wait_ready",
+]

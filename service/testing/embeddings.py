@@ -1,0 +1,55 @@
+"""The stand-in of an OpenAI-compatible embeddings endpoint."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from fastapi import FastAPI, Request
+
+from service.testing.stand_in import BadRequest, answer_post, maybe_await, openai_app
+
+#: The input texts -> one vector per text (lists or a numpy array).
+EmbedFn = Callable[[list[str]], "Any | Awaitable[Any]"]
+
+
+def embeddings_app(
+    embed: EmbedFn, model: str = "loopback-embedder", out_of_order: bool = False
+) -> FastAPI:
+    """An OpenAI-compatible ``POST /v1/embeddings`` whose vectors come from ``embed``.
+
+    ``embed`` receives the input texts (a single string input becomes a one-element list) and
+    returns one vector per text (lists or a numpy array); it may be a coroutine function and may
+    raise :class:`~service.testing.HTTPFault`. ``out_of_order=True`` returns the ``data`` items
+    in reverse order (with correct ``index`` fields), which the OpenAI protocol allows, to check
+    that clients order by ``index``. Counters on ``app.state`` as in
+    :func:`~service.testing.chat_completions_app`.
+    """
+    app = openai_app("loopback embeddings", model)
+
+    async def answer(body: Any) -> dict[str, Any]:
+        raw = body.get("input") if isinstance(body, dict) else None
+        if isinstance(raw, str):
+            texts = [raw]
+        elif isinstance(raw, list) and all(isinstance(t, str) for t in raw):
+            texts = list(raw)
+        else:
+            raise BadRequest("'input' must be a string or a list of strings")
+        vectors = await maybe_await(embed(texts))
+        rows = [[float(x) for x in vector] for vector in vectors]
+        data = [{"object": "embedding", "index": i, "embedding": row} for i, row in enumerate(rows)]
+        if out_of_order:
+            data.reverse()
+        tokens = sum(len(t.split()) for t in texts)
+        return {
+            "object": "list",
+            "data": data,
+            "model": body.get("model") or model,
+            "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+        }
+
+    @app.post("/v1/embeddings")
+    async def embeddings(request: Request) -> Any:
+        return await answer_post(app, request, answer)
+
+    return app
