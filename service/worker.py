@@ -1,6 +1,7 @@
 """`earm worker`: the background work of a deployment, apart from the processes that answer
-requests (issue #18.3). A worker runs the HNSW indexer and the full refits, nothing else,
-against the same database as the API processes (`earm serve --no-background-work`):
+requests, so refits and indexing neither compete with requests for a process's CPU nor scale
+with the number of API processes. A worker runs the HNSW indexer and the full refits, nothing
+else, against the same database as the API processes (`earm serve --no-background-work`):
 
 - the indexer drains the unindexed backlog; its batches take rows ``FOR NO KEY UPDATE SKIP
   LOCKED``, so several workers share the backlog;

@@ -1,5 +1,6 @@
 """Behaviour pin for restructurings: one recorded workload, replayed through the HTTP API, gives
-the recorded responses and the recorded stored state (issue #13: "same behaviour").
+the recorded responses and the recorded stored state, so a change meant to keep behaviour can
+show that it did.
 
 The workload runs sequentially against an in-process app on the clean test database: ingests in
 batches (client vectors and memories the local embedder embeds, an idempotent re-ingest),

@@ -1,4 +1,4 @@
-"""`earm worker` (issue #18.3): two API processes started with `earm serve --no-background-work`
+"""`earm worker`: two API processes started with `earm serve --no-background-work`
 and one worker on one database. Ingests get indexed and refits happen while the API processes
 do neither; a worker killed with SIGKILL loses nothing, and a new worker resumes its work."""
 

@@ -1,5 +1,4 @@
-"""Corrections and memory lifecycle (issue #14.3, #14.4): retired observations and the history
-of replaced ones.
+"""Corrections and memory lifecycle: retired observations and the history of replaced ones.
 
 - ``scores.retired_at``: set when the memory's text or embedding changed after the cell was
   observed. The cell judged the old content, so learning and counting skip it; the row stays

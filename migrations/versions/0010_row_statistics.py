@@ -1,4 +1,5 @@
-"""Per-memory sufficient statistics of the online re-solve (issue #18.1).
+"""Per-memory sufficient statistics of the online re-solve, so it costs the same however long a
+memory's history grows.
 
 ``memory_factors.statistics`` holds the packed normal equations of the memory's row given the
 query side (service/completion/statistics.py): the online update adds each new observation's

@@ -9,7 +9,7 @@ queries, fetched one TOAST value per query (a query row took a heap page of its 
 storage MAIN the embedding stays in the row, the traces (read only by ``GET /queries/{id}``
 and the dashboard) go out of line, and the scan reads a few rows per page: over the 800 queries
 of a 20k-memory namespace, 215 buffers instead of 5,615, 3.2 ms instead of 19.5 ms on a cold
-cache (docs/performance.md, round 9).
+cache (docs/performance.md).
 
 Only the column's storage changes (no rewrite, no lock held for long): rows written before keep
 their layout until they are rewritten, so the window turns over to the new layout as queries

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 
 from pydantic import ValidationError
 
+from service.cli.plain_help import PlainHelpParser
 from service.errors import ConfigurationError, SchemaOutOfDate
 from service.settings import Settings
 
@@ -104,7 +105,8 @@ def _migrate(args: argparse.Namespace, settings: Settings) -> int:
 def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
     """The parser of the command line ``argv``: the product's commands, and those of installed
     distributions unless ``argv`` names one of the product's."""
-    parser = argparse.ArgumentParser(prog="earm", description=__doc__)
+    # Typed as its base class: the sub-command modules add parsers to any ArgumentParser's.
+    parser: argparse.ArgumentParser = PlainHelpParser(prog="earm", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
 
     serve = commands.add_parser("serve", help="run the HTTP service")

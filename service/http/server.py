@@ -119,9 +119,10 @@ def freeze_start_up_objects() -> None:
 
     A serving process builds ~200k tracked objects at start-up (modules, the app, its routes,
     schemas and providers) and keeps them for its whole life. Each full collection walked them
-    all, ~200 ms with the event loop stopped (docs/performance.md, round 11); frozen, a full pass
-    walks only what requests allocate since. The cost: a reference cycle among them that later
-    becomes garbage is never collected (start-up objects live as long as the process anyway)."""
+    all, ~200 ms with the event loop stopped (measured in docs/performance.md); frozen, a full
+    pass walks only what requests allocate since. The cost: a reference cycle among them that
+    later becomes garbage is never collected (start-up objects live as long as the process
+    anyway)."""
     gc.freeze()
 
 

@@ -1,2 +1,2 @@
 """The ingest flow: input checks, the idempotent batch ingest (and memory lookup, listing,
-deletion), and the background indexer that moves new memories into the HNSW index."""
+edits, deletion), and the background indexer that moves new memories into the HNSW index."""

@@ -1,108 +1,54 @@
-"""Memory storage: idempotent batch ingest (or update on ``external_id``), edits, lookup,
-keyset listing and deletion. No HTTP here.
+"""Memory storage: idempotent batch ingest (or update on ``external_id``), lookup, keyset
+listing and deletion. No HTTP here.
 
-A change of a memory's text or embedding retires its observations (they judged the old
-content: :func:`service.db.experience.retire_observations`) and resets its model row; a change
-of its metadata or ``occurred_at`` alone keeps them."""
+The public face of the memory flow: the values it takes and returns (:mod:`records
+<service.ingest.records>`) and the edits of stored memories (:mod:`edits <service.ingest.edits>`)
+are imported from here too."""
 
 from __future__ import annotations
 
 import base64
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass, field, fields
-from datetime import datetime
-from typing import Any, Literal
+from dataclasses import fields
 
 import numpy as np
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from service.db import experience
 from service.db import memories as memory_table
-from service.db.models import MAX_BIGINT, Memory
+from service.db.models import MAX_BIGINT
 from service.db.namespaces import ensure_namespace, namespace_state
 from service.errors import IndexingBacklog, InvalidInput, NotFound
+from service.ingest.edits import update_memory, update_stored
+from service.ingest.records import (
+    IngestResult,
+    MemoryPage,
+    MemoryPatch,
+    NewMemory,
+    OnConflict,
+    StoredMemory,
+    UpdatedMemory,
+)
 from service.ingest.validation import repeats
-from service.providers.embedders import Embedder, check_embedding, embed_texts
+from service.ingest.vectors import model_ids, vectors_for
+from service.providers.embedders import Embedder
 
-
-@dataclass(frozen=True)
-class NewMemory:
-    text: str
-    embedding: Sequence[float] | None = None
-    external_id: str | None = None
-    occurred_at: datetime | None = None
-    metadata: dict[str, Any] = field(default_factory=dict)
-
-
-# The results below are also the API's response bodies (service.http serves them as they are).
-
-
-#: What an ingest does with an item whose external_id is already stored: ``keep`` the stored
-#: memory (idempotent retries), or ``update`` it to the item's content.
-OnConflict = Literal["keep", "update"]
-
-
-@dataclass(frozen=True)
-class MemoryPatch:
-    """The fields of a memory to change (None: unchanged). ``occurred_at`` is changed when
-    ``sets_occurred_at``, to None too (which clears it)."""
-
-    text: str | None = None
-    embedding: Sequence[float] | None = None
-    metadata: dict[str, Any] | None = None
-    occurred_at: datetime | None = None
-    sets_occurred_at: bool = False
-
-
-@dataclass(frozen=True)
-class IngestResult:
-    ids: list[int]
-    created: int
-    existing: int
-    # Of the existing ones, those whose stored content changed (on_conflict "update" only).
-    updated: int = 0
-
-
-@dataclass(frozen=True)
-class StoredMemory:
-    """A stored memory, as lookup and listing return it (the embedding is not returned)."""
-
-    id: int
-    namespace: str
-    external_id: str | None
-    text: str
-    occurred_at: datetime | None
-    created_at: datetime
-    metadata: dict[str, Any]
-    embedding_model: str
-
-    @classmethod
-    def of(cls, row: Memory) -> StoredMemory:
-        return cls(
-            id=row.id,
-            namespace=row.namespace,
-            external_id=row.external_id,
-            text=row.text,
-            occurred_at=row.occurred_at,
-            created_at=row.created_at,
-            metadata=row.metadata_,
-            embedding_model=row.embedding_model,
-        )
-
-
-@dataclass(frozen=True)
-class MemoryPage:
-    memories: list[StoredMemory]
-    next_cursor: str | None
-
-
-@dataclass(frozen=True)
-class UpdatedMemory:
-    """A memory after an edit, and how many of its observations the edit retired."""
-
-    memory: StoredMemory
-    retired_observations: int
+__all__ = [
+    "IngestResult",
+    "MemoryPage",
+    "MemoryPatch",
+    "NewMemory",
+    "OnConflict",
+    "StoredMemory",
+    "UpdatedMemory",
+    "decode_cursor",
+    "delete_memory",
+    "encode_cursor",
+    "get_memory",
+    "ingest",
+    "list_memories",
+    "update_memory",
+]
 
 
 async def ingest(
@@ -131,7 +77,7 @@ async def ingest(
     if pending and max_unindexed > 0:
         await _check_backlog(session, namespace, max_unindexed)
 
-    vectors = await _vectors_for(embedder, embedding_dim, [items[p] for p in pending], pending)
+    vectors = await vectors_for(embedder, embedding_dim, [items[p] for p in pending], pending)
     await ensure_namespace(session, namespace)
 
     created = 0
@@ -154,7 +100,7 @@ async def ingest(
     if on_conflict == "update":
         inserted_positions = set(pending)
         stored = [item for p, item in enumerate(items) if p not in inserted_positions]
-        updated = await _update_stored(session, embedder, embedding_dim, namespace, stored)
+        updated = await update_stored(session, embedder, embedding_dim, namespace, stored)
     return IngestResult(
         ids=[int(i) for i in ids], created=created, existing=len(items) - created, updated=updated
     )
@@ -173,124 +119,6 @@ async def _check_backlog(session: AsyncSession, namespace: str, max_unindexed: i
             "stored. Retry later, once the indexer has caught up; to index faster run more "
             "`earm worker` processes, or raise EARM_MAX_UNINDEXED"
         )
-
-
-async def _update_stored(
-    session: AsyncSession,
-    embedder: Embedder | None,
-    embedding_dim: int,
-    namespace: str,
-    items: Sequence[NewMemory],
-) -> int:
-    """Update the stored memories of ``items`` (each under its external id) whose content
-    differs from the item: the item is the whole memory, so its metadata and occurred_at
-    replace the stored ones. Returns how many changed."""
-    by_external_id = {item.external_id: item for item in items if item.external_id is not None}
-    if not by_external_id:
-        return 0
-    rows = await memory_table.memories_by_external_id(session, namespace, list(by_external_id))
-    rows.sort(key=lambda r: r.id)
-    patches = [
-        MemoryPatch(
-            text=item.text,
-            embedding=item.embedding,
-            metadata=item.metadata,
-            occurred_at=item.occurred_at,
-            sets_occurred_at=True,
-        )
-        for item in (by_external_id[str(row.external_id)] for row in rows)
-    ]
-    changes = await _changes(embedder, embedding_dim, rows, patches)
-    changed = [(row, change) for row, change in zip(rows, changes, strict=True) if change.differs]
-    for row, change in changed:
-        await _write(session, row, change)
-    return len(changed)
-
-
-async def update_memory(
-    session: AsyncSession,
-    embedder: Embedder | None,
-    embedding_dim: int,
-    memory_id: int,
-    patch: MemoryPatch,
-) -> UpdatedMemory:
-    """Edit a stored memory (``PATCH /memories/{id}``); the caller has authorised its
-    namespace. NotFound for an unknown (or concurrently deleted) memory."""
-    row = await memory_table.get_memory(session, memory_id)
-    if row is None:
-        raise NotFound(f"memory {memory_id} does not exist")
-    (change,) = await _changes(embedder, embedding_dim, [row], [patch])
-    retired = await _write(session, row, change)
-    updated = await session.get(Memory, memory_id, populate_existing=True)
-    if updated is None:
-        raise NotFound(f"memory {memory_id} does not exist")
-    return UpdatedMemory(StoredMemory.of(updated), retired)
-
-
-@dataclass(frozen=True)
-class _Change:
-    """The columns a patch sets on a stored memory (``Memory`` attribute names), and whether
-    its content (text or vector) changes, which retires its observations."""
-
-    values: dict[str, Any]
-    content_changed: bool
-    differs: bool  # whether anything would change at all
-
-
-async def _changes(
-    embedder: Embedder | None,
-    embedding_dim: int,
-    rows: Sequence[Memory],
-    patches: Sequence[MemoryPatch],
-) -> list[_Change]:
-    """What each patch changes of its row. A vector is written when it differs from the stored
-    one: a client vector, or a new text sent without one, embedded as at ingest (one batched
-    call for all the rows)."""
-    new_texts = [
-        p.text is not None and p.text != row.text for row, p in zip(rows, patches, strict=True)
-    ]
-    positions = [i for i, p in enumerate(patches) if p.embedding is not None or new_texts[i]]
-    contents = [
-        NewMemory(text=patches[i].text or rows[i].text, embedding=patches[i].embedding)
-        for i in positions
-    ]
-    computed = await _vectors_for(embedder, embedding_dim, contents, positions)
-    vectors = dict(zip(positions, computed, strict=True))
-    models = dict(zip(positions, _model_ids(embedder, contents, range(len(contents))), strict=True))
-    changes = []
-    for i, (row, patch) in enumerate(zip(rows, patches, strict=True)):
-        values: dict[str, Any] = {}
-        if patch.text is not None:
-            values["text"] = patch.text
-        if patch.metadata is not None:
-            values["metadata_"] = patch.metadata
-        if patch.sets_occurred_at:
-            values["occurred_at"] = patch.occurred_at
-        if i in vectors and not np.array_equal(vectors[i], np.asarray(row.embedding, np.float32)):
-            values["embedding"], values["embedding_model"] = vectors[i], models[i]
-        differs = any(
-            name == "embedding" or getattr(row, name) != value for name, value in values.items()
-        )
-        changes.append(_Change(values, new_texts[i] or "embedding" in values, differs))
-    return changes
-
-
-async def _write(session: AsyncSession, row: Memory, change: _Change) -> int:
-    """Write ``change`` to ``row``'s memory; a new text or vector retires its observations
-    (they judged the old content): returns how many."""
-    if not change.differs:  # e.g. the stored vector sent again
-        return 0
-    # The namespace's lock, as a delete takes it: retiring writes the running mean and the
-    # memory's model row, which a refit rewrites under the same lock. Taken after any embedder
-    # call (:func:`_changes`), which must not hold up the namespace.
-    await namespace_state(session, row.namespace, for_update=True)
-    if not await memory_table.update_memory(
-        session, row.id, change.values, content_changed=change.content_changed
-    ):
-        raise NotFound(f"memory {row.id} does not exist")
-    if change.content_changed:
-        return await experience.retire_observations(session, row.namespace, [row.id])
-    return 0
 
 
 def _check_repeated_external_ids(items: Sequence[NewMemory]) -> None:
@@ -332,7 +160,7 @@ async def _insert(
         [item.external_id for item in batch],
         [item.text for item in batch],
         vectors,
-        _model_ids(embedder, items, pending),
+        model_ids(embedder, items, pending),
         [item.occurred_at for item in batch],
         [item.metadata for item in batch],
     )
@@ -350,38 +178,6 @@ def _anonymous_ids(
 
 def _differing_fields(one: NewMemory, other: NewMemory) -> list[str]:
     return [f.name for f in fields(NewMemory) if getattr(one, f.name) != getattr(other, f.name)]
-
-
-def _model_ids(
-    embedder: Embedder | None, items: Sequence[NewMemory], pending: Sequence[int]
-) -> list[str]:
-    return [
-        "client" if items[p].embedding is not None else (embedder.model_id if embedder else "")
-        for p in pending
-    ]
-
-
-async def _vectors_for(
-    embedder: Embedder | None,
-    embedding_dim: int,
-    items: Sequence[NewMemory],
-    positions: Sequence[int],
-) -> list[np.ndarray]:
-    """Client vectors checked as given; the rest embedded in one batched call."""
-    vectors: list[np.ndarray | None] = [
-        check_embedding(item.embedding, embedding_dim, f"memories[{position}].embedding")
-        if item.embedding is not None
-        else None
-        for item, position in zip(items, positions, strict=True)
-    ]
-    to_embed = [i for i, vector in enumerate(vectors) if vector is None]
-    if to_embed:
-        computed = await embed_texts(embedder, [items[i].text for i in to_embed])
-        for i, vector in zip(to_embed, computed, strict=True):
-            vectors[i] = vector
-    filled = [vector for vector in vectors if vector is not None]
-    assert len(filled) == len(vectors), "the embedder returns a vector for every text"
-    return filled
 
 
 async def get_memory(session: AsyncSession, memory_id: int) -> StoredMemory:

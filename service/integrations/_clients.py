@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from typing import Any
+from typing import Any, Literal
 
 from service.client import DEFAULT_TIMEOUT_S, AsyncEarmClient, EarmClient, RetrieveResult
 
 DEFAULT_URL = "http://127.0.0.1:8000"
+#: The retrieval policies of ``POST /retrieve``.
+Policy = Literal["earm", "semantic", "full", "observed"]
 #: Metadata keys that are earm's bookkeeping rather than context for a language model.
 BOOKKEEPING_KEYS = (
     "id",

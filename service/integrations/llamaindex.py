@@ -10,7 +10,13 @@ from llama_index.core.retrievers import BaseRetriever
 from llama_index.core.schema import NodeWithScore, QueryBundle, TextNode
 
 from service.client import DEFAULT_TIMEOUT_S, RetrieveResult
-from service.integrations._clients import BOOKKEEPING_KEYS, DEFAULT_URL, EarmClients, retrieved
+from service.integrations._clients import (
+    BOOKKEEPING_KEYS,
+    DEFAULT_URL,
+    EarmClients,
+    Policy,
+    retrieved,
+)
 
 __all__ = ["EarmRetriever"]
 
@@ -35,7 +41,7 @@ class EarmRetriever(BaseRetriever):
         *,
         namespace: str,
         k: int = 10,
-        policy: Literal["earm", "semantic", "full", "observed"] = "earm",
+        policy: Policy = "earm",
         candidates: int | None = None,
         order: Literal["chronological", "relevance"] = "chronological",
         filters: dict[str, Any] | None = None,

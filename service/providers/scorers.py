@@ -1,8 +1,9 @@
 """Relevance scorers: one score in [0, 1] per (query, memory) pair.
 
-The scorer is the expensive oracle earm learns to call less often (DESIGN §2.5, §4). The
-counting rule of the paper holds here: one scorer call per directly scored pair, whatever
-number of HTTP requests a backend needs for them (reported separately, :class:`Scores`).
+The scorer is the expensive oracle earm learns to call less often: a retrieve scores only its
+anchors with it (docs/design.md, "Budget and anchors"). The counting rule of the paper holds
+here: one scorer call per directly scored pair, whatever number of HTTP requests a backend
+needs for them (reported separately, :class:`Scores`).
 
 ``OpenAIChatScorer`` talks to any OpenAI-compatible ``/chat/completions`` endpoint (OpenAI, vLLM,
 Ollama, llama.cpp server, …); ``RerankScorer`` to a ``/rerank`` endpoint (Cohere, Jina, vLLM,
@@ -48,8 +49,9 @@ Outcome = Literal["ok", "http_error", "timeout", "unparseable", "transport_error
 def cosine_to_score(cosine: np.ndarray | float) -> np.ndarray:
     """Offline relevance from cosine similarity: ``sigmoid((cos - 0.35) / 0.08)``.
 
-    Also the "calibrated semantic score" for cold memories (DESIGN §2.8), so semantic and
-    LLM scores live on a comparable [0, 1] scale.
+    Also the "calibrated semantic score" the rerank gives cold memories, which have no history
+    to estimate from (docs/design.md, "The retrieve pipeline"), so semantic and LLM scores live
+    on a comparable [0, 1] scale.
     """
     z = (np.asarray(cosine, dtype=np.float64) - LOCAL_CENTER) / LOCAL_TEMPERATURE
     return 1.0 / (1.0 + np.exp(-np.clip(z, -60.0, 60.0)))

@@ -1,4 +1,4 @@
-"""Corrections and the memory lifecycle (issue #14.3, #14.4) through HTTP, against the real
+"""Corrections and the memory lifecycle through HTTP, against the real
 database: authoritative feedback (by id or external_id, history kept, latest wins), PATCH
 /memories/{id} and ingest with on_conflict "update" retiring observations, DELETE
 /namespaces/{namespace}, and retrieves on namespaces without memories."""

@@ -1,4 +1,4 @@
-"""Reuse of observed pairs (issue #14): a repeated query takes its family's observations instead
+"""Reuse of observed pairs: a repeated query takes its family's observations instead
 of scoring them again and spends its budget on candidates not observed yet. The scorer is a
 loopback chat-completions judge that records every pair it is asked to score."""
 

@@ -1,6 +1,6 @@
-"""The online update from per-memory sufficient statistics gives the same memory rows as the
-re-solve from each memory's whole history it replaced (issue #18.1), on a replay with refits
-and feedback; the stored statistics always equal a rebuild from the live observations."""
+"""The online update from per-memory sufficient statistics gives the same memory rows as a
+re-solve from each memory's whole history (the slow, obvious way), on a replay with refits and
+feedback; the stored statistics always equal a rebuild from the live observations."""
 
 from __future__ import annotations
 
@@ -54,7 +54,7 @@ async def _stored_rows(
 async def _resolved_from_history(
     session: AsyncSession, memory_ids: np.ndarray, mean: float, reg: float
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The rows as the online update computed them before #18.1: every observation of each
+    """The rows as a re-solve from the whole history computes them: every observation of each
     memory read back, re-solved with the mean the request saw."""
     history = await experience.memory_row_observations(session, memory_ids, RANK)
     rows, compact = np.unique(history.memory_ids, return_inverse=True)

@@ -1,0 +1,45 @@
+"""The vectors of new or edited memories: a client's own, checked against the namespace's
+dimension, or the embedder's, for all the texts of a batch in one call; and the embedding model
+recorded with each ("client" for a client's vector)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from service.ingest.records import NewMemory
+from service.providers.embedders import Embedder, check_embedding, embed_texts
+
+
+def model_ids(
+    embedder: Embedder | None, items: Sequence[NewMemory], pending: Sequence[int]
+) -> list[str]:
+    """The embedding model of each pending item's vector."""
+    return [
+        "client" if items[p].embedding is not None else (embedder.model_id if embedder else "")
+        for p in pending
+    ]
+
+
+async def vectors_for(
+    embedder: Embedder | None,
+    embedding_dim: int,
+    items: Sequence[NewMemory],
+    positions: Sequence[int],
+) -> list[np.ndarray]:
+    """Client vectors checked as given; the rest embedded in one batched call."""
+    vectors: list[np.ndarray | None] = [
+        check_embedding(item.embedding, embedding_dim, f"memories[{position}].embedding")
+        if item.embedding is not None
+        else None
+        for item, position in zip(items, positions, strict=True)
+    ]
+    to_embed = [i for i, vector in enumerate(vectors) if vector is None]
+    if to_embed:
+        computed = await embed_texts(embedder, [items[i].text for i in to_embed])
+        for i, vector in zip(to_embed, computed, strict=True):
+            vectors[i] = vector
+    filled = [vector for vector in vectors if vector is not None]
+    assert len(filled) == len(vectors), "the embedder returns a vector for every text"
+    return filled
