@@ -40,6 +40,15 @@ def service(clean_database: str) -> Iterator[LiveService]:
 
 
 @pytest.fixture
+def keyless_service(clean_database: str) -> Iterator[str]:
+    """The URL of earm as `earm serve` first runs on a new machine: no API keys, so loopback
+    clients are served without one."""
+    settings = Settings(database_url=clean_database, _env_file=None)
+    with LoopbackServer(create_app(settings)) as server:
+        yield server.url
+
+
+@pytest.fixture
 def agent_memories(service: LiveService) -> list[dict[str, Any]]:
     """Three memories stored in the namespace agent-1, each with its ``id``."""
     memories: list[dict[str, Any]] = [
