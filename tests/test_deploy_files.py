@@ -103,14 +103,24 @@ def test_compose_documents_every_setting(compose: dict) -> None:
     assert not missing, f"add these settings to x-earm-environment in docker-compose.yml: {missing}"
 
 
-def test_the_readme_settings_table_names_every_setting() -> None:
-    readme = (ROOT / "README.md").read_text()
+def documented_settings() -> set[str]:
+    """The variables the settings tables of docs/operations.md name in their first column."""
+    page = (ROOT / "docs" / "operations.md").read_text()
+    section = page.split("\n## Settings\n", 1)[1].split("\n## ", 1)[0]
+    first_cells = re.findall(r"^\| ([^|]+) \|", section, re.MULTILINE)
+    return {name for cell in first_cells for name in re.findall(r"`(EARM_\w+)`", cell)}
+
+
+def test_the_settings_tables_name_every_setting() -> None:
+    documented = documented_settings()
     missing = [
         setting_env_name(field)
         for field in Settings.model_fields
-        if f"`{setting_env_name(field)}`" not in readme
+        if setting_env_name(field) not in documented
     ]
-    assert not missing, f"add these settings to the README's settings table: {missing}"
+    assert not missing, f"add these settings to a table of docs/operations.md, Settings: {missing}"
+    known = {setting_env_name(field) for field in Settings.model_fields}
+    assert documented <= known, f"not settings: {sorted(documented - known)}"
 
 
 #: Compose defaults that differ from Settings on purpose.

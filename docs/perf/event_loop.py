@@ -1,8 +1,8 @@
-"""What the event loop costs a retrieve's I/O (docs/performance.md, round 11): the CPU and wall
+"""What the event loop costs a retrieve's I/O (docs/performance.md, Tuning notes): the CPU and wall
 time of one scorer request (a 35-document ``/rerank`` call through httpx, as the rerank scorer
 sends it, to the load bench's lean backend answering at once) and of one database round trip
-(``SELECT 1`` through psycopg's async connection), on asyncio's own loop (what ``earm serve``
-ran on before round 11) and on uvloop (what it runs on since), alternating, three rounds.
+(``SELECT 1`` through psycopg's async connection), on asyncio's own loop and on uvloop (what
+``earm serve`` runs on where it is installed), alternating, three rounds.
 
     python docs/perf/event_loop.py
 

@@ -1,4 +1,4 @@
-"""What a full garbage collection costs a serving process (docs/performance.md, round 11): the
+"""What a full garbage collection costs a serving process (docs/performance.md, Tuning notes): the
 objects an ``earm serve`` process holds once its app has started, and the time of one full
 collection over them, before and after ``service.http.server.freeze_start_up_objects`` (which
 ``earm serve`` calls before it serves). CPython stops the event loop for a full collection,

@@ -1,7 +1,7 @@
 """What paraphrase transfer's neighbour scan costs per retrieve, by EARM_PARAPHRASE_WINDOW
-(README, settings): the scan of service.db.search over a namespace of 20,000 recorded queries
-of 384 dimensions, in a temporary embedded Postgres, warm cache; planning + execution time of
-``EXPLAIN ANALYZE``, median of 15 fresh query vectors per window.
+(docs/operations.md, Settings): the scan of service.db.search over a namespace of 20,000
+recorded queries of 384 dimensions, in a temporary embedded Postgres, warm cache; planning +
+execution time of ``EXPLAIN ANALYZE``, median of 15 fresh query vectors per window.
 
     python docs/perf/paraphrase_scan.py
 """

@@ -1,9 +1,9 @@
-"""Where a 50 ms reranker's score phase goes (docs/performance.md, Known limits): the round trip
-of one 35-document ``/rerank`` call through the service's scorer (``RerankScorer.score``),
-through a bare httpx ``post`` and through a bare asyncio socket, against the bare
-``asyncio.sleep(0.05)``; to the tests' uvicorn + FastAPI stand-in (sleeping 50 ms in the handler)
-and to the load bench's lean backend (answering 50 ms after the request arrives), each served by
-a child process as the load bench serves its judge.
+"""Where a 50 ms reranker's score phase goes (docs/performance.md, A retrieve at 100k
+memories): the round trip of one 35-document ``/rerank`` call through the service's scorer
+(``RerankScorer.score``), through a bare httpx ``post`` and through a bare asyncio socket,
+against the bare ``asyncio.sleep(0.05)``; to the tests' uvicorn + FastAPI stand-in (sleeping
+50 ms in the handler) and to the load bench's lean backend (answering 50 ms after the request
+arrives), each served by a child process as the load bench serves its judge.
 
     python docs/perf/rerank_rtt.py
 """

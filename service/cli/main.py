@@ -179,7 +179,7 @@ def _describe_invalid_settings(error: ValidationError) -> str:
     more = (
         f" (and {error.error_count() - 1} more invalid settings)" if error.error_count() > 1 else ""
     )
-    return f"invalid setting {name}: {first['msg']}{more}; see README, Configuration"
+    return f"invalid setting {name}: {first['msg']}{more}; see docs/operations.md, Settings"
 
 
 if __name__ == "__main__":

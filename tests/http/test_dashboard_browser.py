@@ -5,7 +5,8 @@ stored as memories, questions about it retrieved through the HTTP API, with a lo
 
 Each page must load with no console error, draw every chart, and request nothing from another
 origin; the login must refuse a wrong key and scope the namespaces; a recent query must open
-its trace. With EARM_WRITE_SCREENSHOTS=1 the test also writes the README's screenshots."""
+its trace. With EARM_WRITE_SCREENSHOTS=1 the test also writes the screenshots of
+docs/operations.md."""
 
 from __future__ import annotations
 

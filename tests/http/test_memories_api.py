@@ -384,9 +384,10 @@ def test_forged_cursor_is_rejected(client: TestClient, cursor: str) -> None:
     assert response.status_code == 422 and error_code(response) == "invalid_input", response.text
 
 
-def readme_error_table() -> set[tuple[int, str]]:
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    section = readme.split("## Errors", 1)[1].split("\n## ", 1)[0]
+def documented_error_table() -> set[tuple[int, str]]:
+    """The (status, code) rows of the error table in docs/api.md."""
+    page = (Path(__file__).resolve().parents[2] / "docs" / "api.md").read_text()
+    section = page.split("\n## Errors\n", 1)[1].split("\n## ", 1)[0]
     rows = re.findall(r"^\| (\d{3}) \| `(\w+)` \|", section, re.MULTILINE)
     return {(int(status), code) for status, code in rows}
 
@@ -395,7 +396,9 @@ def domain_errors(cls: type[EarmError] = EarmError) -> list[type[EarmError]]:
     return [sub for direct in cls.__subclasses__() for sub in (direct, *domain_errors(direct))]
 
 
-def test_every_error_code_the_api_answers_with_is_in_the_readme_table(client: TestClient) -> None:
+def test_every_error_code_the_api_answers_with_is_in_the_documented_table(
+    client: TestClient,
+) -> None:
     answered = {(status_for(error("")), error.code) for error in domain_errors()}
     for response in (
         client.put("/memories/1"),
@@ -405,7 +408,7 @@ def test_every_error_code_the_api_answers_with_is_in_the_readme_table(client: Te
     ):
         answered.add((response.status_code, error_code(response)))
     assert (405, "method_not_allowed") in answered
-    assert answered - readme_error_table() == set()
+    assert answered - documented_error_table() == set()
 
 
 def test_health_and_readiness(client: TestClient) -> None:

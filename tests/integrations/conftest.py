@@ -40,6 +40,18 @@ def service(clean_database: str) -> Iterator[LiveService]:
 
 
 @pytest.fixture
+def keyless_service(clean_database: str) -> Iterator[str]:
+    """The URL of earm as `earm serve` first runs on a new machine: no API keys, so loopback
+    clients are served without one. Refits run inside the request that makes them due: a
+    script's next request comes within milliseconds, where a person's would find the
+    background refit long done (a refit that overlaps feedback leaves the fed-back memory
+    without a model row until it is next observed)."""
+    settings = Settings(database_url=clean_database, refit_in_background=False, _env_file=None)
+    with LoopbackServer(create_app(settings)) as server:
+        yield server.url
+
+
+@pytest.fixture
 def agent_memories(service: LiveService) -> list[dict[str, Any]]:
     """Three memories stored in the namespace agent-1, each with its ``id``."""
     memories: list[dict[str, Any]] = [

@@ -90,7 +90,7 @@ def over_http(service_url: str) -> Connect:
 def over_stdio(service_url: str) -> Connect:
     """`python -m service mcp --url ... --namespace ...` launched by the SDK's stdio client, as
     Claude Desktop launches it (the key through EARM_API_KEY, the way its config passes
-    secrets; the README's example covers EARM_MCP_DEFAULT_NAMESPACE)."""
+    secrets; the example of docs/integrations.md covers EARM_MCP_DEFAULT_NAMESPACE)."""
 
     @asynccontextmanager
     async def connect(key: str | None) -> AsyncIterator[Client]:
