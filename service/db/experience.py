@@ -20,8 +20,8 @@ from numpy.typing import NDArray
 from sqlalchemy import select, text
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from service.completion.similarity import QueryParameters
-from service.completion.statistics import RowStatistics, row_statistics
+from service.completion import QueryParameters
+from service.completion.statistics import RowObservations, RowStatistics
 from service.db.codecs import (
     Float8Rows,
     array_literal,
@@ -336,39 +336,6 @@ async def memory_observations_changed(
         text("DELETE FROM memory_factors WHERE memory_id = ANY(CAST(:ids AS bigint[]))"),
         {"ids": [int(m) for m in memory_ids]},
     )
-
-
-@dataclass(frozen=True)
-class RowObservations:
-    """Observations of some memory rows, each with the observing query's parameters."""
-
-    memory_ids: np.ndarray
-    similarities: np.ndarray
-    scores: np.ndarray
-    query_bias: np.ndarray
-    query_slope: np.ndarray
-    query_factors: np.ndarray
-    prior_offsets: np.ndarray  # the content prior's γ·cos + e_m·w of each cell
-
-    def subset(self, keep: np.ndarray) -> RowObservations:
-        return RowObservations(
-            *(np.asarray(values)[keep] for values in (
-                self.memory_ids, self.similarities, self.scores, self.query_bias,
-                self.query_slope, self.query_factors, self.prior_offsets,
-            ))
-        )
-
-    def statistics(self, memory_ids: np.ndarray) -> RowStatistics:
-        """The sufficient statistics of the rows of ``memory_ids`` (ascending, holding every
-        memory observed here) from these observations: each cell's c_q + β_q·cos(q, m) +
-        p(q, m) is its known offset, the query side being fixed."""
-        return row_statistics(
-            np.searchsorted(memory_ids, self.memory_ids),
-            len(memory_ids),
-            self.scores,
-            self.query_bias + self.query_slope * self.similarities + self.prior_offsets,
-            self.query_factors,
-        )
 
 
 # The content prior's e_m·w of memory m and a cell's whole offset γ·cos + e_m·w, in SQL; the

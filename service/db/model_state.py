@@ -15,7 +15,7 @@ import psycopg
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from service.completion.similarity import ContentPrior
+from service.completion import ContentPrior
 from service.db.codecs import (
     Float8Rows,
     array_literal,

@@ -13,13 +13,14 @@ from datetime import UTC, datetime
 import numpy as np
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from service.completion.similarity import (
+from service.completion import (
+    CompletionModel,
     QueryParameters,
-    SimilarityFactorModel,
-    fit_with_similarity,
-    fold_in_with_similarity,
+    fit_model,
+    fold_in,
 )
 from service.completion.statistics import (
+    RowObservations,
     RowStatistics,
     packed_length,
     row_statistics,
@@ -32,7 +33,6 @@ from service.db.experience import (
     NamespaceObservations,
     QueryTrace,
     RecordedQuery,
-    RowObservations,
     StoredRows,
 )
 from service.db.model_state import MemoryRowUpdate, OnlineUpdate, RefittedModel
@@ -274,7 +274,7 @@ class Learner:
             observed, cell_similarities, bias, factors = await experience.query_observations(
                 session, query_id, self.settings.rank
             )
-            query = fold_in_with_similarity(
+            query = fold_in(
                 state.mean_score, bias, factors, cell_similarities, observed, self.settings.reg
             )
             await model_state.update_query_factors(
@@ -397,7 +397,7 @@ class Learner:
             memory_embeddings, norms, out=np.zeros(memory_embeddings.shape), where=norms > 0
         )
         query_ids, query_idx = np.unique(observations.query_ids, return_inverse=True)
-        model = fit_with_similarity(
+        model = fit_model(
             memory_idx,
             query_idx,
             observations.similarities,
@@ -434,7 +434,7 @@ def _refit_statistics(
     query_idx: np.ndarray,
     n_memories: int,
     unit_embeddings: np.ndarray,
-    model: SimilarityFactorModel,
+    model: CompletionModel,
 ) -> RowStatistics:
     """Every memory row's statistics given the refit's query side, with the query factors as
     stored (``real``), so they equal a rebuild from the database up to rounding."""

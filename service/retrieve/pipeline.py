@@ -16,7 +16,7 @@ import numpy as np
 from numpy.typing import NDArray
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from service.completion.similarity import content_offsets
+from service.completion import content_offsets
 from service.db.experience import REUSED_ORIGIN, SCORER_ORIGIN, QueryTrace, StoredRows
 from service.db.namespaces import NamespaceState
 from service.db.search import Candidates, NeighbourSearch, memory_embeddings, search

@@ -10,12 +10,12 @@ from typing import Literal
 
 import numpy as np
 
-from service.completion import calibrate_similarity
-from service.completion.similarity import (
+from service.completion import (
     QueryParameters,
-    fold_in_with_similarity,
-    leave_one_out_with_similarity,
-    predict_with_similarity,
+    calibrate_similarity,
+    fold_in,
+    leave_one_out,
+    predict,
 )
 from service.retrieve.reuse import NeighbourEvidence
 
@@ -107,7 +107,7 @@ def rank_candidates(
             reg,
         )
         if policy == "earm":
-            scores = predict_with_similarity(
+            scores = predict(
                 mean_score,
                 memory_offsets,
                 candidates.memory_factors,
@@ -165,10 +165,10 @@ def _fold_in_query(
         observed_scores,
         reg,
     )
-    query = fold_in_with_similarity(*anchors)
+    query = fold_in(*anchors)
     prequential_errors = np.zeros(0)
     measured = (candidates.observation_count[observed_positions] > 0) & fresh
     if np.any(measured):
-        left_out = leave_one_out_with_similarity(*anchors)
+        left_out = leave_one_out(*anchors)
         prequential_errors = np.abs(left_out - observed_scores)[measured]
     return query, prequential_errors

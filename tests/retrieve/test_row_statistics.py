@@ -13,7 +13,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from service.bench.loopback import LoopbackServer, rerank_app
-from service.completion import solve_rows_batch
+from service.completion.ridge import solve_rows_batch
 from service.completion.statistics import RowStatistics
 from service.db import experience
 from service.db.codecs import factor_matrix
