@@ -19,7 +19,8 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from service.db import experience
 from service.db import memories as memory_table
-from service.db.models import MAX_BIGINT, Memory
+from service.db.memories import MemoryRow
+from service.db.models import MAX_BIGINT
 from service.db.namespaces import ensure_namespace, namespace_state
 from service.errors import IndexingBacklog, InvalidInput, NotFound
 from service.ingest.validation import repeats
@@ -78,7 +79,7 @@ class StoredMemory:
     embedding_model: str
 
     @classmethod
-    def of(cls, row: Memory) -> StoredMemory:
+    def of(cls, row: MemoryRow) -> StoredMemory:
         return cls(
             id=row.id,
             namespace=row.namespace,
@@ -86,7 +87,7 @@ class StoredMemory:
             text=row.text,
             occurred_at=row.occurred_at,
             created_at=row.created_at,
-            metadata=row.metadata_,
+            metadata=row.metadata,
             embedding_model=row.embedding_model,
         )
 
@@ -221,7 +222,7 @@ async def update_memory(
         raise NotFound(f"memory {memory_id} does not exist")
     (change,) = await _changes(embedder, embedding_dim, [row], [patch])
     retired = await _write(session, row, change)
-    updated = await session.get(Memory, memory_id, populate_existing=True)
+    updated = await memory_table.get_memory(session, memory_id)
     if updated is None:
         raise NotFound(f"memory {memory_id} does not exist")
     return UpdatedMemory(StoredMemory.of(updated), retired)
@@ -229,7 +230,7 @@ async def update_memory(
 
 @dataclass(frozen=True)
 class _Change:
-    """The columns a patch sets on a stored memory (``Memory`` attribute names), and whether
+    """The columns a patch sets on a stored memory (``MemoryRow`` attribute names), and whether
     its content (text or vector) changes, which retires its observations."""
 
     values: dict[str, Any]
@@ -240,7 +241,7 @@ class _Change:
 async def _changes(
     embedder: Embedder | None,
     embedding_dim: int,
-    rows: Sequence[Memory],
+    rows: Sequence[MemoryRow],
     patches: Sequence[MemoryPatch],
 ) -> list[_Change]:
     """What each patch changes of its row. A vector is written when it differs from the stored
@@ -263,7 +264,7 @@ async def _changes(
         if patch.text is not None:
             values["text"] = patch.text
         if patch.metadata is not None:
-            values["metadata_"] = patch.metadata
+            values["metadata"] = patch.metadata
         if patch.sets_occurred_at:
             values["occurred_at"] = patch.occurred_at
         if i in vectors and not np.array_equal(vectors[i], np.asarray(row.embedding, np.float32)):
@@ -275,7 +276,7 @@ async def _changes(
     return changes
 
 
-async def _write(session: AsyncSession, row: Memory, change: _Change) -> int:
+async def _write(session: AsyncSession, row: MemoryRow, change: _Change) -> int:
     """Write ``change`` to ``row``'s memory; a new text or vector retires its observations
     (they judged the old content): returns how many."""
     if not change.differs:  # e.g. the stored vector sent again
