@@ -8,7 +8,7 @@ Each round, interleaved, in one process:
 - the floor (``service.bench.load.floor``'s query) on a fresh query vector of the bench's world;
 - the service's candidate statement (``service.db.search``: HNSW top-N with every candidate's
   texts, content-prior score and model row) on another fresh vector;
-- ``service.db.experience.record_query``, the service's record, replaying one of the
+- ``service.db.record.record_query``, the service's record, replaying one of the
   namespace's latest traced retrieves as a new query: its text, embedding, parameters, trace and
   observations as stored, and the online update of the memory rows it observed, computed by the
   service's own ``update_memory_rows`` from their current rows (read beforehand, untimed, as a
@@ -39,13 +39,20 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from service.bench.load.config import LoadConfig
 from service.bench.load.floor import _TOP_N_SQL
 from service.bench.load.world import World
-from service.completion.similarity import QueryParameters
-from service.db import experience
+from service.completion import QueryParameters
+from service.db import memory_rows
 from service.db.engine import create_engine, driver_connection, sqlalchemy_url
-from service.db.experience import QueryTrace
 from service.db.namespaces import namespace_state
+from service.db.record import (
+    ObservedCells,
+    QueryTrace,
+    RecordedRetrieve,
+    ReusedCells,
+    Spending,
+    record_query,
+)
 from service.db.search import _SEARCH_SETTINGS_SQL, _candidate_sql
-from service.retrieve.learning import _new_cells, update_memory_rows
+from service.retrieve.online import new_cells, update_memory_rows
 from service.settings import Settings
 
 CANDIDATES = 200
@@ -70,55 +77,54 @@ _OBSERVED_SQL = text(
 
 async def recorded_retrieves(
     sessions: async_sessionmaker[AsyncSession], namespace: str, n: int
-) -> list[dict[str, Any]]:
-    """The namespace's latest ``n`` traced retrieves, each as ``record_query``'s arguments."""
+) -> list[RecordedRetrieve]:
+    """The namespace's latest ``n`` traced retrieves, each as ``record_query`` takes it."""
     async with sessions() as session:
         rows = (await session.execute(_RECORDED_SQL, {"namespace": namespace, "n": n})).all()
         retrieves = []
         for r in rows:
             observed = (await session.execute(_OBSERVED_SQL, {"id": r.id})).all()
-            retrieves.append({
-                "query_text": r.text,
-                "query_embedding": np.array(r.embedding.strip("[]").split(","), np.float32),
-                "policy": r.policy,
-                "n_candidates": r.candidates,
-                "budget": r.budget,
-                "scorer_calls": r.scorer_calls,
-                "scorer_requests": 1,
-                "query": QueryParameters(r.bias, r.slope or 0.0, np.array(r.factors, float)),
-                "prequential_errors": np.full(r.prequential_count, r.prequential_abs_error or 0.0),
-                "returned_count": r.returned_count,
-                "returned_estimated": r.returned_estimated,
-                "observed_ids": np.array([o.memory_id for o in observed], np.int64),
-                "observed_similarities": np.array([o.similarity for o in observed], float),
-                "observed_scores": np.array([o.score for o in observed], float),
-                "family_key": r.family_key,
-                "reused_ids": np.array(r.reused_memory_ids, np.int64),
-                "reuse_saved_calls": 0,
-                "trace": QueryTrace(
+            retrieves.append(RecordedRetrieve(
+                namespace=namespace,
+                text=r.text,
+                embedding=np.array(r.embedding.strip("[]").split(","), np.float32),
+                policy=r.policy,
+                family_key=r.family_key,
+                query=QueryParameters(r.bias, r.slope or 0.0, np.array(r.factors, float)),
+                prequential_errors=np.full(r.prequential_count, r.prequential_abs_error or 0.0),
+                spending=Spending(r.candidates, r.budget, r.scorer_calls, 1),
+                observed=ObservedCells(
+                    np.array([o.memory_id for o in observed], np.int64),
+                    np.array([o.similarity for o in observed], float),
+                    np.array([o.score for o in observed], float),
+                    np.zeros(len(observed)),
+                ),
+                reused=ReusedCells(np.array(r.reused_memory_ids, np.int64), 0),
+                returned=r.returned_count,
+                returned_estimated=r.returned_estimated,
+                trace=QueryTrace(
                     r.stage, r.timings, np.array(r.trace_memory_ids, np.int64),
                     np.array(r.trace_similarities, float), np.array(r.trace_estimates, float),
                     np.array(r.trace_scores, float), r.trace_sources, r.trace_origins,
                     np.array(r.trace_anchors, bool),
                 ),
-            })
+            ))
         await session.commit()
     return retrieves
 
 
 async def online_update(
-    sessions: async_sessionmaker[AsyncSession], namespace: str, retrieve: dict[str, Any],
+    sessions: async_sessionmaker[AsyncSession], namespace: str, retrieve: RecordedRetrieve,
     settings: Settings,
 ) -> Any:
     """The update of the observed rows a retrieve would record now (untimed: a retrieve reads
     the rows while its scorer works)."""
-    ids = retrieve["observed_ids"]
+    assert retrieve.query is not None, "the replayed retrieves have parameters"
     async with sessions() as session:
         state = await namespace_state(session, namespace)
-        stored = await experience.read_rows(session, ids, settings.rank)
+        stored = await memory_rows.read_rows(session, retrieve.observed.memory_ids, settings.rank)
         await session.commit()
-    cells = _new_cells(retrieve["query"], ids, retrieve["observed_similarities"],
-                       retrieve["observed_scores"], np.zeros(len(ids)))
+    cells = new_cells(retrieve.query, retrieve.observed)
     return update_memory_rows(state, stored, cells, settings.memory_reg, settings.rank)
 
 
@@ -161,8 +167,7 @@ async def main(args: argparse.Namespace) -> None:
         update = await online_update(sessions, args.namespace, retrieve, settings)
         async with sessions() as session:
             started = time.perf_counter()
-            await experience.record_query(session, namespace=args.namespace, update=update,
-                                          **retrieve)
+            await record_query(session, retrieve, update)
             times["record"].append((time.perf_counter() - started) * 1000)
     await engine.dispose()
     p50 = {name: statistics.median(values) for name, values in times.items()}

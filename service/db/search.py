@@ -1,9 +1,9 @@
 """The semantic search: a namespace's top candidates with their completion-model parameters,
 and the embeddings of some memories.
 
-Raw SQL on the psycopg connection, not SQLAlchemy expressions: the statements are pipelined into
-one round trip with the namespace read and the COMMIT, vectors travel in pgvector's binary
-format, and rows skip SQLAlchemy's per-row processing (docs/performance.md has the numbers).
+The hot path the package's SQL style is chosen for: the statements are pipelined into one round
+trip with the namespace read and the COMMIT, and vectors travel in pgvector's binary format
+(docs/performance.md has the numbers).
 """
 
 from __future__ import annotations
@@ -149,7 +149,7 @@ _EXACT_CANDIDATES_SQL = {
 # meant for the candidate query alone, so the pipeline sets them right before it: under them
 # the planner, knowing the namespace, read the paraphrase window of a namespace that is most of
 # the table by a sequential scan of `queries`, dead row versions included (2x the buffers of
-# the index scan it otherwise takes; docs/performance.md, round 10).
+# the index scan it otherwise takes; docs/performance.md).
 _SEARCH_SETTINGS_SQL = (
     "SELECT set_config('hnsw.ef_search', %(ef)s, true), "
     "set_config('hnsw.iterative_scan', 'relaxed_order', true), "

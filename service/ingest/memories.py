@@ -19,7 +19,6 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from service.db import experience
 from service.db import memories as memory_table
-from service.db.memories import MemoryRow
 from service.db.models import MAX_BIGINT
 from service.db.namespaces import ensure_namespace, namespace_state
 from service.errors import IndexingBacklog, InvalidInput, NotFound
@@ -79,7 +78,7 @@ class StoredMemory:
     embedding_model: str
 
     @classmethod
-    def of(cls, row: MemoryRow) -> StoredMemory:
+    def of(cls, row: memory_table.MemoryRow) -> StoredMemory:
         return cls(
             id=row.id,
             namespace=row.namespace,
@@ -241,7 +240,7 @@ class _Change:
 async def _changes(
     embedder: Embedder | None,
     embedding_dim: int,
-    rows: Sequence[MemoryRow],
+    rows: Sequence[memory_table.MemoryRow],
     patches: Sequence[MemoryPatch],
 ) -> list[_Change]:
     """What each patch changes of its row. A vector is written when it differs from the stored
@@ -276,7 +275,7 @@ async def _changes(
     return changes
 
 
-async def _write(session: AsyncSession, row: MemoryRow, change: _Change) -> int:
+async def _write(session: AsyncSession, row: memory_table.MemoryRow, change: _Change) -> int:
     """Write ``change`` to ``row``'s memory; a new text or vector retires its observations
     (they judged the old content): returns how many."""
     if not change.differs:  # e.g. the stored vector sent again

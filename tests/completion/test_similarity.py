@@ -113,7 +113,7 @@ def test_leave_one_out_equals_fold_ins_without_each_anchor() -> None:
         assert loo[i] == pytest.approx(expected, abs=1e-10)
 
 
-def test_predict_with_similarity_is_the_formula_clipped() -> None:
+def test_predict_is_the_formula_clipped() -> None:
     query = QueryParameters(bias=0.1, slope=0.5, factors=np.array([1.0, -1.0]))
     bias = np.array([0.0, 0.2, 2.0])
     factors = np.array([[0.1, 0.0], [0.0, 0.1], [0.0, 0.0]])
@@ -124,7 +124,7 @@ def test_predict_with_similarity_is_the_formula_clipped() -> None:
     )
 
 
-def test_fit_with_similarity_is_seeded_and_finite_on_degenerate_input() -> None:
+def test_fit_model_is_seeded_and_finite_on_degenerate_input() -> None:
     empty = fit_model([], [], [], [], 3, 2, rank=2, reg=1.0, n_iterations=3)
     assert empty.mu == 0.0 and np.all(empty.memory_bias == 0) and np.all(empty.query_slope == 0)
     one = fit_model([0], [0], [0.5], [1.0], 1, 1, rank=4, reg=1.0, n_iterations=3)

@@ -1,6 +1,6 @@
-"""Deletes racing retrieves, feedback and refits (issue #12, defect 3): a memory deleted while a
-request works with it is simply left out of what is written afterwards, never a foreign-key
-violation (a 500, or a refit that fails and leaves the namespace un-refitted).
+"""Deletes racing retrieves, feedback and refits: a memory deleted while a request works with
+it is simply left out of what is written afterwards, never a foreign-key violation (a 500, or a
+refit that fails and leaves the namespace un-refitted).
 
 The deterministic tests interleave the steps precisely (the delete lands between a request's
 read and its write); the last one runs all three at once for a few seconds."""
@@ -264,7 +264,7 @@ def test_feedback_on_a_memory_deleted_meanwhile_is_not_found(clean_database: str
 
 
 def test_a_refit_writes_no_row_for_a_memory_edited_while_it_fitted(clean_database: str) -> None:
-    """An edit (issue #14.4) retires the memory's observations and resets its model row; a
+    """An edit (PATCH /memories/{id}) retires the memory's observations and resets its model row; a
     refit that read those observations before the edit must not write the row back."""
     async def scenario() -> tuple[bool, list[int], dict[int, int], int]:
         async with observed_namespace(clean_database) as (database, pipeline, ids):
@@ -286,7 +286,7 @@ def test_a_refit_writes_no_row_for_a_memory_edited_while_it_fitted(clean_databas
 def test_a_refit_writes_no_row_for_a_memory_given_feedback_while_it_fitted(
     clean_database: str,
 ) -> None:
-    """Feedback replaces a scorer's observation in place (issue #14.3): the count of the
+    """Feedback replaces a scorer's observation in place: the count of the
     memory's observations does not change, so only the refit's horizon tells that the fit read
     the replaced value; it must not write the memory's row back from it."""
     async def scenario() -> tuple[bool, list[int], dict[int, int]]:

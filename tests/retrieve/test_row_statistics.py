@@ -1,5 +1,5 @@
 """The online update from per-memory sufficient statistics gives the same memory rows as the
-re-solve from each memory's whole history it replaced (issue #18.1), on a replay with refits
+re-solve from each memory's whole history it replaced, on a replay with refits
 and feedback; the stored statistics always equal a rebuild from the live observations."""
 
 from __future__ import annotations
@@ -54,8 +54,8 @@ async def _stored_rows(
 async def _resolved_from_history(
     session: AsyncSession, memory_ids: np.ndarray, mean: float, reg: float
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The rows as the online update computed them before #18.1: every observation of each
-    memory read back, re-solved with the mean the request saw."""
+    """The rows as the online update computed them before row statistics: every observation of
+    each memory read back, re-solved with the mean the request saw."""
     history = await memory_rows.memory_row_observations(session, memory_ids, RANK)
     rows, compact = np.unique(history.memory_ids, return_inverse=True)
     bias, factors = solve_rows_batch(
