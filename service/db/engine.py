@@ -355,12 +355,12 @@ async def check_schema(engine: AsyncEngine, embedding_dim: int) -> None:
 
 
 async def driver_connection(session: AsyncSession) -> psycopg.AsyncConnection[Any]:
-    """The psycopg connection under the session, in the session's transaction.
-
-    Hot paths talk to it directly: vectors travel in pgvector's binary format (the engine
-    registers the adapters on every connection, see :func:`create_engine`), statements can be
-    pipelined into one round trip, and rows skip SQLAlchemy's per-row processing. Values are
-    read in the same (text) result format as through SQLAlchemy, so they are bit-identical.
+    """The psycopg connection under the session, in the session's transaction: where every
+    statement of ``service.db`` runs (the package docstring says why). Vectors travel in
+    pgvector's binary format (the engine registers the adapters on every connection, see
+    :func:`create_engine`), statements can be pipelined into one round trip, and rows skip
+    SQLAlchemy's per-row processing; values are read in text result format unless a statement
+    asks for binary.
     """
     return await _driver(await session.connection())
 

@@ -23,7 +23,6 @@ from service.providers.scorers import RelevanceScorer
 from service.retrieve.learning import FeedbackResult, Learner, MemoryRef
 from service.retrieve.record_step import query_trace, recorded_retrieve
 from service.retrieve.request import (
-    Order,
     RetrievedMemory,
     RetrieveRequest,
     RetrieveResult,
@@ -37,7 +36,6 @@ from service.settings import MAX_EXPAND, BudgetSchedule, Settings
 # The pipeline's request and result types are defined in service.retrieve.request and are part
 # of the pipeline's interface.
 __all__ = [
-    "Order",
     "RetrievalPipeline",
     "RetrieveRequest",
     "RetrieveResult",
