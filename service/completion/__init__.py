@@ -1,35 +1,38 @@
-"""Completion core: bias-aware low-rank model of the memory x query relevance matrix (DESIGN §3).
+"""Completion core: the bias-aware low-rank model of the memory x query relevance matrix
+(docs/design.md "The completion model"). Pure numpy; no I/O.
 
-Pure numpy; no I/O. The dense reference solver lives in ``service.completion.reference`` and is
-for tests only.
+- ``model``: the model the service runs (fit, fold-in, prediction, leave-one-out, content prior).
+- ``statistics``: per-memory sufficient statistics, what the online row update re-solves from.
+- ``calibration``: similarity calibrated on a query's anchors (the non-completion policies).
+- ``ridge``: the per-row ridge solves both the model and the references are built from.
+- ``validation``: the input checks every public function runs its arguments through.
+- ``reference_als`` and ``reference_dense``: the plain model's ALS and a slow dense solver,
+  references for tests, never run by the service.
 """
 
-from service.completion.causal import causal_estimates
+from service.completion.calibration import SimilarityCalibration, calibrate_similarity
 from service.completion.model import (
-    BiasedALS,
-    FactorModel,
-    ModelFitError,
-    SimilarityCalibration,
-    calibrate_similarity,
-    fold_in_query,
-    leave_one_out_predictions,
-    objective,
-    predict_scores,
-    solve_rows_batch,
-    solve_side,
+    CompletionModel,
+    ContentPrior,
+    QueryParameters,
+    content_offsets,
+    fit_model,
+    fold_in,
+    leave_one_out,
+    predict,
 )
+from service.completion.validation import ModelFitError
 
 __all__ = [
-    "BiasedALS",
-    "FactorModel",
+    "CompletionModel",
+    "ContentPrior",
     "ModelFitError",
+    "QueryParameters",
     "SimilarityCalibration",
     "calibrate_similarity",
-    "causal_estimates",
-    "fold_in_query",
-    "leave_one_out_predictions",
-    "objective",
-    "predict_scores",
-    "solve_rows_batch",
-    "solve_side",
+    "content_offsets",
+    "fit_model",
+    "fold_in",
+    "leave_one_out",
+    "predict",
 ]

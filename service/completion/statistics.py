@@ -1,6 +1,6 @@
 """Sufficient statistics of memory rows: the online re-solve at a cost independent of history.
 
-With the query side fixed, memory row m's ridge problem (see :mod:`service.completion.model`) is
+With the query side fixed, memory row m's ridge problem (see :mod:`service.completion.ridge`) is
 
     (Σ_i x_i x_iᵀ + reg·I) θ_m = Σ_i x_i (s_i − o_i − μ),     x_i = [1, v_q(i)],
 
@@ -26,16 +26,22 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from service.completion.model import (
-    _finite_scalar,
-    _float_array,
-    _indices,
-    _length,
-    _positive_reg,
-    _side,
+from service.completion.validation import (
+    check_length,
+    finite_scalar,
+    float_array,
+    index_array,
+    positive_reg,
+    side_arrays,
 )
 
-__all__ = ["RowStatistics", "packed_length", "row_statistics", "solve_from_statistics"]
+__all__ = [
+    "RowObservations",
+    "RowStatistics",
+    "packed_length",
+    "row_statistics",
+    "solve_from_statistics",
+]
 
 #: Cells whose outer products are formed at once (each is (r+1)² float64): a few MB at rank 8,
 #: so a refit's million cells never hold their outer products all at once.
@@ -74,7 +80,7 @@ class RowStatistics:
 
     @classmethod
     def unpack(cls, packed: ArrayLike, rank: int) -> RowStatistics:
-        rows = _float_array("packed", packed, ndim=2)
+        rows = float_array("packed", packed, ndim=2)
         if rows.shape[1] != packed_length(rank):
             raise ValueError(
                 f"packed statistics have {rows.shape[1]} columns; rank {rank} needs "
@@ -101,11 +107,11 @@ def row_statistics(
     has score ``scores[i]``, offset ``other_offsets[i]`` and the other side's factor
     ``other_factors[i]``. Rows without cells get zeros. ``chunk_cells``: cells whose outer
     products are formed at once."""
-    offsets, factors = _side("other_offsets", other_offsets, "other_factors", other_factors)
-    values = _float_array("scores", scores, ndim=1)
-    _length("scores", values, factors.shape[0], "other_factors")
-    rows = _indices("row_idx", row_idx, n_rows, "n_rows")
-    _length("row_idx", rows, values.shape[0], "scores")
+    offsets, factors = side_arrays("other_offsets", other_offsets, "other_factors", other_factors)
+    values = float_array("scores", scores, ndim=1)
+    check_length("scores", values, factors.shape[0], "other_factors")
+    rows = index_array("row_idx", row_idx, n_rows, "n_rows")
+    check_length("row_idx", rows, values.shape[0], "scores")
     rank = factors.shape[1]
     result = RowStatistics.zeros(n_rows, rank)
     design = np.empty((len(values), rank + 1))
@@ -127,11 +133,45 @@ def solve_from_statistics(
     mu: float, statistics: RowStatistics, reg: float
 ) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
     """Each row's ridge solution (bias (n,), factors (n, r)) from its statistics, with mean
-    ``mu``: the same as :func:`~service.completion.model.solve_rows_batch` over the cells the
+    ``mu``: the same as :func:`~service.completion.ridge.solve_rows_batch` over the cells the
     statistics were built from. Rows without cells get (0, zeros)."""
-    mu_ = _finite_scalar("mu", mu)
-    lam = _positive_reg(reg)
+    mu_ = finite_scalar("mu", mu)
+    lam = positive_reg(reg)
     size = statistics.gram.shape[1]
     rhs = statistics.moment - mu_ * statistics.gram[:, :, 0]
     theta = np.linalg.solve(statistics.gram + lam * np.eye(size), rhs[:, :, None])[:, :, 0]
     return theta[:, 0].astype(np.float64), theta[:, 1:].astype(np.float64)
+
+
+@dataclass(frozen=True)
+class RowObservations:
+    """Observations of some memory rows (by memory id), each with the observing query's
+    parameters: what a row's statistics are built from."""
+
+    memory_ids: np.ndarray
+    similarities: np.ndarray
+    scores: np.ndarray
+    query_bias: np.ndarray
+    query_slope: np.ndarray
+    query_factors: np.ndarray
+    prior_offsets: np.ndarray  # the content prior's γ·cos + e_m·w of each cell
+
+    def subset(self, keep: np.ndarray) -> RowObservations:
+        return RowObservations(
+            *(np.asarray(values)[keep] for values in (
+                self.memory_ids, self.similarities, self.scores, self.query_bias,
+                self.query_slope, self.query_factors, self.prior_offsets,
+            ))
+        )
+
+    def statistics(self, memory_ids: np.ndarray) -> RowStatistics:
+        """The sufficient statistics of the rows of ``memory_ids`` (ascending, holding every
+        memory observed here) from these observations: each cell's c_q + β_q·cos(q, m) +
+        p(q, m) is its known offset, the query side being fixed."""
+        return row_statistics(
+            np.searchsorted(memory_ids, self.memory_ids),
+            len(memory_ids),
+            self.scores,
+            self.query_bias + self.query_slope * self.similarities + self.prior_offsets,
+            self.query_factors,
+        )

@@ -18,8 +18,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession
+
+from service.db.statements import fetch_all, fetch_record, fetch_records
 
 
 @dataclass(frozen=True)
@@ -45,8 +46,8 @@ SELECT min(query_index) AS first_index, max(query_index) AS last_index,
            AS prequential_error,
        sum(prequential_count) AS prequential_count
 FROM queries
-WHERE namespace = :namespace
-GROUP BY query_index * :buckets / greatest(:queries, 1)
+WHERE namespace = %(namespace)s
+GROUP BY query_index * %(buckets)s / greatest(%(queries)s, 1)
 ORDER BY first_index
 """
 
@@ -56,45 +57,39 @@ async def namespace_history(
 ) -> list[HistoryBucket]:
     """The namespace's query stream in at most ``buckets`` groups of consecutive queries
     (``queries``: how many it has recorded, which sizes the groups)."""
-    rows = (
-        await session.execute(
-            text(_HISTORY_SQL), {"namespace": namespace, "queries": queries, "buckets": buckets}
-        )
-    ).all()
+    rows = await fetch_records(
+        session, _HISTORY_SQL, {"namespace": namespace, "queries": queries, "buckets": buckets}
+    )
     return [
         HistoryBucket(
-            first_index=int(r.first_index),
-            last_index=int(r.last_index),
-            scorer_calls=int(r.scorer_calls),
-            full_rerank_calls=int(r.full_rerank_calls),
-            stage=None if r.stage is None else int(r.stage),
-            budget_share=float(r.budget_share or 0.0),
-            prequential_error=None if r.prequential_error is None else float(r.prequential_error),
-            prequential_count=int(r.prequential_count),
+            first_index=int(r["first_index"]),
+            last_index=int(r["last_index"]),
+            scorer_calls=int(r["scorer_calls"]),
+            full_rerank_calls=int(r["full_rerank_calls"]),
+            stage=_optional_int(r["stage"]),
+            budget_share=float(r["budget_share"] or 0.0),
+            prequential_error=_optional_float(r["prequential_error"]),
+            prequential_count=int(r["prequential_count"]),
         )
         for r in rows
     ]
 
 
+_RETURNED_SOURCES_SQL = """
+SELECT source, count(*) AS n
+FROM (
+    SELECT trace_sources[1:returned_count] AS returned FROM queries
+    WHERE namespace = %(namespace)s AND trace_sources IS NOT NULL
+    ORDER BY query_index DESC LIMIT %(last)s
+) r, unnest(r.returned) AS source
+GROUP BY source
+"""
+
+
 async def returned_sources(session: AsyncSession, namespace: str, last: int) -> dict[str, int]:
     """How many memories returned by the last ``last`` queries came from each source."""
-    rows = (
-        await session.execute(
-            text(
-                """
-                SELECT source, count(*) AS n
-                FROM (
-                    SELECT trace_sources[1:returned_count] AS returned FROM queries
-                    WHERE namespace = :namespace AND trace_sources IS NOT NULL
-                    ORDER BY query_index DESC LIMIT :last
-                ) r, unnest(r.returned) AS source
-                GROUP BY source
-                """
-            ),
-            {"namespace": namespace, "last": last},
-        )
-    ).all()
-    return {str(r.source): int(r.n) for r in rows}
+    rows = await fetch_all(session, _RETURNED_SOURCES_SQL, {"namespace": namespace, "last": last})
+    return {str(source): int(n) for source, n in rows}
 
 
 @dataclass(frozen=True)
@@ -110,20 +105,17 @@ class RecentQuery:
     created_at: datetime
 
 
+# The columns of RecentQuery, in its order.
+_RECENT_QUERIES_SQL = """
+SELECT id, query_index, text, policy, budget, scorer_calls, returned_estimated, returned_count,
+       created_at
+FROM queries WHERE namespace = %(namespace)s
+ORDER BY query_index DESC LIMIT %(last)s
+"""
+
+
 async def recent_queries(session: AsyncSession, namespace: str, last: int) -> list[RecentQuery]:
-    rows = (
-        await session.execute(
-            text(
-                """
-                SELECT id, query_index, text, policy, budget, scorer_calls, returned_estimated,
-                       returned_count, created_at
-                FROM queries WHERE namespace = :namespace
-                ORDER BY query_index DESC LIMIT :last
-                """
-            ),
-            {"namespace": namespace, "last": last},
-        )
-    ).all()
+    rows = await fetch_all(session, _RECENT_QUERIES_SQL, {"namespace": namespace, "last": last})
     return [RecentQuery(*row) for row in rows]
 
 
@@ -151,8 +143,8 @@ class ExperienceMatrix:
 _MATRIX_SQL = """
 WITH q AS MATERIALIZED (
     SELECT id, query_index, trace_memory_ids, trace_estimates, trace_sources FROM queries
-    WHERE namespace = :namespace AND query_index < :before
-    ORDER BY query_index DESC LIMIT :rows
+    WHERE namespace = %(namespace)s AND query_index < %(before)s
+    ORDER BY query_index DESC LIMIT %(rows)s
 ), cell AS (
     -- Retired cells judged a memory's old content: the model no longer learns from them.
     SELECT s.query_id, s.memory_id, s.score AS value, true AS observed
@@ -164,11 +156,12 @@ WITH q AS MATERIALIZED (
     WHERE t.source <> 'observed'
 )
 SELECT cell.query_id,
-       least(floor((cell.memory_id - :lowest) / :ids_per_column), :columns - 1)::int AS column,
+       least(floor((cell.memory_id - %(lowest)s) / %(ids_per_column)s), %(columns)s - 1)::int
+           AS column,
        avg(value) FILTER (WHERE observed) AS observed_mean,
        avg(value) FILTER (WHERE NOT observed) AS estimated_mean
 FROM cell
-WHERE cell.memory_id >= :lowest
+WHERE cell.memory_id >= %(lowest)s
 GROUP BY 1, 2
 """
 
@@ -181,21 +174,26 @@ class _Columns:
     memories: int
 
 
+_ID_RANGE_SQL = (
+    "SELECT min(id) AS lowest, max(id) AS highest, count(*) AS n "
+    "FROM memories WHERE namespace = %(namespace)s"
+)
+
+
 async def _columns(session: AsyncSession, namespace: str, columns: int) -> _Columns:
     """The namespace's memory ids cut into at most ``columns`` equal ranges."""
-    bounds = (
-        await session.execute(
-            text(
-                "SELECT min(id) AS lowest, max(id) AS highest, count(*) AS n "
-                "FROM memories WHERE namespace = :namespace"
-            ),
-            {"namespace": namespace},
-        )
-    ).one()
-    lowest = int(bounds.lowest or 1)
-    n_columns = max(1, min(columns, int(bounds.n)))
-    id_span = int(bounds.highest or lowest) - lowest + 1
-    return _Columns(lowest, id_span / n_columns, n_columns, int(bounds.n))
+    bounds = await fetch_record(session, _ID_RANGE_SQL, {"namespace": namespace})
+    assert bounds is not None, "an aggregate returns one row"
+    lowest = int(bounds["lowest"] or 1)
+    n_columns = max(1, min(columns, int(bounds["n"])))
+    id_span = int(bounds["highest"] or lowest) - lowest + 1
+    return _Columns(lowest, id_span / n_columns, n_columns, int(bounds["n"]))
+
+
+_SHOWN_QUERIES_SQL = (
+    "SELECT id, query_index FROM queries WHERE namespace = %(namespace)s "
+    "AND query_index < %(before)s ORDER BY query_index DESC LIMIT %(rows)s"
+)
 
 
 async def experience_matrix(
@@ -206,46 +204,47 @@ async def experience_matrix(
     ``columns`` equal ranges of ids (a memory's column: its id's range)."""
     grid = await _columns(session, namespace, columns)
     window = {"namespace": namespace, "before": _before(before), "rows": rows}
-    shown = (
-        await session.execute(
-            text(
-                "SELECT id, query_index FROM queries WHERE namespace = :namespace "
-                "AND query_index < :before ORDER BY query_index DESC LIMIT :rows"
-            ),
-            window,
-        )
-    ).all()
-    query_ids = [int(r.id) for r in reversed(shown)]
+    shown = await fetch_all(session, _SHOWN_QUERIES_SQL, window)
+    query_ids = [int(query_id) for query_id, _ in reversed(shown)]
     row_of = {query_id: row for row, query_id in enumerate(query_ids)}
-    cells = (
-        await session.execute(
-            text(_MATRIX_SQL),
-            window
-            | {
-                "lowest": grid.lowest_memory_id,
-                "ids_per_column": grid.ids_per_column,
-                "columns": grid.columns,
-            },
-        )
-    ).all()
+    cells = await fetch_records(
+        session,
+        _MATRIX_SQL,
+        window
+        | {
+            "lowest": grid.lowest_memory_id,
+            "ids_per_column": grid.ids_per_column,
+            "columns": grid.columns,
+        },
+    )
     return ExperienceMatrix(
         query_ids=query_ids,
-        query_indexes=[int(r.query_index) for r in reversed(shown)],
+        query_indexes=[int(query_index) for _, query_index in reversed(shown)],
         memories=grid.memories,
         lowest_memory_id=grid.lowest_memory_id,
         ids_per_column=grid.ids_per_column,
         columns=grid.columns,
-        tiles=[_tile(row_of[int(c.query_id)], c) for c in cells if int(c.query_id) in row_of],
+        tiles=[
+            _tile(row_of[int(c["query_id"])], c) for c in cells if int(c["query_id"]) in row_of
+        ],
     )
 
 
-def _tile(row: int, cell: Any) -> MatrixTile:
+def _tile(row: int, cell: dict[str, Any]) -> MatrixTile:
     return MatrixTile(
         row=row,
-        column=int(cell.column),
-        observed_mean=None if cell.observed_mean is None else float(cell.observed_mean),
-        estimated_mean=None if cell.estimated_mean is None else float(cell.estimated_mean),
+        column=int(cell["column"]),
+        observed_mean=_optional_float(cell["observed_mean"]),
+        estimated_mean=_optional_float(cell["estimated_mean"]),
     )
+
+
+def _optional_int(value: Any) -> int | None:
+    return None if value is None else int(value)
+
+
+def _optional_float(value: Any) -> float | None:
+    return None if value is None else float(value)
 
 
 def _before(before: int | None) -> int:

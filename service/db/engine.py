@@ -15,13 +15,14 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 import psycopg
-from sqlalchemy import event, text
-from sqlalchemy.engine import AdaptedConnection, CursorResult, Result, make_url
+from sqlalchemy import event
+from sqlalchemy.engine import AdaptedConnection, make_url
 from sqlalchemy.exc import InvalidatePoolError
 from sqlalchemy.ext.asyncio import (
+    AsyncConnection,
     AsyncEngine,
     AsyncSession,
     async_sessionmaker,
@@ -327,6 +328,12 @@ async def _set_within(event: asyncio.Event, timeout_s: float) -> bool:
     return True
 
 
+_EMBEDDING_DIM_SQL = (
+    "SELECT atttypmod FROM pg_attribute "
+    "WHERE attrelid = 'memories'::regclass AND attname = 'embedding'"
+)
+
+
 async def check_schema(engine: AsyncEngine, embedding_dim: int) -> None:
     """Refuse to run against a schema other than the one this code expects."""
     async with engine.connect() as conn:
@@ -337,12 +344,9 @@ async def check_schema(engine: AsyncEngine, embedding_dim: int) -> None:
                 f"database schema is at revision {current or 'none (empty database)'}, "
                 f"this earm expects {head}: run `earm migrate` against this database first"
             )
-        column_dim = await conn.scalar(
-            text(
-                "SELECT atttypmod FROM pg_attribute "
-                "WHERE attrelid = 'memories'::regclass AND attname = 'embedding'"
-            )
-        )
+        cursor = await (await _driver(conn)).execute(_EMBEDDING_DIM_SQL)
+        row = await cursor.fetchone()
+        column_dim = None if row is None else row[0]
         if column_dim != embedding_dim:
             raise SchemaOutOfDate(
                 f"the database stores {column_dim}-dimensional embeddings but "
@@ -351,22 +355,18 @@ async def check_schema(engine: AsyncEngine, embedding_dim: int) -> None:
 
 
 async def driver_connection(session: AsyncSession) -> psycopg.AsyncConnection[Any]:
-    """The psycopg connection under the session, in the session's transaction.
-
-    Hot paths talk to it directly: vectors travel in pgvector's binary format (the engine
-    registers the adapters on every connection, see :func:`create_engine`), statements can be
-    pipelined into one round trip, and rows skip SQLAlchemy's per-row processing. Values are
-    read in the same (text) result format as through SQLAlchemy, so they are bit-identical.
+    """The psycopg connection under the session, in the session's transaction: where every
+    statement of ``service.db`` runs (the package docstring says why). Vectors travel in
+    pgvector's binary format (the engine registers the adapters on every connection, see
+    :func:`create_engine`), statements can be pipelined into one round trip, and rows skip
+    SQLAlchemy's per-row processing; values are read in text result format unless a statement
+    asks for binary.
     """
-    connection = await session.connection()
+    return await _driver(await session.connection())
+
+
+async def _driver(connection: AsyncConnection) -> psycopg.AsyncConnection[Any]:
     raw = await connection.get_raw_connection()
     driver: psycopg.AsyncConnection[Any] | None = raw.driver_connection
     assert driver is not None, "only a closed or invalidated connection has none"
     return driver
-
-
-def affected_rows(result: Result[Any]) -> int:
-    """How many rows an UPDATE or DELETE run through ``session.execute`` touched."""
-    # cast: for these statements execute returns a CursorResult, but it is typed as returning
-    # the Result base class, which has no rowcount.
-    return cast("CursorResult[Any]", result).rowcount

@@ -1,37 +1,75 @@
-"""The ``memories`` rows: idempotent batch insert, lookup, keyset pages, deletion, and the
-background indexer's batches. No validation here: callers pass checked values."""
+"""The ``memories`` rows: idempotent batch insert, lookup, keyset pages, edits, deletion, and
+the background indexer's batches. No validation here: callers pass checked values."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 import numpy as np
+import psycopg.sql
 from psycopg.types.json import Jsonb
-from sqlalchemy import delete, func, select, text, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from service.db.codecs import metadata_json
-from service.db.engine import affected_rows, driver_connection
-from service.db.models import Memory
+from service.db.engine import driver_connection
+from service.db.statements import execute, fetch_all, fetch_one, fetch_value
+
+
+@dataclass(frozen=True)
+class MemoryRow:
+    """A stored memory, its columns by name."""
+
+    id: int
+    namespace: str
+    external_id: str | None
+    text: str
+    embedding: np.ndarray  # float32
+    embedding_model: str
+    occurred_at: datetime | None
+    created_at: datetime
+    metadata: dict[str, Any]
+
+    @classmethod
+    def of(cls, row: Sequence[Any]) -> MemoryRow:
+        """From a row of :data:`_MEMORY_COLUMNS`."""
+        memory_id, namespace, external_id, text, vector, model, occurred_at, created, meta = row
+        return cls(
+            memory_id, namespace, external_id, text, vector.to_numpy(), model, occurred_at,
+            created, meta,
+        )
+
+
+_MEMORY_COLUMNS = (
+    "id, namespace, external_id, text, embedding, embedding_model, occurred_at, created_at, "
+    "metadata"
+)
+_IDS_BY_EXTERNAL_ID_SQL = (
+    "SELECT external_id, id FROM memories "
+    "WHERE namespace = %(namespace)s AND external_id = ANY(%(external_ids)s::text[])"
+)
+_BY_EXTERNAL_ID_SQL = (
+    f"SELECT {_MEMORY_COLUMNS} FROM memories "
+    "WHERE namespace = %(namespace)s AND external_id = ANY(%(external_ids)s::text[])"
+)
+_BY_ID_SQL = f"SELECT {_MEMORY_COLUMNS} FROM memories WHERE id = %(id)s"
 
 
 async def ids_by_external_id(
     session: AsyncSession, namespace: str, external_ids: Sequence[str]
 ) -> dict[str, int]:
     """The ids of the namespace's memories with these external ids (those that exist)."""
-    rows = await session.execute(
-        select(Memory.external_id, Memory.id).where(
-            Memory.namespace == namespace, Memory.external_id.in_(external_ids)
-        )
+    rows = await fetch_all(
+        session, _IDS_BY_EXTERNAL_ID_SQL,
+        {"namespace": namespace, "external_ids": list(external_ids)},
     )
-    # `is not None` never drops a row (IN matches no NULL); it tells mypy the keys are str.
-    return {external_id: memory_id for external_id, memory_id in rows if external_id is not None}
+    return {external_id: memory_id for external_id, memory_id in rows}
 
 
-# Raw SQL on the psycopg connection rather than an ORM insert: the vectors go in pgvector's
-# binary format and the rows as a few arrays, with no per-value text formatting or parsing.
+# The vectors go in pgvector's binary format and the rows as a few arrays, with no per-value
+# text formatting or parsing.
 _INSERT_SQL = """
     INSERT INTO memories (namespace, external_id, text, embedding, embedding_model, occurred_at,
                           metadata)
@@ -73,41 +111,77 @@ async def insert_memories(
     return [(int(mid), ext) for mid, ext in await cursor.fetchall()]
 
 
-async def get_memory(session: AsyncSession, memory_id: int) -> Memory | None:
-    return await session.get(Memory, memory_id)
+async def get_memory(session: AsyncSession, memory_id: int) -> MemoryRow | None:
+    row = await fetch_one(session, _BY_ID_SQL, {"id": memory_id})
+    return None if row is None else MemoryRow.of(row)
 
 
 async def memories_by_external_id(
     session: AsyncSession, namespace: str, external_ids: Sequence[str]
-) -> list[Memory]:
+) -> list[MemoryRow]:
     """The namespace's memories stored under these external ids (those that exist)."""
-    statement = select(Memory).where(
-        Memory.namespace == namespace, Memory.external_id.in_(external_ids)
+    rows = await fetch_all(
+        session, _BY_EXTERNAL_ID_SQL, {"namespace": namespace, "external_ids": list(external_ids)}
     )
-    return list((await session.scalars(statement)).all())
+    return [MemoryRow.of(row) for row in rows]
+
+
+# The columns an edit may set, each with its parameter's adaptation.
+_SETTABLE_COLUMNS: dict[str, Any] = {
+    "text": str,
+    "metadata": Jsonb,
+    "occurred_at": lambda value: value,
+    "embedding": lambda value: np.asarray(value, dtype=np.float32),
+    "embedding_model": str,
+}
+# The SET list is the edit's columns (of _SETTABLE_COLUMNS), composed in as identifiers.
+_UPDATE_TEMPLATE = psycopg.sql.SQL("UPDATE memories SET {} WHERE id = %(id)s")
 
 
 async def update_memory(
     session: AsyncSession, memory_id: int, values: dict[str, Any], *, content_changed: bool
 ) -> bool:
-    """Set columns of a memory (``Memory`` attribute names); False when it does not exist.
-    Run under the namespace's lock. ``content_changed`` (its text or vector) stamps
-    ``content_changed_at``. A new embedding leaves the HNSW index (``indexed`` false) until
-    the background indexer puts it back, as after an ingest: the search scans unindexed rows
-    exactly meanwhile."""
+    """Set columns of a memory (``MemoryRow`` attribute names, of those an edit may set);
+    False when it does not exist. Run under the namespace's lock. ``content_changed`` (its
+    text or vector) stamps ``content_changed_at``. A new embedding leaves the HNSW index
+    (``indexed`` false) until the background indexer puts it back, as after an ingest: the
+    search scans unindexed rows exactly meanwhile."""
+    assignments: list[psycopg.sql.Composable] = [
+        psycopg.sql.SQL("{} = {}").format(
+            psycopg.sql.Identifier(column), psycopg.sql.Placeholder(column)
+        )
+        for column in values
+    ]
     if "embedding" in values:
-        values = values | {"indexed": False}
+        assignments.append(psycopg.sql.SQL("indexed = false"))
     if content_changed:
         # clock_timestamp(), not now(): the time of this statement, under the namespace's
         # lock, which a refit's horizon (model_state.refit_horizon) is ordered against.
-        values = values | {"content_changed_at": func.clock_timestamp()}
-    result = await session.execute(
-        update(Memory)
-        .where(Memory.id == memory_id)
-        .values(**values)
-        .execution_options(synchronize_session=False)
+        assignments.append(psycopg.sql.SQL("content_changed_at = clock_timestamp()"))
+    parameters = {column: _SETTABLE_COLUMNS[column](value) for column, value in values.items()}
+    conn = await driver_connection(session)
+    cursor = await conn.execute(
+        _UPDATE_TEMPLATE.format(psycopg.sql.SQL(", ").join(assignments)),
+        parameters | {"id": memory_id},
     )
-    return affected_rows(result) != 0
+    return cursor.rowcount != 0
+
+
+def _page_sql(by_external_id: bool, after_an_id: bool) -> str:
+    return (
+        f"SELECT {_MEMORY_COLUMNS} FROM memories WHERE namespace = %(namespace)s"
+        + (" AND external_id = %(external_id)s" if by_external_id else "")
+        + (" AND id > %(after_id)s" if after_an_id else "")
+        + " ORDER BY id LIMIT %(limit)s"
+    )
+
+
+# One statement per combination of the page's conditions, each planned for what it asks.
+_PAGE_SQL = {
+    (by_external_id, after_an_id): _page_sql(by_external_id, after_an_id)
+    for by_external_id in (False, True)
+    for after_an_id in (False, True)
+}
 
 
 async def memories_after(
@@ -116,65 +190,64 @@ async def memories_after(
     after_id: int | None,
     limit: int,
     external_id: str | None = None,
-) -> list[Memory]:
+) -> list[MemoryRow]:
     """Up to ``limit`` memories of the namespace by id, after ``after_id`` when given; with
     ``external_id``, only the one stored under it (the unique index answers)."""
-    statement = select(Memory).where(Memory.namespace == namespace)
-    if external_id is not None:
-        statement = statement.where(Memory.external_id == external_id)
-    if after_id is not None:
-        statement = statement.where(Memory.id > after_id)
-    return list((await session.scalars(statement.order_by(Memory.id).limit(limit))).all())
+    rows = await fetch_all(
+        session,
+        _PAGE_SQL[external_id is not None, after_id is not None],
+        {"namespace": namespace, "after_id": after_id, "limit": limit, "external_id": external_id},
+    )
+    return [MemoryRow.of(row) for row in rows]
+
+
+_DELETE_SQL = "DELETE FROM memories WHERE id = %(id)s"
 
 
 async def delete_memory(session: AsyncSession, memory_id: int) -> bool:
     """Delete a memory (its observations and model parameters go with it, by FK cascade);
     False when it does not exist."""
-    result = await session.execute(delete(Memory).where(Memory.id == memory_id))
-    return affected_rows(result) != 0
+    return await execute(session, _DELETE_SQL, {"id": memory_id}) != 0
 
 
-#: The namespace's unindexed memories, counted up to ``:limit`` from the partial index
+#: The namespace's unindexed memories, counted up to ``%(limit)s`` from the partial index
 #: ``ix_memories_unindexed`` (namespace, id) WHERE NOT indexed (migration 0006): the cost is the
-#: namespace's entries of that index at most, and an index scan stops after ``:limit`` of them.
+#: namespace's entries of that index at most, and an index scan stops after ``limit`` of them.
 #: Ordered by the index's columns, with the namespace as a range rather than ``=``, so that no
 #: other plan is cheap: with ``=`` and no order, statistics that overrate the unindexed rows
 #: made the planner scan the table (or, ordered by id, the primary key) from its start for the
 #: few it expected early, and unindexed rows are the newest, at its end.
-UNINDEXED_BACKLOG_SQL = text(
-    """
+UNINDEXED_BACKLOG_SQL = """
     SELECT count(*) FROM (
         SELECT 1 FROM memories
-        WHERE namespace >= :namespace AND namespace <= :namespace AND NOT indexed
-        ORDER BY namespace, id LIMIT :limit
+        WHERE namespace >= %(namespace)s AND namespace <= %(namespace)s AND NOT indexed
+        ORDER BY namespace, id LIMIT %(limit)s
     ) AS backlog
-    """
-)
+"""
 
 
 async def unindexed_backlog(session: AsyncSession, namespace: str, limit: int) -> int:
     """How many of the namespace's memories are not in the HNSW index yet, up to ``limit``."""
-    result = await session.execute(UNINDEXED_BACKLOG_SQL, {"namespace": namespace, "limit": limit})
-    return int(result.scalar_one())
+    counted = await fetch_value(
+        session, UNINDEXED_BACKLOG_SQL, {"namespace": namespace, "limit": limit}
+    )
+    return int(counted)
 
 
-_INDEX_BATCH_SQL = text(
-    """
+_INDEX_BATCH_SQL = """
     UPDATE memories SET indexed = true
     WHERE id IN (
         SELECT id FROM memories WHERE NOT indexed
-        ORDER BY namespace, id LIMIT :batch_size
+        ORDER BY namespace, id LIMIT %(batch_size)s
         -- NO KEY: the lock an UPDATE of a non-key column takes anyway. A plain FOR UPDATE
         -- would also block the foreign-key checks (FOR KEY SHARE) of concurrent writers of
         -- scores and memory_factors (records, refits) for the whole batch.
         FOR NO KEY UPDATE SKIP LOCKED
     )
-    """
-)
+"""
 
 
 async def mark_indexed(session: AsyncSession, batch_size: int) -> int:
     """Flag up to ``batch_size`` unindexed memories (by namespace, oldest first) as indexed,
     which inserts them into the partial HNSW index; returns how many."""
-    result = await session.execute(_INDEX_BATCH_SQL, {"batch_size": batch_size})
-    return affected_rows(result)
+    return await execute(session, _INDEX_BATCH_SQL, {"batch_size": batch_size})

@@ -12,10 +12,9 @@ from typing import Any, cast
 
 import numpy as np
 import psycopg
-from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from service.completion.similarity import ContentPrior
+from service.completion import ContentPrior
 from service.db.codecs import (
     Float8Rows,
     array_literal,
@@ -25,6 +24,7 @@ from service.db.codecs import (
 )
 from service.db.engine import driver_connection
 from service.db.namespaces import namespace_state
+from service.db.statements import execute, fetch_value
 from service.errors import NotFound
 
 
@@ -162,6 +162,14 @@ async def upsert_memory_factors(
         await conn.execute(_UPSERT_FACTORS_SQL, _row_parameters(namespace, update))
 
 
+_UPDATE_QUERY_FACTORS_SQL = """
+    UPDATE queries q SET bias = t.b, slope = t.s, factors = t.f::real[]
+    FROM unnest(%(ids)s::bigint[], %(bias)s::float8[], %(slope)s::float8[],
+                %(factors)s::text[]) AS t(id, b, s, f)
+    WHERE q.id = t.id
+"""
+
+
 async def update_query_factors(
     session: AsyncSession,
     query_ids: np.ndarray,
@@ -171,15 +179,9 @@ async def update_query_factors(
 ) -> None:
     if len(query_ids) == 0:
         return
-    await session.execute(
-        text(
-            """
-            UPDATE queries q SET bias = t.b, slope = t.s, factors = CAST(t.f AS real[])
-            FROM unnest(CAST(:ids AS bigint[]), CAST(:bias AS float8[]), CAST(:slope AS float8[]),
-                        CAST(:factors AS text[])) AS t(id, b, s, f)
-            WHERE q.id = t.id
-            """
-        ),
+    await execute(
+        session,
+        _UPDATE_QUERY_FACTORS_SQL,
         {
             "ids": [int(q) for q in query_ids],
             "bias": [float(b) for b in bias],
@@ -189,18 +191,29 @@ async def update_query_factors(
     )
 
 
+_REFIT_HORIZON_SQL = (
+    "SELECT clock_timestamp() FROM namespaces WHERE name = %(namespace)s FOR NO KEY UPDATE"
+)
+
+
 async def refit_horizon(session: AsyncSession, namespace: str) -> datetime:
     """The time a refit's read of the observations starts from: taken under the namespace's
     lock, so every edit that retired observations before it has committed (the read sees its
     retirement) and every later one is stamped later (``memories.content_changed_at``).
     The caller commits before reading."""
-    horizon = await session.scalar(
-        text("SELECT clock_timestamp() FROM namespaces WHERE name = :namespace FOR NO KEY UPDATE"),
-        {"namespace": namespace},
-    )
+    horizon = await fetch_value(session, _REFIT_HORIZON_SQL, {"namespace": namespace})
     if horizon is None:
         raise NotFound(f"namespace {namespace!r} does not exist")
     return cast(datetime, horizon)
+
+
+_CHANGED_SINCE_SQL = """
+    SELECT t.id FROM unnest(%(ids)s::bigint[]) AS t(id)
+    WHERE NOT EXISTS (SELECT FROM memories m WHERE m.id = t.id
+                      AND (m.content_changed_at IS NULL OR m.content_changed_at < %(read_from)s))
+       OR EXISTS (SELECT FROM scores s WHERE s.memory_id = t.id AND s.source = 'feedback'
+                  AND s.created_at >= %(read_from)s)
+"""
 
 
 async def _still_current(
@@ -211,12 +224,7 @@ async def _still_current(
     since). Run under the namespace's lock, which deletes, edits and feedback take too: none is
     under way, and this statement sees every one committed."""
     cursor = await conn.execute(
-        "SELECT t.id FROM unnest(%(ids)s::bigint[]) AS t(id) "
-        "WHERE NOT EXISTS (SELECT FROM memories m WHERE m.id = t.id "
-        "AND (m.content_changed_at IS NULL OR m.content_changed_at < %(read_from)s)) "
-        "OR EXISTS (SELECT FROM scores s WHERE s.memory_id = t.id AND s.source = 'feedback' "
-        "AND s.created_at >= %(read_from)s)",
-        {"ids": [int(m) for m in memory_ids], "read_from": read_from},
+        _CHANGED_SINCE_SQL, {"ids": [int(m) for m in memory_ids], "read_from": read_from}
     )
     changed = [row[0] for row in await cursor.fetchall()]
     return np.isin(memory_ids, changed, invert=True)
@@ -262,6 +270,10 @@ async def replace_model(
     await _reset_after_refit(session, namespace, model.prior, refitted_at)
 
 
+_EMPTY_NAMESPACE_ROWS_SQL = "DELETE FROM memory_factors WHERE namespace = %(namespace)s"
+_COPY_MEMORY_ROWS = f"COPY {_FACTOR_ROWS} FROM STDIN (FORMAT BINARY)"
+
+
 async def _replace_memory_rows(
     conn: psycopg.AsyncConnection[Any], namespace: str, model: RefittedModel, read_from: datetime
 ) -> None:
@@ -273,12 +285,11 @@ async def _replace_memory_rows(
             model.statistics,
         )
     )
-    await conn.execute("DELETE FROM memory_factors WHERE namespace = %s", (namespace,))
+    await conn.execute(_EMPTY_NAMESPACE_ROWS_SQL, {"namespace": namespace})
     if len(memory_ids):
         await copy_in(
             conn,
-            "COPY memory_factors (memory_id, namespace, bias, factors, observation_count, "
-            "statistics) FROM STDIN (FORMAT BINARY)",
+            _COPY_MEMORY_ROWS,
             binary_copy(
                 [("int8", memory_ids), ("text", namespace), ("float8", memory_bias),
                  ("real[]", np.asarray(memory_factors)), ("int4", observation_count),
@@ -303,25 +314,51 @@ _INVALIDATE_STALE_STATISTICS_SQL = """
 """
 
 
+# The query side of a refit goes through a temporary table: COPY in, then one UPDATE.
+_CREATE_REFIT_QUERIES_SQL = (
+    "CREATE TEMPORARY TABLE earm_refit_queries "
+    "(id bigint, bias float8, slope float8, factors real[]) ON COMMIT DROP"
+)
+_COPY_REFIT_QUERIES = (
+    "COPY earm_refit_queries (id, bias, slope, factors) FROM STDIN (FORMAT BINARY)"
+)
+_UPDATE_FROM_REFIT_QUERIES_SQL = (
+    "UPDATE queries q SET bias = t.bias, slope = t.slope, factors = t.factors "
+    "FROM earm_refit_queries t WHERE q.id = t.id"
+)
+_DROP_REFIT_QUERIES_SQL = "DROP TABLE earm_refit_queries"
+
+
 async def _update_query_columns(conn: psycopg.AsyncConnection[Any], model: RefittedModel) -> None:
-    await conn.execute(
-        "CREATE TEMPORARY TABLE earm_refit_queries "
-        "(id bigint, bias float8, slope float8, factors real[]) ON COMMIT DROP"
-    )
+    await conn.execute(_CREATE_REFIT_QUERIES_SQL)
     await copy_in(
         conn,
-        "COPY earm_refit_queries (id, bias, slope, factors) FROM STDIN (FORMAT BINARY)",
+        _COPY_REFIT_QUERIES,
         binary_copy(
             [("int8", model.query_ids), ("float8", model.query_bias),
              ("float8", model.query_slope), ("real[]", np.asarray(model.query_factors))],
             len(model.query_ids),
         ),
     )
-    await conn.execute(
-        "UPDATE queries q SET bias = t.bias, slope = t.slope, factors = t.factors "
-        "FROM earm_refit_queries t WHERE q.id = t.id"
-    )
-    await conn.execute("DROP TABLE earm_refit_queries")
+    await conn.execute(_UPDATE_FROM_REFIT_QUERIES_SQL)
+    await conn.execute(_DROP_REFIT_QUERIES_SQL)
+
+
+# The running mean is recomputed from the data under the namespace lock: it heals drift from
+# deleted memories and counts observations recorded while the fit ran. The sum is of the numbers
+# the fit reads (see experience.namespace_observations), in double precision: sum() of `real`
+# adds in float32, whose rounding depends on the rows' physical order, so a replay of the same
+# requests could get another mean.
+_RESET_AFTER_REFIT_SQL = """
+    UPDATE namespaces SET queries_since_refit = 0, last_refit_at = %(at)s,
+        content_slope = %(content_slope)s,
+        content_weights = %(content_weights)s::vector,
+        score_sum = (SELECT coalesce(sum(score::text::float8), 0) FROM scores
+                     WHERE namespace = %(namespace)s AND retired_at IS NULL),
+        score_count = (SELECT count(*) FROM scores
+                       WHERE namespace = %(namespace)s AND retired_at IS NULL)
+    WHERE name = %(namespace)s
+"""
 
 
 async def _reset_after_refit(
@@ -329,24 +366,9 @@ async def _reset_after_refit(
 ) -> None:
     """The namespace row after a refit: its content prior, the refit counter reset, and the
     running mean recomputed."""
-    await session.execute(
-        text(
-            """
-            UPDATE namespaces SET queries_since_refit = 0, last_refit_at = :at,
-                content_slope = :content_slope,
-                content_weights = CAST(:content_weights AS vector),
-                score_sum = (SELECT coalesce(sum(score::text::float8), 0) FROM scores
-                             WHERE namespace = :namespace AND retired_at IS NULL),
-                score_count = (SELECT count(*) FROM scores
-                               WHERE namespace = :namespace AND retired_at IS NULL)
-            WHERE name = :namespace
-            """
-        ),
-        # The running mean is recomputed from the data under the namespace lock: it heals drift
-        # from deleted memories and counts observations recorded while the fit ran. The sum is
-        # of the numbers the fit reads (see namespace_observations), in double precision: sum()
-        # of `real` adds in float32, whose rounding depends on the rows' physical order, so a
-        # replay of the same requests could get another mean.
+    await execute(
+        session,
+        _RESET_AFTER_REFIT_SQL,
         {
             "namespace": namespace,
             "at": refitted_at,

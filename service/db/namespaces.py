@@ -8,12 +8,10 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import text
-from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from service.db.engine import affected_rows
-from service.db.models import Namespace
+from service.db.engine import driver_connection
+from service.db.statements import execute, fetch_all, fetch_one, fetch_value
 from service.errors import NotFound
 
 
@@ -29,10 +27,11 @@ class NamespaceState:
     refitted_at: datetime | None
 
 
-# What state_from_row reads, in its order; one list for the SQLAlchemy and psycopg readers.
-_STATE_COLUMNS = (
-    "next_query_index, score_sum, score_count, queries_since_refit, coalesce(content_slope, 0), "
-    "last_refit_at"
+#: The namespace's counters, in the order :func:`state_from_row` reads them (pipelined by the
+#: search, and by the record with a lock).
+STATE_SQL = (
+    "SELECT next_query_index, score_sum, score_count, queries_since_refit, "
+    "coalesce(content_slope, 0), last_refit_at FROM namespaces WHERE name = %(namespace)s"
 )
 
 
@@ -44,20 +43,10 @@ async def namespace_state(
     FOR NO KEY UPDATE (what the record's UPDATE of the counters takes): it queues those writers
     but not an ingest, whose new memories only check that the namespace exists (FOR KEY
     SHARE), so a refit writing its model does not hold up ingests."""
-    row = (
-        await session.execute(
-            text(
-                f"SELECT {_STATE_COLUMNS} FROM namespaces WHERE name = :namespace"
-                + (" FOR NO KEY UPDATE" if for_update else "")
-            ),
-            {"namespace": namespace},
-        )
-    ).first()
+    row = await fetch_one(
+        session, STATE_SQL + (" FOR NO KEY UPDATE" if for_update else ""), {"namespace": namespace}
+    )
     return state_from_row(row, namespace)
-
-
-#: The same read for the psycopg connection (pipelined by the search).
-STATE_SQL = f"SELECT {_STATE_COLUMNS} FROM namespaces WHERE name = %(namespace)s"
 
 
 def state_from_row(row: Sequence[Any] | None, namespace: str) -> NamespaceState:
@@ -71,27 +60,31 @@ def state_from_row(row: Sequence[Any] | None, namespace: str) -> NamespaceState:
     )
 
 
+_ENSURE_SQL = "INSERT INTO namespaces (name) VALUES (%(namespace)s) ON CONFLICT DO NOTHING"
+
+
 async def ensure_namespace(session: AsyncSession, namespace: str) -> None:
-    await session.execute(insert(Namespace).values(name=namespace).on_conflict_do_nothing())
+    await execute(session, _ENSURE_SQL, {"namespace": namespace})
+
+
+_TRY_LOCK_REFIT_SQL = "SELECT pg_try_advisory_lock(hashtextextended(%(key)s, 0))"
+_UNLOCK_REFIT_SQL = "SELECT pg_advisory_unlock(hashtextextended(%(key)s, 0))"
 
 
 async def try_lock_namespace_refit(session: AsyncSession, namespace: str) -> bool:
     """Only one process refits a namespace at a time; the others skip. A session-level lock,
     held across the read, the fit and the write transactions; release with
     :func:`unlock_namespace_refit`."""
-    return bool(
-        await session.scalar(
-            text("SELECT pg_try_advisory_lock(hashtextextended(:key, 0))"),
-            {"key": f"earm-refit:{namespace}"},
-        )
-    )
+    locked = await fetch_value(session, _TRY_LOCK_REFIT_SQL, {"key": _refit_lock_key(namespace)})
+    return bool(locked)
 
 
 async def unlock_namespace_refit(session: AsyncSession, namespace: str) -> None:
-    await session.execute(
-        text("SELECT pg_advisory_unlock(hashtextextended(:key, 0))"),
-        {"key": f"earm-refit:{namespace}"},
-    )
+    await execute(session, _UNLOCK_REFIT_SQL, {"key": _refit_lock_key(namespace)})
+
+
+def _refit_lock_key(namespace: str) -> str:
+    return f"earm-refit:{namespace}"
 
 
 @dataclass(frozen=True)
@@ -106,13 +99,17 @@ class ErasedNamespace:
     model_rows: int  # memory_factors rows
 
 
+_LOCK_FOR_ERASE_SQL = "SELECT name FROM namespaces WHERE name = %(namespace)s FOR UPDATE"
 # Children first, each with its count; the FK cascades would delete them too, without counts.
-_ERASE_SQL = """
-    WITH h AS (DELETE FROM score_history WHERE namespace = :namespace RETURNING 1),
-         s AS (DELETE FROM scores WHERE namespace = :namespace RETURNING 1),
-         f AS (DELETE FROM memory_factors WHERE namespace = :namespace RETURNING 1)
+_ERASE_OBSERVATIONS_SQL = """
+    WITH h AS (DELETE FROM score_history WHERE namespace = %(namespace)s RETURNING 1),
+         s AS (DELETE FROM scores WHERE namespace = %(namespace)s RETURNING 1),
+         f AS (DELETE FROM memory_factors WHERE namespace = %(namespace)s RETURNING 1)
     SELECT (SELECT count(*) FROM h), (SELECT count(*) FROM s), (SELECT count(*) FROM f)
 """
+_ERASE_QUERIES_SQL = "DELETE FROM queries WHERE namespace = %(namespace)s"
+_ERASE_MEMORIES_SQL = "DELETE FROM memories WHERE namespace = %(namespace)s"
+_ERASE_ROW_SQL = "DELETE FROM namespaces WHERE name = %(namespace)s"
 
 
 async def erase_namespace(session: AsyncSession, namespace: str) -> ErasedNamespace:
@@ -124,43 +121,38 @@ async def erase_namespace(session: AsyncSession, namespace: str) -> ErasedNamesp
     ingest's memories, so a batch committing meanwhile is erased too), and later ones wait
     for the erase. An ingest that waited then finds no namespace and creates it afresh.
     NotFound for a namespace that does not exist."""
-    locked = await session.scalar(
-        text("SELECT name FROM namespaces WHERE name = :namespace FOR UPDATE"),
-        {"namespace": namespace},
-    )
-    if locked is None:
-        raise NotFound(f"namespace {namespace!r} does not exist")
     parameters = {"namespace": namespace}
-    history, observations, model_rows = (
-        await session.execute(text(_ERASE_SQL), parameters)
-    ).one()
-    queries = (
-        await session.execute(text("DELETE FROM queries WHERE namespace = :namespace"), parameters)
-    )
-    memories = (
-        await session.execute(text("DELETE FROM memories WHERE namespace = :namespace"), parameters)
-    )
-    await session.execute(text("DELETE FROM namespaces WHERE name = :namespace"), parameters)
+    if await fetch_value(session, _LOCK_FOR_ERASE_SQL, parameters) is None:
+        raise NotFound(f"namespace {namespace!r} does not exist")
+    conn = await driver_connection(session)
+    async with conn.pipeline():
+        counted = await conn.execute(_ERASE_OBSERVATIONS_SQL, parameters)
+        queries = await conn.execute(_ERASE_QUERIES_SQL, parameters)
+        memories = await conn.execute(_ERASE_MEMORIES_SQL, parameters)
+        await conn.execute(_ERASE_ROW_SQL, parameters)
+    row = await counted.fetchone()
+    assert row is not None, "an aggregate returns one row"
+    history, observations, model_rows = row
     return ErasedNamespace(
         namespace=namespace,
-        memories=affected_rows(memories),
-        queries=affected_rows(queries),
+        memories=memories.rowcount,
+        queries=queries.rowcount,
         observations=int(observations),
         score_history=int(history),
         model_rows=int(model_rows),
     )
 
 
+_DUE_FOR_REFIT_SQL = (
+    "SELECT name FROM namespaces WHERE queries_since_refit > 0 AND queries_since_refit "
+    ">= least(%(every)s, greatest(1, next_query_index / 2)) "
+    "ORDER BY queries_since_refit DESC, name"
+)
+
+
 async def namespaces_due_for_refit(session: AsyncSession, refit_every: int) -> list[str]:
     """Namespaces whose recorded queries make a full refit due, by the rule of
     :func:`service.retrieve.learning.refit_due` (its SQL form, with next_query_index the
     queries recorded), most overdue first: what `earm worker` refits."""
-    rows = await session.scalars(
-        text(
-            "SELECT name FROM namespaces WHERE queries_since_refit > 0 AND queries_since_refit "
-            ">= least(:every, greatest(1, next_query_index / 2)) "
-            "ORDER BY queries_since_refit DESC, name"
-        ),
-        {"every": refit_every},
-    )
-    return list(rows)
+    rows = await fetch_all(session, _DUE_FOR_REFIT_SQL, {"every": refit_every})
+    return [str(row[0]) for row in rows]

@@ -1,9 +1,9 @@
 """The semantic search: a namespace's top candidates with their completion-model parameters,
 and the embeddings of some memories.
 
-Raw SQL on the psycopg connection, not SQLAlchemy expressions: the statements are pipelined into
-one round trip with the namespace read and the COMMIT, vectors travel in pgvector's binary
-format, and rows skip SQLAlchemy's per-row processing (docs/performance.md has the numbers).
+The hot path the package's SQL style is chosen for: the statements are pipelined into one round
+trip with the namespace read and the COMMIT, and vectors travel in pgvector's binary format
+(docs/performance.md has the numbers).
 """
 
 from __future__ import annotations
@@ -128,6 +128,20 @@ def _candidate_sql(exact: bool, filtered: bool, expand: bool = False) -> str:
     """
 
 
+# The candidate statement by (filtered, expanded): through the HNSW index, and the exact scan
+# that answers when the index yields too few.
+_INDEXED_CANDIDATES_SQL = {
+    (filtered, expanded): _candidate_sql(False, filtered, expanded)
+    for filtered in (False, True)
+    for expanded in (False, True)
+}
+_EXACT_CANDIDATES_SQL = {
+    (filtered, expanded): _candidate_sql(True, filtered, expanded)
+    for filtered in (False, True)
+    for expanded in (False, True)
+}
+
+
 # plan_cache_mode: the candidate query is prepared (psycopg prepares a statement from its
 # 5th execution on a connection), and Postgres may then switch to a generic plan, which does
 # not know the query vector or the limit and is slower (measured 18 vs 10 ms at 100k
@@ -135,7 +149,7 @@ def _candidate_sql(exact: bool, filtered: bool, expand: bool = False) -> str:
 # meant for the candidate query alone, so the pipeline sets them right before it: under them
 # the planner, knowing the namespace, read the paraphrase window of a namespace that is most of
 # the table by a sequential scan of `queries`, dead row versions included (2x the buffers of
-# the index scan it otherwise takes; docs/performance.md, round 10).
+# the index scan it otherwise takes; docs/performance.md).
 _SEARCH_SETTINGS_SQL = (
     "SELECT set_config('hnsw.ef_search', %(ef)s, true), "
     "set_config('hnsw.iterative_scan', 'relaxed_order', true), "
@@ -199,26 +213,34 @@ _NEIGHBOUR_SQL = """
 """
 
 
+@dataclass(frozen=True)
+class CandidateSearch:
+    """What the search of one query asks for: the namespace's top-``limit`` memories by cosine
+    to ``embedding`` (their model rows of ``rank``) among those whose metadata contain
+    ``filters``; the observations of the query's family (given a ``family_key``; only its
+    feedback with ``family_feedback_only``) and of its nearest other queries (given
+    ``neighbours``); and up to ``expand`` memories outside the top-``limit`` that the
+    namespace's content prior ranks highest (none before its first refit; found by the HNSW
+    index along the prior's direction)."""
+
+    namespace: str
+    embedding: np.ndarray
+    limit: int
+    rank: int
+    filters: dict[str, Any] | None = None
+    family_key: bytes | None = None
+    neighbours: NeighbourSearch | None = None
+    family_feedback_only: bool = False
+    expand: int = 0
+
+
 async def search(
-    session: AsyncSession,
-    namespace: str,
-    query_embedding: np.ndarray,
-    limit: int,
-    rank: int,
-    filters: dict[str, Any] | None = None,
-    family_key: bytes | None = None,
-    neighbours: NeighbourSearch | None = None,
-    family_feedback_only: bool = False,
-    expand: int = 0,
+    session: AsyncSession, query: CandidateSearch
 ) -> tuple[NamespaceState, Candidates, PastObservations]:
-    """The namespace's counters, its top-``limit`` memories by cosine similarity, with their
-    completion-model parameters, and (given a ``family_key``) the observations of the query's
-    family (only its feedback with ``family_feedback_only``) and (given ``neighbours``) those
-    of its nearest other queries, and (``expand`` > 0) up to ``expand`` memories outside the
-    top-``limit`` that the namespace's content prior ranks highest (none before its first
-    refit; found by the HNSW index along the prior's direction), in one round trip: the
-    settings, the reads and the COMMIT that ends this read-only transaction are pipelined.
-    (The session's own commit is then a no-op: psycopg skips COMMIT on an idle connection.)
+    """The namespace's counters, the query's candidates with their completion-model
+    parameters, and what earlier queries observed of them, in one round trip: the settings,
+    the reads and the COMMIT that ends this read-only transaction are pipelined. (The
+    session's own commit is then a no-op: psycopg skips COMMIT on an idle connection.)
 
     pgvector's HNSW scan yields at most ``hnsw.ef_search`` rows, and a namespace filter can
     leave fewer, so ef_search is raised to ``limit`` and iterative scanning is enabled for this
@@ -226,44 +248,50 @@ async def search(
     memories than ``limit``), an exact scan of the namespace answers.
     """
     conn = await driver_connection(session)
-    params: dict[str, Any] = {
-        "namespace": namespace,
-        "query": np.asarray(query_embedding, dtype=np.float32),
-        "limit": limit,
-        "ef": str(min(1000, max(40, limit))),
-        "family": family_key,
-        "feedback_only": family_feedback_only,
-        "neighbours": neighbours.limit if neighbours else 0,
-        "min_similarity": neighbours.min_similarity if neighbours else 1.0,
-        "window": neighbours.window if neighbours else 0,
-        "expand": expand,
-    }
-    filtered = filters is not None
-    if filtered:
-        params["filters"] = Jsonb(filters)
+    params = _search_parameters(query)
+    shape = (query.filters is not None, query.expand > 0)
     async with conn.pipeline():
         state_cursor = await conn.execute(STATE_SQL, params)
         family_cursor = (
-            await conn.execute(_FAMILY_SQL, params) if family_key is not None else None
+            await conn.execute(_FAMILY_SQL, params) if query.family_key is not None else None
         )
         neighbour_cursor = (
-            await conn.execute(_NEIGHBOUR_SQL, params) if neighbours is not None else None
+            await conn.execute(_NEIGHBOUR_SQL, params) if query.neighbours is not None else None
         )
         await conn.execute(_SEARCH_SETTINGS_SQL, params)
-        candidates_cursor = await conn.execute(_candidate_sql(False, filtered, expand > 0), params)
+        candidates_cursor = await conn.execute(_INDEXED_CANDIDATES_SQL[shape], params)
         await conn.commit()
-    state = state_from_row(await state_cursor.fetchone(), namespace)
+    state = state_from_row(await state_cursor.fetchone(), query.namespace)
     past = _past(
         await family_cursor.fetchall() if family_cursor is not None else [],
         await neighbour_cursor.fetchall() if neighbour_cursor is not None else [],
     )
     rows = await candidates_cursor.fetchall()
-    if not rows or rows[0][7] < limit:  # row[7]: from_index, rows the HNSW index yielded
+    if not rows or rows[0][7] < query.limit:  # row[7]: from_index, rows the HNSW index yielded
         async with conn.pipeline():
-            exact_cursor = await conn.execute(_candidate_sql(True, filtered, expand > 0), params)
+            exact_cursor = await conn.execute(_EXACT_CANDIDATES_SQL[shape], params)
             await conn.commit()
         rows = await exact_cursor.fetchall()
-    return state, _candidates(rows, rank), past
+    return state, _candidates(rows, query.rank), past
+
+
+def _search_parameters(query: CandidateSearch) -> dict[str, Any]:
+    neighbours = query.neighbours
+    params: dict[str, Any] = {
+        "namespace": query.namespace,
+        "query": np.asarray(query.embedding, dtype=np.float32),
+        "limit": query.limit,
+        "ef": str(min(1000, max(40, query.limit))),
+        "family": query.family_key,
+        "feedback_only": query.family_feedback_only,
+        "neighbours": neighbours.limit if neighbours else 0,
+        "min_similarity": neighbours.min_similarity if neighbours else 1.0,
+        "window": neighbours.window if neighbours else 0,
+        "expand": query.expand,
+    }
+    if query.filters is not None:
+        params["filters"] = Jsonb(query.filters)
+    return params
 
 
 def _past(
@@ -304,6 +332,12 @@ def _candidates(rows: Sequence[Sequence[Any]], rank: int) -> Candidates:
     )
 
 
+_EMBEDDINGS_SQL = (
+    "SELECT m.embedding FROM unnest(%(ids)s::bigint[]) WITH ORDINALITY AS t(id, ord) "
+    "LEFT JOIN memories m ON m.id = t.id ORDER BY t.ord"
+)
+
+
 async def memory_embeddings(
     session: AsyncSession, memory_ids: np.ndarray, dim: int
 ) -> np.ndarray:
@@ -314,10 +348,7 @@ async def memory_embeddings(
     conn = await driver_connection(session)
     async with conn.pipeline():
         cursor = await conn.execute(
-            "SELECT m.embedding FROM unnest(%(ids)s::bigint[]) WITH ORDINALITY AS t(id, ord) "
-            "LEFT JOIN memories m ON m.id = t.id ORDER BY t.ord",
-            {"ids": [int(m) for m in memory_ids]},
-            binary=True,
+            _EMBEDDINGS_SQL, {"ids": [int(m) for m in memory_ids]}, binary=True
         )
         await conn.commit()
     embeddings = np.zeros((len(memory_ids), dim), dtype=np.float32)

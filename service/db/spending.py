@@ -6,8 +6,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession
+
+from service.db.statements import fetch_all
 
 
 @dataclass(frozen=True)
@@ -20,26 +21,23 @@ class SpentQuery:
     prequential_count: int
 
 
-_RECENT_SQL = text(
-    """
+_RECENT_SQL = """
     SELECT budget, candidates, prequential_abs_error, prequential_count FROM queries
-    WHERE namespace = :namespace AND query_index >= :since
+    WHERE namespace = %(namespace)s AND query_index >= %(since)s
       -- the policies that spend a budget; a client's 'full' or 'semantic' is its own choice
       AND policy IN ('earm', 'observed')
-    ORDER BY query_index DESC LIMIT :limit
-    """
-)
+    ORDER BY query_index DESC LIMIT %(limit)s
+"""
 
 
 async def recent_spending(
     session: AsyncSession, namespace: str, since_index: int, limit: int
 ) -> list[SpentQuery]:
     """The latest ``limit`` budget-spending queries from ``since_index`` on, latest first."""
-    rows = await session.execute(
-        _RECENT_SQL, {"namespace": namespace, "since": since_index, "limit": limit}
+    rows = await fetch_all(
+        session, _RECENT_SQL, {"namespace": namespace, "since": since_index, "limit": limit}
     )
     return [
-        SpentQuery(int(r.budget), int(r.candidates), r.prequential_abs_error,
-                   int(r.prequential_count))
-        for r in rows
+        SpentQuery(int(budget), int(candidates), error, int(count))
+        for budget, candidates, error, count in rows
     ]

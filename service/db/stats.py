@@ -19,9 +19,9 @@ from datetime import datetime
 from typing import Annotated, Any
 
 from pydantic import Field
-from sqlalchemy import Row, text
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from service.db.statements import fetch_record, fetch_records
 from service.errors import NotFound
 from service.settings import BudgetSchedule
 
@@ -137,24 +137,28 @@ CROSS JOIN LATERAL (
 """
 
 
+_ONE_NAMESPACE_STATS_SQL = _STATS_SQL + " WHERE n.name = %(namespace)s"
+_ALL_NAMESPACE_STATS_SQL = _STATS_SQL + " ORDER BY n.name"
+
+
 def _ratio(numerator: float, denominator: float) -> float | None:
     return float(numerator) / float(denominator) if denominator else None
 
 
 def _namespace_stats(
-    row: Row[Any], schedule: BudgetSchedule, default_candidates: int
+    row: dict[str, Any], schedule: BudgetSchedule, default_candidates: int
 ) -> NamespaceStats:
     queries, memories, observations = (
-        int(row.next_query_index),
-        int(row.memories),
-        int(row.observations),
+        int(row["next_query_index"]),
+        int(row["memories"]),
+        int(row["observations"]),
     )
     stage = schedule.stage_for(queries)
-    saved = _ratio(row.scorer_calls, row.full_rerank_calls)
+    saved = _ratio(row["scorer_calls"], row["full_rerank_calls"])
     return NamespaceStats(
-        namespace=row.name,
+        namespace=row["name"],
         memories=memories,
-        memories_unindexed=int(row.memories_unindexed),
+        memories_unindexed=int(row["memories_unindexed"]),
         queries=queries,
         observations=observations,
         density=observations / (memories * queries) if memories and queries else 0.0,
@@ -163,27 +167,23 @@ def _namespace_stats(
         # than the default number of candidates.
         next_budget=schedule.budget_for_query(queries, min(default_candidates, memories)),
         next_budget_ratio=schedule.stages[stage][1],
-        scorer_calls=int(row.scorer_calls),
-        scorer_requests=int(row.scorer_requests),
-        full_rerank_calls=int(row.full_rerank_calls),
-        reused_cells=int(row.reused_cells),
-        reuse_saved_calls=int(row.reuse_saved_calls),
+        scorer_calls=int(row["scorer_calls"]),
+        scorer_requests=int(row["scorer_requests"]),
+        full_rerank_calls=int(row["full_rerank_calls"]),
+        reused_cells=int(row["reused_cells"]),
+        reuse_saved_calls=int(row["reuse_saved_calls"]),
         calls_saved=None if saved is None else 1.0 - saved,
-        estimated_share=_ratio(row.estimated, row.returned),
-        prequential_error=None if row.error is None else float(row.error),
-        prequential_anchors=int(row.anchors),
-        last_refit_at=row.last_refit_at,
+        estimated_share=_ratio(row["estimated"], row["returned"]),
+        prequential_error=None if row["error"] is None else float(row["error"]),
+        prequential_anchors=int(row["anchors"]),
+        last_refit_at=row["last_refit_at"],
     )
 
 
 async def namespace_stats(
     session: AsyncSession, namespace: str, schedule: BudgetSchedule, default_candidates: int
 ) -> NamespaceStats:
-    row = (
-        await session.execute(
-            text(_STATS_SQL + " WHERE n.name = :namespace"), {"namespace": namespace}
-        )
-    ).first()
+    row = await fetch_record(session, _ONE_NAMESPACE_STATS_SQL, {"namespace": namespace})
     if row is None:
         raise NotFound(f"namespace {namespace!r} does not exist")
     return _namespace_stats(row, schedule, default_candidates)
@@ -194,7 +194,7 @@ async def all_namespace_stats(
 ) -> list[NamespaceStats]:
     """Every namespace, by name. Its cost grows with the data (it counts every namespace's
     memories and observations through the indexes); poll ``/metrics`` for monitoring."""
-    rows = (await session.execute(text(_STATS_SQL + " ORDER BY n.name"))).all()
+    rows = await fetch_records(session, _ALL_NAMESPACE_STATS_SQL)
     return [_namespace_stats(row, schedule, default_candidates) for row in rows]
 
 
@@ -225,51 +225,47 @@ class CounterSnapshot:
     busiest: Sequence[NamespaceCounters]  # at most `limit`, most queries first
 
 
+_COUNTERS_SQL = """
+SELECT name, next_query_index, score_count, scorer_calls, full_rerank_calls, reused_cells,
+       reuse_saved_calls, last_refit_at,
+       count(*) OVER () AS total_namespaces,
+       sum(next_query_index) OVER () AS total_queries,
+       sum(score_count) OVER () AS total_observations,
+       sum(scorer_calls) OVER () AS total_scorer_calls,
+       sum(full_rerank_calls) OVER () AS total_full_rerank_calls,
+       sum(reused_cells) OVER () AS total_reused_cells,
+       sum(reuse_saved_calls) OVER () AS total_reuse_saved_calls
+FROM namespaces
+ORDER BY next_query_index DESC, name
+LIMIT %(limit)s
+"""
+
+
 async def counter_snapshot(session: AsyncSession, limit: int) -> CounterSnapshot:
     """Totals over every namespace plus the ``limit`` namespaces with the most queries, in one
     statement over the ``namespaces`` table (window sums are taken before the LIMIT)."""
-    rows = (
-        await session.execute(
-            text(
-                """
-                SELECT name, next_query_index, score_count, scorer_calls, full_rerank_calls,
-                       reused_cells, reuse_saved_calls, last_refit_at,
-                       count(*) OVER () AS total_namespaces,
-                       sum(next_query_index) OVER () AS total_queries,
-                       sum(score_count) OVER () AS total_observations,
-                       sum(scorer_calls) OVER () AS total_scorer_calls,
-                       sum(full_rerank_calls) OVER () AS total_full_rerank_calls,
-                       sum(reused_cells) OVER () AS total_reused_cells,
-                       sum(reuse_saved_calls) OVER () AS total_reuse_saved_calls
-                FROM namespaces
-                ORDER BY next_query_index DESC, name
-                LIMIT :limit
-                """
-            ),
-            {"limit": limit},
-        )
-    ).all()
+    rows = await fetch_records(session, _COUNTERS_SQL, {"limit": limit})
     if not rows:
         return CounterSnapshot(0, 0, 0, 0, 0, 0, 0, [])
     first = rows[0]
     return CounterSnapshot(
-        namespaces=int(first.total_namespaces),
-        queries=int(first.total_queries),
-        observations=int(first.total_observations),
-        scorer_calls=int(first.total_scorer_calls),
-        full_rerank_calls=int(first.total_full_rerank_calls),
-        reused_cells=int(first.total_reused_cells),
-        reuse_saved_calls=int(first.total_reuse_saved_calls),
+        namespaces=int(first["total_namespaces"]),
+        queries=int(first["total_queries"]),
+        observations=int(first["total_observations"]),
+        scorer_calls=int(first["total_scorer_calls"]),
+        full_rerank_calls=int(first["total_full_rerank_calls"]),
+        reused_cells=int(first["total_reused_cells"]),
+        reuse_saved_calls=int(first["total_reuse_saved_calls"]),
         busiest=[
             NamespaceCounters(
-                namespace=r.name,
-                queries=int(r.next_query_index),
-                observations=int(r.score_count),
-                scorer_calls=int(r.scorer_calls),
-                full_rerank_calls=int(r.full_rerank_calls),
-                reused_cells=int(r.reused_cells),
-                reuse_saved_calls=int(r.reuse_saved_calls),
-                last_refit_at=r.last_refit_at,
+                namespace=r["name"],
+                queries=int(r["next_query_index"]),
+                observations=int(r["score_count"]),
+                scorer_calls=int(r["scorer_calls"]),
+                full_rerank_calls=int(r["full_rerank_calls"]),
+                reused_cells=int(r["reused_cells"]),
+                reuse_saved_calls=int(r["reuse_saved_calls"]),
+                last_refit_at=r["last_refit_at"],
             )
             for r in rows
         ],

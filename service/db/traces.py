@@ -13,9 +13,9 @@ from datetime import datetime
 from typing import Annotated, Any
 
 from pydantic import Field
-from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from service.db.statements import fetch_record, fetch_records, fetch_value
 from service.errors import NotFound
 
 
@@ -92,7 +92,7 @@ class QueryTraceResult:
 _QUERY_SQL = """
 SELECT id, namespace, query_index, text, policy, stage, budget, scorer_calls, candidates,
        returned_count, created_at, timings, prequential_abs_error
-FROM queries WHERE id = :query_id
+FROM queries WHERE id = %(query_id)s
 """
 
 _CANDIDATES_SQL = """
@@ -106,16 +106,17 @@ CROSS JOIN LATERAL unnest(q.trace_memory_ids, q.trace_similarities, q.trace_esti
     WITH ORDINALITY AS c(memory_id, similarity, estimate, score, source, origin, anchor, rank)
 LEFT JOIN memories m ON m.id = c.memory_id
 LEFT JOIN scores s ON s.query_id = q.id AND s.memory_id = c.memory_id
-WHERE q.id = :query_id
+WHERE q.id = %(query_id)s
 ORDER BY c.rank
 """
 
 
+_NAMESPACE_SQL = "SELECT namespace FROM queries WHERE id = %(query_id)s"
+
+
 async def query_namespace(session: AsyncSession, query_id: int) -> str:
     """The namespace of a recorded query, or NotFound."""
-    namespace = await session.scalar(
-        text("SELECT namespace FROM queries WHERE id = :query_id"), {"query_id": query_id}
-    )
+    namespace = await fetch_value(session, _NAMESPACE_SQL, {"query_id": query_id})
     if namespace is None:
         raise NotFound(f"query {query_id} does not exist")
     return str(namespace)
@@ -123,40 +124,40 @@ async def query_namespace(session: AsyncSession, query_id: int) -> str:
 
 async def query_trace(session: AsyncSession, query_id: int) -> QueryTraceResult:
     """The trace of a recorded query, or NotFound."""
-    row = (await session.execute(text(_QUERY_SQL), {"query_id": query_id})).first()
+    row = await fetch_record(session, _QUERY_SQL, {"query_id": query_id})
     if row is None:
         raise NotFound(f"query {query_id} does not exist")
-    rows = (await session.execute(text(_CANDIDATES_SQL), {"query_id": query_id})).all()
+    rows = await fetch_records(session, _CANDIDATES_SQL, {"query_id": query_id})
     return QueryTraceResult(
-        query_id=int(row.id),
-        namespace=row.namespace,
-        query_index=int(row.query_index),
-        text=row.text,
-        policy=row.policy,
-        stage=row.stage,
-        budget=int(row.budget),
-        scorer_calls=int(row.scorer_calls),
-        candidate_count=int(row.candidates),
-        returned=int(row.returned_count),
-        created_at=row.created_at,
-        timings=row.timings,
-        prequential_error=row.prequential_abs_error,
-        candidates=[_candidate(r, int(row.returned_count)) for r in rows],
+        query_id=int(row["id"]),
+        namespace=row["namespace"],
+        query_index=int(row["query_index"]),
+        text=row["text"],
+        policy=row["policy"],
+        stage=row["stage"],
+        budget=int(row["budget"]),
+        scorer_calls=int(row["scorer_calls"]),
+        candidate_count=int(row["candidates"]),
+        returned=int(row["returned_count"]),
+        created_at=row["created_at"],
+        timings=row["timings"],
+        prequential_error=row["prequential_abs_error"],
+        candidates=[_candidate(r, int(row["returned_count"])) for r in rows],
     )
 
 
-def _candidate(row: Any, returned: int) -> TracedCandidate:
+def _candidate(row: dict[str, Any], returned: int) -> TracedCandidate:
     return TracedCandidate(
-        rank=int(row.rank),
-        memory_id=int(row.memory_id),
-        external_id=row.external_id,
-        text=row.text,
-        similarity=float(row.similarity),
-        anchor=bool(row.anchor),
-        returned=int(row.rank) <= returned,
-        observed_score=None if row.observed_score is None else float(row.observed_score),
-        origin=row.origin,
-        estimate=float(row.estimate),
-        score=float(row.score),
-        source=row.source,
+        rank=int(row["rank"]),
+        memory_id=int(row["memory_id"]),
+        external_id=row["external_id"],
+        text=row["text"],
+        similarity=float(row["similarity"]),
+        anchor=bool(row["anchor"]),
+        returned=int(row["rank"]) <= returned,
+        observed_score=None if row["observed_score"] is None else float(row["observed_score"]),
+        origin=row["origin"],
+        estimate=float(row["estimate"]),
+        score=float(row["score"]),
+        source=row["source"],
     )

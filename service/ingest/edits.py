@@ -16,7 +16,6 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from service.db import experience
 from service.db import memories as memory_table
-from service.db.models import Memory
 from service.db.namespaces import namespace_state
 from service.errors import NotFound
 from service.ingest.records import MemoryPatch, NewMemory, StoredMemory, UpdatedMemory
@@ -70,7 +69,7 @@ async def update_memory(
         raise NotFound(f"memory {memory_id} does not exist")
     (change,) = await _changes(embedder, embedding_dim, [row], [patch])
     retired = await _write(session, row, change)
-    updated = await session.get(Memory, memory_id, populate_existing=True)
+    updated = await memory_table.get_memory(session, memory_id)
     if updated is None:
         raise NotFound(f"memory {memory_id} does not exist")
     return UpdatedMemory(StoredMemory.of(updated), retired)
@@ -78,7 +77,7 @@ async def update_memory(
 
 @dataclass(frozen=True)
 class _Change:
-    """The columns a patch sets on a stored memory (``Memory`` attribute names), and whether
+    """The columns a patch sets on a stored memory (``MemoryRow`` attribute names), and whether
     its content (text or vector) changes, which retires its observations."""
 
     values: dict[str, Any]
@@ -89,7 +88,7 @@ class _Change:
 async def _changes(
     embedder: Embedder | None,
     embedding_dim: int,
-    rows: Sequence[Memory],
+    rows: Sequence[memory_table.MemoryRow],
     patches: Sequence[MemoryPatch],
 ) -> list[_Change]:
     """What each patch changes of its row. A vector is written when it differs from the stored
@@ -112,7 +111,7 @@ async def _changes(
         if patch.text is not None:
             values["text"] = patch.text
         if patch.metadata is not None:
-            values["metadata_"] = patch.metadata
+            values["metadata"] = patch.metadata
         if patch.sets_occurred_at:
             values["occurred_at"] = patch.occurred_at
         if i in vectors and not np.array_equal(vectors[i], np.asarray(row.embedding, np.float32)):
@@ -124,7 +123,7 @@ async def _changes(
     return changes
 
 
-async def _write(session: AsyncSession, row: Memory, change: _Change) -> int:
+async def _write(session: AsyncSession, row: memory_table.MemoryRow, change: _Change) -> int:
     """Write ``change`` to ``row``'s memory; a new text or vector retires its observations
     (they judged the old content): returns how many."""
     if not change.differs:  # e.g. the stored vector sent again

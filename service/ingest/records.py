@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal
 
-from service.db.models import Memory
+from service.db import memories as memory_table
 
 
 @dataclass(frozen=True)
@@ -61,7 +61,7 @@ class StoredMemory:
     embedding_model: str
 
     @classmethod
-    def of(cls, row: Memory) -> StoredMemory:
+    def of(cls, row: memory_table.MemoryRow) -> StoredMemory:
         return cls(
             id=row.id,
             namespace=row.namespace,
@@ -69,7 +69,7 @@ class StoredMemory:
             text=row.text,
             occurred_at=row.occurred_at,
             created_at=row.created_at,
-            metadata=row.metadata_,
+            metadata=row.metadata,
             embedding_model=row.embedding_model,
         )
 

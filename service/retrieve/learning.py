@@ -1,6 +1,7 @@
-"""Learning from experience (DESIGN §2): after each query, record it and re-solve the touched
-memory rows online; take client feedback; and refit the whole namespace model now and then
-(in the background by default). No HTTP here."""
+"""Learning from experience: after each retrieve, record it and update the memory rows it
+observed online; take client feedback; and run the namespace's full refit now and then (in the
+background by default). docs/design.md "Causal completion and online learning" and "Full
+refits". No HTTP here."""
 
 from __future__ import annotations
 
@@ -8,80 +9,23 @@ import asyncio
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
 
 import numpy as np
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from service.completion.similarity import (
-    QueryParameters,
-    SimilarityFactorModel,
-    fit_with_similarity,
-    fold_in_with_similarity,
-)
-from service.completion.statistics import (
-    RowStatistics,
-    packed_length,
-    row_statistics,
-    solve_from_statistics,
-)
-from service.db import experience, model_state
+from service.completion import fold_in
+from service.db import experience, memory_rows, model_state
 from service.db import memories as memory_table
-from service.db.codecs import real_as_read
-from service.db.experience import (
-    NamespaceObservations,
-    QueryTrace,
-    RecordedQuery,
-    RowObservations,
-    StoredRows,
-)
-from service.db.model_state import MemoryRowUpdate, OnlineUpdate, RefittedModel
-from service.db.namespaces import (
-    NamespaceState,
-    namespace_state,
-    try_lock_namespace_refit,
-    unlock_namespace_refit,
-)
-from service.db.search import memory_embeddings
+from service.db.memory_rows import StoredRows
+from service.db.namespaces import NamespaceState, namespace_state
+from service.db.record import RecordedQuery, RecordedRetrieve, record_query
 from service.errors import InvalidInput, NotFound
 from service.ingest.validation import repeats
-from service.retrieve.rerank import Ranking
+from service.retrieve.online import feedback_rows, new_cells, update_memory_rows
+from service.retrieve.refit import refit_namespace
 from service.settings import Settings
 
 log = logging.getLogger(__name__)
-
-
-def update_memory_rows(
-    state: NamespaceState,
-    stored: StoredRows,
-    new_cells: RowObservations,
-    reg: float,
-    rank: int,
-) -> OnlineUpdate:
-    """Online update of the rows a query observed, at a cost independent of their history:
-    each row's stored statistics plus the query's new cells, re-solved with the mean of the
-    namespace ``state`` the query searched with (its refit stamp goes with the update).
-    Rows without stored statistics are built from their whole history instead (read before
-    this query's cells were recorded). Stored statistics of another rank (EARM_RANK changed)
-    count as none until the next refit, as stored factors do."""
-    ids = stored.memory_ids
-    statistics = RowStatistics.zeros(len(ids), rank)
-    usable = {
-        position: packed for position, packed in enumerate(stored.statistics)
-        if packed is not None and len(packed) == packed_length(rank)
-    }
-    if usable:
-        unpacked = RowStatistics.unpack(list(usable.values()), rank)
-        positions = list(usable)
-        statistics.gram[positions], statistics.moment[positions] = unpacked.gram, unpacked.moment
-    added = new_cells.subset(np.isin(new_cells.memory_ids, ids)).statistics(ids)
-    statistics = statistics + added + stored.history.statistics(ids)
-    bias, factors = solve_from_statistics(state.mean_score, statistics, reg)
-    return OnlineUpdate(
-        ids, bias, factors, statistics.counts, statistics.packed(),
-        versions=stored.versions, added=added.packed(), added_counts=added.counts,
-        refitted_at=state.refitted_at,
-    )
 
 
 def refit_due(queries_since_refit: int, queries_recorded: int, refit_every: int) -> bool:
@@ -118,85 +62,37 @@ class Learner:
         self._refit_again: set[str] = set()
 
     async def record_and_learn(
-        self,
-        namespace: str,
-        query_text: str,
-        query_vector: np.ndarray,
-        policy: str,
-        n_candidates: int,
-        budget: int,
-        scorer_calls: int,
-        scorer_requests: int,
-        ranking: Ranking,
-        returned_count: int,
-        returned_estimated: int,
-        observed_ids: np.ndarray,
-        observed_similarities: np.ndarray,
-        observed_scores: np.ndarray,
-        observed_prior_offsets: np.ndarray,
-        state: NamespaceState,
-        family_key: bytes | None,
-        reused_ids: np.ndarray,
-        reuse_saved_calls: int,
-        trace: QueryTrace,
-        stored: StoredRows,
+        self, retrieve: RecordedRetrieve, state: NamespaceState, stored: StoredRows
     ) -> RecordedQuery:
-        """Record the query and its observations, update the observed memory rows online
+        """Record the retrieve and its observations, update the observed memory rows online
         (from ``stored``, :meth:`read_rows` of them, and the namespace ``state`` the query
         searched with), and commit, all before the response, so the next query learns from
-        this one.
-
-        Cells reused from the query's family (``reused_ids``) are recorded as ids only, never
-        as observations: the judgement already has its row, and learning counts it once."""
+        this one."""
         update = None
-        if ranking.query is not None and len(observed_ids):
-            new_cells = _new_cells(
-                ranking.query, observed_ids, observed_similarities, observed_scores,
-                observed_prior_offsets,
-            )
+        observed = retrieve.observed
+        if retrieve.query is not None and len(observed.memory_ids):
             update = await asyncio.to_thread(
-                update_memory_rows, state, stored.subset(observed_ids), new_cells,
-                self.settings.memory_reg, self.settings.rank,
+                update_memory_rows, state, stored.subset(observed.memory_ids),
+                new_cells(retrieve.query, observed), self.settings.memory_reg,
+                self.settings.rank,
             )
         async with self.sessions() as session:
-            recorded = await experience.record_query(
-                session,
-                namespace=namespace,
-                query_text=query_text,
-                query_embedding=query_vector,
-                policy=policy,
-                n_candidates=n_candidates,
-                budget=budget,
-                scorer_calls=scorer_calls,
-                scorer_requests=scorer_requests,
-                query=ranking.query,
-                prequential_errors=ranking.prequential_errors,
-                returned_count=returned_count,
-                returned_estimated=returned_estimated,
-                observed_ids=observed_ids,
-                observed_similarities=observed_similarities,
-                observed_scores=observed_scores,
-                family_key=family_key,
-                reused_ids=reused_ids,
-                reuse_saved_calls=reuse_saved_calls,
-                trace=trace,
-                update=update,
-            )
+            recorded = await record_query(session, retrieve, update)
         if self.settings.background_work and refit_due(
             recorded.queries_since_refit, recorded.query_index + 1, self.settings.refit_every
         ):
             # (Without background work, the count just recorded is what `earm worker` reads.)
             if self.settings.refit_in_background:
-                self._start_background_refit(namespace)
+                self._start_background_refit(retrieve.namespace)
             else:
-                await self.refit_logged(namespace)
+                await self.refit_logged(retrieve.namespace)
         return recorded
 
     async def read_rows(self, memory_ids: np.ndarray) -> StoredRows:
         """What the online update of these memories' rows starts from (a retrieve reads its
         anchors' while the scorer works, so its record needs one round trip)."""
         async with self.sessions() as session:
-            return await experience.read_rows(session, memory_ids, self.settings.rank)
+            return await memory_rows.read_rows(session, memory_ids, self.settings.rank)
 
     async def refit_logged(self, namespace: str) -> bool:
         """:meth:`refit` for background callers (a query's refit, the worker's loop): a
@@ -274,7 +170,7 @@ class Learner:
             observed, cell_similarities, bias, factors = await experience.query_observations(
                 session, query_id, self.settings.rank
             )
-            query = fold_in_with_similarity(
+            query = fold_in(
                 state.mean_score, bias, factors, cell_similarities, observed, self.settings.reg
             )
             await model_state.update_query_factors(
@@ -321,156 +217,18 @@ class Learner:
         fed_back_ids: np.ndarray,
         mean_score: float,
     ) -> None:
-        """The query's parameters moved, so the statistics of every memory it observed are
-        rebuilt (they hold its old parameters); the rows that got feedback are re-solved."""
-        query_memories = await experience.query_memory_ids(session, query_id)
-        ids, statistics = await experience.rebuild_row_statistics(
-            session, query_memories, self.settings.rank
-        )
-        fed_back = np.isin(ids, fed_back_ids)
-        touched = RowStatistics(statistics.gram[fed_back], statistics.moment[fed_back])
-        bias, factors = solve_from_statistics(mean_score, touched, self.settings.memory_reg)
-        await model_state.upsert_memory_factors(
-            session,
-            namespace,
-            MemoryRowUpdate(ids[fed_back], bias, factors, touched.counts, touched.packed()),
-        )
+        """The query's parameters moved: the statistics of every memory it observed are
+        rebuilt and stored, and the rows that got feedback re-solved
+        (:func:`~service.retrieve.online.feedback_rows`)."""
+        ids = np.unique(await experience.query_memory_ids(session, query_id))
+        history = await memory_rows.memory_row_observations(session, ids, self.settings.rank)
+        rows = feedback_rows(history, ids, fed_back_ids, mean_score, self.settings.memory_reg)
+        await memory_rows.store_row_statistics(session, rows.memory_ids, rows.statistics)
+        await model_state.upsert_memory_factors(session, namespace, rows.fed_back)
 
     # ------------------------------------------------------------------------------- refit
 
     async def refit(self, namespace: str) -> bool:
         """Full refit of a namespace's model from all its observations. Returns False when
-        another process holds the refit lock (it will do the work).
-
-        The lock is a session-level advisory lock, so every statement of the refit must run on
-        the connection that took it: a session commits by handing its connection back to the
-        pool, and the unlock would then run on another connection, leaking the lock (and
-        silently disabling later refits of the namespace). Hence one pinned connection.
-        """
-        engine = self.sessions.kw["bind"]
-        async with engine.connect() as connection, self.sessions(bind=connection) as session:
-            if not await try_lock_namespace_refit(session, namespace):
-                return False
-            try:
-                read_from = await model_state.refit_horizon(session, namespace)
-                await session.commit()  # the lock only orders the read after edits under way
-                observations = await experience.namespace_observations(session, namespace)
-                # Sorting up to millions of ids: off the event loop, and once for the fetch
-                # and the fit.
-                memory_ids, memory_idx = await asyncio.to_thread(
-                    np.unique, observations.memory_ids, return_inverse=True
-                )
-                # The fetch commits: no transaction stays open during the fit.
-                embeddings = await memory_embeddings(
-                    session, memory_ids, self.settings.embedding_dim
-                )
-                fitted = await asyncio.to_thread(
-                    self._fit, observations, memory_ids, memory_idx, embeddings
-                )
-                await model_state.replace_model(
-                    session, namespace, fitted, refitted_at=datetime.now(UTC), read_from=read_from
-                )
-                await session.commit()
-                log.info(
-                    "refitted namespace %r", namespace,
-                    extra={"namespace": namespace, "observations": len(observations.scores)},
-                )
-            finally:
-                await session.rollback()  # a failed write must not hide its error in the unlock
-                await unlock_namespace_refit(session, namespace)
-                await session.commit()
-        return True
-
-    def _fit(
-        self,
-        observations: NamespaceObservations,
-        memory_ids: np.ndarray,
-        memory_idx: np.ndarray,
-        memory_embeddings: np.ndarray,
-    ) -> RefittedModel:
-        """The refit. ``memory_ids`` are the observed memories in id order, ``memory_idx`` each
-        observation's row among them, ``memory_embeddings`` theirs (zero rows for memories
-        deleted since)."""
-        norms = np.linalg.norm(memory_embeddings, axis=1, keepdims=True)
-        # Unit rows, as the search computes e_m·w: client vectors need not be normalised.
-        unit_embeddings = np.divide(
-            memory_embeddings, norms, out=np.zeros(memory_embeddings.shape), where=norms > 0
-        )
-        query_ids, query_idx = np.unique(observations.query_ids, return_inverse=True)
-        model = fit_with_similarity(
-            memory_idx,
-            query_idx,
-            observations.similarities,
-            observations.scores,
-            len(memory_ids),
-            len(query_ids),
-            rank=self.settings.rank,
-            reg=self.settings.reg,
-            n_iterations=self.settings.als_iterations,
-            memory_embeddings=unit_embeddings,
-            content_reg=self.settings.content_reg,
-            memory_reg=self.settings.memory_reg,
-        )
-        statistics = _refit_statistics(
-            observations, memory_idx, query_idx, len(memory_ids), unit_embeddings, model
-        )
-        return RefittedModel(
-            memory_ids=memory_ids,
-            memory_bias=model.memory_bias,
-            memory_factors=model.memory_factors,
-            observation_count=statistics.counts,
-            statistics=statistics.packed(),
-            query_ids=query_ids,
-            query_bias=model.query_bias,
-            query_slope=model.query_slope,
-            query_factors=model.query_factors,
-            prior=model.prior,
-        )
-
-
-def _refit_statistics(
-    observations: NamespaceObservations,
-    memory_idx: np.ndarray,
-    query_idx: np.ndarray,
-    n_memories: int,
-    unit_embeddings: np.ndarray,
-    model: SimilarityFactorModel,
-) -> RowStatistics:
-    """Every memory row's statistics given the refit's query side, with the query factors as
-    stored (``real``), so they equal a rebuild from the database up to rounding."""
-    prior = model.prior
-    prior_offsets = (
-        prior.offsets(observations.similarities, (unit_embeddings @ prior.weights)[memory_idx])
-        if len(prior.weights)
-        else np.zeros(len(observations.scores))
-    )
-    return row_statistics(
-        memory_idx,
-        n_memories,
-        observations.scores,
-        model.query_bias[query_idx]
-        + model.query_slope[query_idx] * observations.similarities
-        + prior_offsets,
-        real_as_read(model.query_factors)[query_idx],
-    )
-
-
-def _new_cells(
-    query: QueryParameters,
-    memory_ids: np.ndarray,
-    similarities: np.ndarray,
-    scores: np.ndarray,
-    prior_offsets: np.ndarray,
-) -> RowObservations:
-    """This query's observations as the database stores them (similarity, score and factors
-    as ``real``), so incremental statistics equal rebuilt ones up to rounding."""
-    n = len(memory_ids)
-    return RowObservations(
-        memory_ids=np.asarray(memory_ids, dtype=np.int64),
-        similarities=real_as_read(similarities),
-        scores=real_as_read(scores),
-        query_bias=np.full(n, query.bias),
-        query_slope=np.full(n, query.slope),
-        query_factors=np.tile(real_as_read(query.factors), (n, 1)),
-        prior_offsets=np.asarray(prior_offsets, dtype=np.float64),
-    )
+        another process holds the refit lock (it will do the work)."""
+        return await refit_namespace(self.sessions, self.settings, namespace)

@@ -10,12 +10,12 @@ from typing import Literal
 
 import numpy as np
 
-from service.completion import calibrate_similarity
-from service.completion.similarity import (
+from service.completion import (
     QueryParameters,
-    fold_in_with_similarity,
-    leave_one_out_with_similarity,
-    predict_with_similarity,
+    calibrate_similarity,
+    fold_in,
+    leave_one_out,
+    predict,
 )
 from service.retrieve.reuse import NeighbourEvidence
 
@@ -60,21 +60,32 @@ class Ranking:
     paraphrased: int = 0
 
 
+@dataclass(frozen=True)
+class CandidateObservations:
+    """The candidates with an observed score for this query: scored by the scorer now, or
+    taken from earlier askings of the query (``reused``: no prequential error, the model
+    learned them already)."""
+
+    positions: np.ndarray  # candidate positions
+    scores: np.ndarray
+    reused: np.ndarray  # bool per observation
+
+    def __len__(self) -> int:
+        return len(self.positions)
+
+
 def rank_candidates(
     policy: Policy,
     candidates: CandidateState,
-    observed_positions: np.ndarray,
-    observed_scores: np.ndarray,
+    observed: CandidateObservations,
     mean_score: float,
     reg: float,
-    reused: np.ndarray | None = None,
     neighbours: NeighbourEvidence | None = None,
     neighbour_prior: float = 1.0,
 ) -> Ranking:
-    """Final scores for every candidate and their order. ``reused`` marks the observed cells
-    taken from earlier askings of the query (no prequential error: the model learned them).
-    ``neighbours`` (earm only): what near-paraphrases of the query observed; a candidate's
-    estimate becomes (κ·model + Σ w·s) / (κ + Σ w), κ = ``neighbour_prior``.
+    """Final scores for every candidate and their order. ``neighbours`` (earm only): what
+    near-paraphrases of the query observed; a candidate's estimate becomes
+    (κ·model + Σ w·s) / (κ + Σ w), κ = ``neighbour_prior``.
 
     - observed cells keep their score (every policy);
     - ``earm``: every unobserved memory gets the completion estimate from the model fitted on
@@ -88,87 +99,106 @@ def rank_candidates(
     - an unobserved candidate of search expansion has source "expanded", whatever ranked it.
     """
     n = len(candidates.similarities)
-    scores = candidates.similarities.astype(np.float64).copy()
-    sources = [SEMANTIC] * n
-    query: QueryParameters | None = None
-    prequential_errors = np.zeros(0)
-    paraphrased = np.zeros(n, dtype=bool)
-
-    if len(observed_positions):
-        # Every policy that observed something solves the query's parameters, so the model
-        # learns from all traffic, not only from earm requests.
-        # The content prior is a known offset per cell, like the memory bias it sits beside.
-        memory_offsets = candidates.memory_bias + candidates.prior_offsets
-        fresh = (
-            np.ones(len(observed_positions), dtype=bool) if reused is None else ~reused
+    estimate = _Estimate(
+        candidates.similarities.astype(np.float64).copy(), [SEMANTIC] * n, None, np.zeros(0),
+        np.zeros(n, dtype=bool),
+    )
+    if len(observed):
+        estimate = _estimate_unobserved(
+            policy, candidates, observed, mean_score, reg, neighbours, neighbour_prior
         )
-        query, prequential_errors = _fold_in_query(
-            candidates, memory_offsets, observed_positions, observed_scores, fresh, mean_score,
-            reg,
-        )
-        if policy == "earm":
-            scores = predict_with_similarity(
-                mean_score,
-                memory_offsets,
-                candidates.memory_factors,
-                candidates.similarities,
-                query,
-            )
-            learned = (candidates.observation_count > 0) | (candidates.prior_offsets != 0)
-            if neighbours is not None:
-                paraphrased = neighbours.weights > 0
-                scores[paraphrased] = (
-                    neighbour_prior * scores[paraphrased]
-                    + neighbours.weights[paraphrased] * neighbours.means[paraphrased]
-                ) / (neighbour_prior + neighbours.weights[paraphrased])
-                learned |= paraphrased
-            for position in np.flatnonzero(learned):
-                sources[position] = ESTIMATED
-        else:
-            calibration = calibrate_similarity(
-                candidates.similarities[observed_positions], observed_scores
-            )
-            scores = calibration.estimate(candidates.similarities)
+    scores, sources, paraphrased = estimate.scores, estimate.sources, estimate.paraphrased
     estimates = scores.copy()
     sources[n - candidates.expanded :] = [EXPANDED] * candidates.expanded
-    if len(observed_positions):
-        scores[observed_positions] = observed_scores
-        paraphrased[observed_positions] = False
-        for position in observed_positions:
+    if len(observed):
+        scores[observed.positions] = observed.scores
+        paraphrased[observed.positions] = False
+        for position in observed.positions:
             sources[position] = OBSERVED
 
     # Ties (e.g. equal observed scores) keep the semantic order: the candidates arrive most
     # similar first and the sort is stable.
     order = np.argsort(-scores, kind="stable")
     return Ranking(
-        order, scores, estimates, sources, query, prequential_errors,
+        order, scores, estimates, sources, estimate.query, estimate.prequential_errors,
         int(np.count_nonzero(paraphrased)),
     )
+
+
+@dataclass(frozen=True)
+class _Estimate:
+    """What a policy estimates of the candidates before the observed ones take their scores."""
+
+    scores: np.ndarray
+    sources: list[str]
+    query: QueryParameters | None
+    prequential_errors: np.ndarray
+    paraphrased: np.ndarray  # bool: near-paraphrases' observations weighed on the estimate
+
+
+def _estimate_unobserved(
+    policy: Policy,
+    candidates: CandidateState,
+    observed: CandidateObservations,
+    mean_score: float,
+    reg: float,
+    neighbours: NeighbourEvidence | None,
+    neighbour_prior: float,
+) -> _Estimate:
+    """Every policy that observed something solves the query's parameters, so the model learns
+    from all traffic, not only from earm requests; only earm ranks by the completion."""
+    n = len(candidates.similarities)
+    sources = [SEMANTIC] * n
+    paraphrased = np.zeros(n, dtype=bool)
+    # The content prior is a known offset per cell, like the memory bias it sits beside.
+    memory_offsets = candidates.memory_bias + candidates.prior_offsets
+    query, prequential_errors = _fold_in_query(
+        candidates, memory_offsets, observed, mean_score, reg
+    )
+    if policy != "earm":
+        calibration = calibrate_similarity(
+            candidates.similarities[observed.positions], observed.scores
+        )
+        scores = calibration.estimate(candidates.similarities)
+        return _Estimate(scores, sources, query, prequential_errors, paraphrased)
+    scores = predict(
+        mean_score, memory_offsets, candidates.memory_factors, candidates.similarities, query
+    )
+    learned = (candidates.observation_count > 0) | (candidates.prior_offsets != 0)
+    if neighbours is not None:
+        paraphrased = neighbours.weights > 0
+        scores[paraphrased] = (
+            neighbour_prior * scores[paraphrased]
+            + neighbours.weights[paraphrased] * neighbours.means[paraphrased]
+        ) / (neighbour_prior + neighbours.weights[paraphrased])
+        learned |= paraphrased
+    for position in np.flatnonzero(learned):
+        sources[position] = ESTIMATED
+    return _Estimate(scores, sources, query, prequential_errors, paraphrased)
 
 
 def _fold_in_query(
     candidates: CandidateState,
     memory_offsets: np.ndarray,
-    observed_positions: np.ndarray,
-    observed_scores: np.ndarray,
-    fresh: np.ndarray,
+    observed: CandidateObservations,
     mean_score: float,
     reg: float,
 ) -> tuple[QueryParameters, np.ndarray]:
     """This query's parameters solved from its observed cells, and the prequential errors of
-    the ``fresh`` ones (scored for this query) that had history."""
+    the fresh ones (scored for this query, not reused) that had history."""
+    positions = observed.positions
     anchors = (
         mean_score,
-        memory_offsets[observed_positions],
-        candidates.memory_factors[observed_positions],
-        candidates.similarities[observed_positions],
-        observed_scores,
+        memory_offsets[positions],
+        candidates.memory_factors[positions],
+        candidates.similarities[positions],
+        observed.scores,
         reg,
     )
-    query = fold_in_with_similarity(*anchors)
+    query = fold_in(*anchors)
     prequential_errors = np.zeros(0)
-    measured = (candidates.observation_count[observed_positions] > 0) & fresh
+    measured = (candidates.observation_count[positions] > 0) & ~observed.reused
     if np.any(measured):
-        left_out = leave_one_out_with_similarity(*anchors)
-        prequential_errors = np.abs(left_out - observed_scores)[measured]
+        left_out = leave_one_out(*anchors)
+        prequential_errors = np.abs(left_out - observed.scores)[measured]
     return query, prequential_errors

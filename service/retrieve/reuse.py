@@ -1,5 +1,6 @@
-"""Query families (issue #14): a query that repeats an earlier one of its namespace reuses the
-observations recorded for it, so a repeated information need is not scored twice. Pure, no I/O.
+"""Query families: a query that repeats an earlier one of its namespace reuses the observations
+recorded for it, so a repeated information need is not scored twice (docs/design.md "Query
+families and paraphrase transfer"). Pure, no I/O.
 
 A family is what was asked: the query text after :func:`normalise_query` (casefolded,
 whitespace collapsed, stripped), or, when the client supplies the query vector, that vector

@@ -70,6 +70,6 @@ def test_plain_text_keeps_the_words_of_literals_roles_and_strong_text() -> None:
 
 
 def test_a_role_wrapped_over_two_lines_is_read_whole() -> None:
-    assert plain_text("a server (:func:`service.bench.loopback.\n  app`) that") == (
-        "a server (`service.bench.loopback.\n  app`) that"
+    assert plain_text("a server (:func:`service.testing.chat.\n  app`) that") == (
+        "a server (`service.testing.chat.\n  app`) that"
     )

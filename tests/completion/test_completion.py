@@ -12,21 +12,25 @@ import numpy as np
 import pytest
 
 from service.completion import (
-    BiasedALS,
-    FactorModel,
     ModelFitError,
     SimilarityCalibration,
     _grouped,
     calibrate_similarity,
+)
+from service.completion.reference_als import (
+    BiasedALS,
+    FactorModel,
     causal_estimates,
     fold_in_query,
-    leave_one_out_predictions,
     objective,
+)
+from service.completion.reference_dense import dense_als, dense_ridge
+from service.completion.ridge import (
+    leave_one_out_predictions,
     predict_scores,
     solve_rows_batch,
     solve_side,
 )
-from service.completion.reference import reference_als, reference_ridge
 
 MODEL_ARRAYS = ("memory_bias", "memory_factors", "query_bias", "query_factors")
 
@@ -97,7 +101,9 @@ def test_fast_als_matches_dense_reference(
 ) -> None:
     m, q, s = random_cells(n_memories, n_queries, density, seed=n_memories + rank)
     fast = BiasedALS(rank=rank, reg=reg, n_iterations=7, seed=5).fit(m, q, s, n_memories, n_queries)
-    ref = reference_als(m, q, s, n_memories, n_queries, rank=rank, reg=reg, n_iterations=7, seed=5)
+    ref = dense_als(
+        m, q, s, n_memories, n_queries, BiasedALS(rank=rank, reg=reg, n_iterations=7, seed=5)
+    )
     assert_models_close(fast, ref)
 
 
@@ -108,7 +114,7 @@ def test_fast_als_matches_reference_when_rows_are_split_across_chunks(
     monkeypatch.setattr(_grouped, "CHUNK_CELLS", 5)
     m, q, s = random_cells(20, 30, 0.35, seed=11)
     fast = BiasedALS(rank=3, reg=0.5, n_iterations=5, seed=2).fit(m, q, s, 20, 30)
-    ref = reference_als(m, q, s, 20, 30, rank=3, reg=0.5, n_iterations=5, seed=2)
+    ref = dense_als(m, q, s, 20, 30, BiasedALS(rank=3, reg=0.5, n_iterations=5, seed=2))
     assert_models_close(fast, ref)
 
 
@@ -121,7 +127,7 @@ def test_warm_start_matches_reference_from_the_same_start() -> None:
     np.testing.assert_array_equal(start.query_factors[:12], old.query_factors)
     assert np.all(start.query_factors[12:] != 0.0)
     fast = als.fit(m, q, s, 25, 18, init=old)
-    ref = reference_als(m, q, s, 25, 18, rank=3, reg=0.5, n_iterations=4, start=start)
+    ref = dense_als(m, q, s, 25, 18, als, start=start)
     assert_models_close(fast, ref)
 
 
@@ -132,7 +138,7 @@ def test_solve_side_equals_dense_ridge_lstsq() -> None:
         bias = rng.normal(0.0, 0.1, n)
         scores = rng.random(n)
         got_bias, got_factor = solve_side(0.4, bias, factors, scores, reg=0.7)
-        want_bias, want_factor = reference_ridge(factors, scores - 0.4 - bias, reg=0.7)
+        want_bias, want_factor = dense_ridge(factors, scores - 0.4 - bias, reg=0.7)
         assert got_bias == pytest.approx(want_bias, abs=1e-12)
         np.testing.assert_allclose(got_factor, want_factor, rtol=0, atol=1e-12)
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from service.completion import solve_rows_batch
-from service.completion.reference import reference_ridge
+from service.completion.reference_dense import dense_ridge
+from service.completion.ridge import solve_rows_batch
 from service.completion.statistics import (
     RowStatistics,
     packed_length,
@@ -35,7 +35,7 @@ def test_solving_from_statistics_matches_the_dense_reference_row_by_row() -> Non
     )
     for row in range(12):
         mine = rows == row
-        expected_bias, expected_factors = reference_ridge(
+        expected_bias, expected_factors = dense_ridge(
             factors[mine], scores[mine] - mu - offsets[mine], REG
         )
         assert bias[row] == pytest.approx(expected_bias, abs=1e-10)

@@ -168,10 +168,10 @@ def test_the_backlog_count_reads_the_partial_index_even_when_statistics_overrate
             conn.execute(insert, {"namespace": "a", "indexed": False, "count": LIMIT})
             conn.execute(text("ANALYZE memories"))
             parameters = {"namespace": "a", "limit": LIMIT}
-            plan = conn.execute(
-                text("EXPLAIN (FORMAT JSON) " + UNINDEXED_BACKLOG_SQL.text), parameters
+            plan = conn.exec_driver_sql(
+                "EXPLAIN (FORMAT JSON) " + UNINDEXED_BACKLOG_SQL, parameters
             ).scalar_one()
-            backlog = conn.execute(UNINDEXED_BACKLOG_SQL, parameters).scalar_one()
+            backlog = conn.exec_driver_sql(UNINDEXED_BACKLOG_SQL, parameters).scalar_one()
     finally:
         engine.dispose()
     nodes = plan_nodes(plan[0]["Plan"])

@@ -67,7 +67,9 @@ async def search_ids(
     sessions: Sessions, namespace: str, query: np.ndarray, limit: int
 ) -> list[int]:
     async with sessions() as session:
-        _, candidates, _ = await search.search(session, namespace, query, limit, rank=8)
+        _, candidates, _ = await search.search(
+            session, search.CandidateSearch(namespace, query, limit, rank=8)
+        )
         await session.commit()
     return [int(i) for i in candidates.ids]
 

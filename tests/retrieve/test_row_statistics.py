@@ -12,9 +12,9 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from service.completion import solve_rows_batch
+from service.completion.ridge import solve_rows_batch
 from service.completion.statistics import RowStatistics
-from service.db import experience
+from service.db import memory_rows
 from service.db.codecs import factor_matrix
 from service.db.engine import open_database
 from service.db.namespaces import namespace_state
@@ -56,7 +56,7 @@ async def _resolved_from_history(
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The rows as a re-solve from the whole history computes them: every observation of each
     memory read back, re-solved with the mean the request saw."""
-    history = await experience.memory_row_observations(session, memory_ids, RANK)
+    history = await memory_rows.memory_row_observations(session, memory_ids, RANK)
     rows, compact = np.unique(history.memory_ids, return_inverse=True)
     bias, factors = solve_rows_batch(
         mean, compact, np.arange(len(history.scores)), history.scores,
@@ -71,7 +71,7 @@ async def _assert_statistics_match_a_rebuild(session: AsyncSession) -> int:
         await session.scalars(text("SELECT memory_id FROM memory_factors ORDER BY memory_id"))
     )
     ids, _, _, stored, counts = await _stored_rows(session, memory_ids)
-    history = await experience.memory_row_observations(session, ids, RANK)
+    history = await memory_rows.memory_row_observations(session, ids, RANK)
     rebuilt = history.statistics(ids)
     assert all(packed is not None for packed in stored)
     kept = RowStatistics.unpack(stored, RANK)

@@ -1,5 +1,6 @@
-"""Slow, obvious dense ALS: the yardstick the fast :class:`~service.completion.model.BiasedALS`
-is tested against. Used only by tests; never import it from service code.
+"""Slow, obvious dense ALS: the yardstick the fast
+:class:`~service.completion.reference_als.BiasedALS` is tested against. Used only by tests; never
+import it from service code.
 
 Deliberately written differently from the fast path: dense masked matrices instead of COO cells,
 one Python loop iteration per row, and each ridge problem solved as an ordinary least-squares
@@ -13,12 +14,13 @@ from __future__ import annotations
 import numpy as np
 from numpy.typing import NDArray
 
-from service.completion.model import INIT_SCALE, FactorModel
+from service.completion.reference_als import BiasedALS, FactorModel
+from service.completion.ridge import INIT_SCALE
 
-__all__ = ["reference_als", "reference_ridge"]
+__all__ = ["dense_als", "dense_ridge"]
 
 
-def reference_ridge(
+def dense_ridge(
     other_factors: NDArray[np.float64], target: NDArray[np.float64], reg: float
 ) -> tuple[float, NDArray[np.float64]]:
     """argmin_θ ‖[1, F] θ − y‖² + reg‖θ‖², via lstsq on the augmented system; θ = (bias, factor)."""
@@ -30,24 +32,23 @@ def reference_ridge(
     return float(theta[0]), theta[1:]
 
 
-def reference_als(
+def dense_als(
     memory_idx: NDArray[np.intp],
     query_idx: NDArray[np.intp],
     scores: NDArray[np.float64],
     n_memories: int,
     n_queries: int,
-    rank: int,
-    reg: float,
-    n_iterations: int,
-    seed: int = 0,
+    als: BiasedALS,
     start: FactorModel | None = None,
 ) -> FactorModel:
-    """Dense ALS with the same initialisation and update order as ``BiasedALS``.
+    """Dense ALS with the hyperparameters (rank, reg, iterations, seed), initialisation and
+    update order of ``als``.
 
     Cold start draws memory then query factors as INIT_SCALE * default_rng(seed).standard_normal;
     ``start`` overrides that with an explicit starting model (its μ is ignored: μ is the mean of
     the scores). Each (memory, query) pair may appear at most once (a dense matrix has one cell).
     """
+    rank, reg = als.rank, als.reg
     observed = np.zeros((n_memories, n_queries), dtype=bool)
     matrix = np.zeros((n_memories, n_queries))
     for m, q, s in zip(memory_idx, query_idx, scores, strict=True):
@@ -58,7 +59,7 @@ def reference_als(
     mu = float(np.mean(scores)) if len(scores) else 0.0
 
     if start is None:
-        rng = np.random.default_rng(seed)
+        rng = np.random.default_rng(als.seed)
         memory_factors = INIT_SCALE * rng.standard_normal((n_memories, rank))
         query_factors = INIT_SCALE * rng.standard_normal((n_queries, rank))
         memory_bias = np.zeros(n_memories)
@@ -69,15 +70,15 @@ def reference_als(
         memory_bias = start.memory_bias.copy()
         query_bias = start.query_bias.copy()
 
-    for _ in range(n_iterations):
+    for _ in range(als.n_iterations):
         for m in range(n_memories):
             cols = np.flatnonzero(observed[m])
             target = matrix[m, cols] - mu - query_bias[cols]
-            memory_bias[m], memory_factors[m] = reference_ridge(query_factors[cols], target, reg)
+            memory_bias[m], memory_factors[m] = dense_ridge(query_factors[cols], target, reg)
         for q in range(n_queries):
             rows = np.flatnonzero(observed[:, q])
             target = matrix[rows, q] - mu - memory_bias[rows]
-            query_bias[q], query_factors[q] = reference_ridge(memory_factors[rows], target, reg)
+            query_bias[q], query_factors[q] = dense_ridge(memory_factors[rows], target, reg)
 
     return FactorModel(
         mu=mu,

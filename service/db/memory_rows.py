@@ -1,0 +1,150 @@
+"""What the online update of memory rows reads, and where a rebuild of their statistics goes:
+each row's stored sufficient statistics and version, and the history of the rows without
+statistics (docs/design.md "Causal completion and online learning"). The update itself is
+computed in ``service.retrieve.online``; its write is ``model_state.online_update_statement``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from service.completion.statistics import RowObservations, RowStatistics
+from service.db.codecs import double_array_literals, factor_matrix
+from service.db.engine import driver_connection
+from service.db.model_state import ROW_VERSION_SQL, content_sql
+from service.db.statements import execute, fetch_all
+
+# e_m·w of the content prior per memory, once per memory rather than once per observation:
+# with 100 observations per memory, fetching and multiplying the embedding for each was most of
+# the read.
+_MEMORY_CONTENT_SQL = content_sql("m.embedding", "n.content_weights")
+
+
+def _row_observations_sql(which_memories: str = "") -> str:
+    """Every observation of the memories ``%(ids)s`` (narrowed by the SQL condition on ``m``
+    in ``which_memories``), each with its query's parameters and its content-prior offset
+    (0 before the namespace's first refit)."""
+    return f"""
+    WITH m AS MATERIALIZED (
+        SELECT m.id, {_MEMORY_CONTENT_SQL} AS content
+        FROM memories m JOIN namespaces n ON n.name = m.namespace
+        WHERE m.id = ANY(%(ids)s::bigint[]) {which_memories}
+    )
+    SELECT s.memory_id, s.similarity, s.score, q.bias, q.slope, q.factors,
+           coalesce(n.content_slope * s.similarity + m.content, 0)
+    FROM scores s JOIN queries q ON q.id = s.query_id
+    JOIN m ON m.id = s.memory_id JOIN namespaces n ON n.name = s.namespace
+    WHERE s.memory_id = ANY(ARRAY(SELECT id FROM m)) AND q.bias IS NOT NULL
+      AND s.retired_at IS NULL
+    ORDER BY s.memory_id, s.query_id
+"""
+
+
+_ROW_OBSERVATIONS_SQL = _row_observations_sql()
+# Only memories with no usable statistics: the rare ones the online update rebuilds from their
+# history (first observed, written before migration 0010, or invalidated by a refit).
+_HISTORY_WITHOUT_STATISTICS_SQL = _row_observations_sql(
+    "AND NOT EXISTS (SELECT FROM memory_factors f "
+    "WHERE f.memory_id = m.id AND f.statistics IS NOT NULL)"
+)
+# The memories that still exist, each with its stored statistics (or NULL) and its row's version.
+_ROW_STATISTICS_SQL = f"""
+    SELECT m.id, f.statistics, {ROW_VERSION_SQL}
+    FROM memories m LEFT JOIN memory_factors f ON f.memory_id = m.id
+    WHERE m.id = ANY(%(ids)s::bigint[]) ORDER BY m.id
+"""
+
+_STORE_STATISTICS_SQL = """
+    UPDATE memory_factors f SET statistics = t.p::float8[], observation_count = t.n
+    FROM unnest(%(ids)s::bigint[], %(packed)s::text[], %(counts)s::int[]) AS t(id, p, n)
+    WHERE f.memory_id = t.id
+"""
+
+
+@dataclass(frozen=True)
+class StoredRows:
+    """What the online update of some memory rows starts from: the live memories among those
+    asked for (ids ascending), each one's stored packed statistics or None and its row's
+    version (``ROW_VERSION_SQL``), and ``history``, every observation of the memories with
+    None."""
+
+    memory_ids: np.ndarray
+    statistics: list[list[float] | None]
+    versions: list[str]
+    history: RowObservations
+
+    def subset(self, memory_ids: np.ndarray) -> StoredRows:
+        """The rows of those of ``memory_ids`` read here."""
+        keep = np.isin(self.memory_ids, memory_ids)
+        return StoredRows(
+            self.memory_ids[keep],
+            [p for p, kept in zip(self.statistics, keep, strict=True) if kept],
+            [v for v, kept in zip(self.versions, keep, strict=True) if kept],
+            self.history.subset(np.isin(self.history.memory_ids, memory_ids)),
+        )
+
+
+async def read_rows(session: AsyncSession, memory_ids: np.ndarray, rank: int) -> StoredRows:
+    """The stored rows of ``memory_ids`` for an online update, read without the namespace lock
+    (a retrieve reads those of its anchors while the scorer works); the versions tell the
+    update which rows changed before it took the lock. One round trip, the COMMIT ending the
+    read-only transaction included (none for no memories)."""
+    if len(memory_ids) == 0:
+        return StoredRows(np.zeros(0, dtype=np.int64), [], [], _row_observations([], rank))
+    conn = await driver_connection(session)
+    ids = {"ids": [int(m) for m in memory_ids]}
+    async with conn.pipeline():
+        statistics = await conn.execute(_ROW_STATISTICS_SQL, ids)
+        history = await conn.execute(_HISTORY_WITHOUT_STATISTICS_SQL, ids)
+        await conn.commit()
+    stored = await statistics.fetchall()
+    return StoredRows(
+        memory_ids=np.array([r[0] for r in stored], dtype=np.int64),
+        statistics=[r[1] for r in stored],
+        versions=[r[2] for r in stored],
+        history=_row_observations(await history.fetchall(), rank),
+    )
+
+
+async def memory_row_observations(
+    session: AsyncSession, memory_ids: NDArray[np.integer[Any]], rank: int
+) -> RowObservations:
+    """Every live observation of these memories: what their statistics are rebuilt from. O(the
+    memories' history): a rare path."""
+    rows = await fetch_all(session, _ROW_OBSERVATIONS_SQL, {"ids": [int(m) for m in memory_ids]})
+    return _row_observations(rows, rank)
+
+
+async def store_row_statistics(
+    session: AsyncSession, memory_ids: np.ndarray, statistics: RowStatistics
+) -> None:
+    """Store rebuilt statistics (with their observation counts) of memory rows in the caller's
+    transaction; memories without a model row get none here (the next retrieve that observes
+    them builds theirs)."""
+    await execute(
+        session,
+        _STORE_STATISTICS_SQL,
+        {
+            "ids": [int(m) for m in memory_ids],
+            "packed": double_array_literals(statistics.packed()),
+            "counts": [int(n) for n in statistics.counts],
+        },
+    )
+
+
+def _row_observations(rows: Sequence[Sequence[Any]], rank: int) -> RowObservations:
+    return RowObservations(
+        memory_ids=np.array([r[0] for r in rows], dtype=np.int64),
+        similarities=np.array([r[1] for r in rows], dtype=np.float64),
+        scores=np.array([r[2] for r in rows], dtype=np.float64),
+        query_bias=np.array([r[3] for r in rows], dtype=np.float64),
+        query_slope=np.array([r[4] or 0.0 for r in rows], dtype=np.float64),
+        query_factors=factor_matrix([r[5] for r in rows], rank),
+        prior_offsets=np.array([r[6] for r in rows], dtype=np.float64),
+    )

@@ -1,0 +1,88 @@
+"""What a retrieve is asked and what it answers: the pipeline's request and result, which are
+also the API's request options and response body (service.http serves the result as it is)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Literal
+
+from service.retrieve.rerank import Policy, Source
+
+Order = Literal["chronological", "relevance"]
+
+
+@dataclass(frozen=True)
+class RetrieveRequest:
+    namespace: str
+    query: str
+    query_embedding: Sequence[float] | None = None
+    k: int = 10
+    # Semantic candidates (N); None: the deployment's EARM_DEFAULT_CANDIDATES.
+    candidates: int | None = None
+    policy: Policy = "earm"
+    budget: int | None = None
+    seed: int = 0
+    order: Order = "chronological"
+    filters: dict[str, Any] | None = None
+    # Search expansion (earm only): up to this many memories outside the semantic candidates
+    # join them; None: the deployment's EARM_EXPAND.
+    expand: int | None = None
+
+    def semantic_candidates(self, default: int) -> int:
+        """The semantic candidates (N) asked for; ``default``: the deployment's."""
+        return default if self.candidates is None else self.candidates
+
+
+@dataclass(frozen=True)
+class RetrievedMemory:
+    id: int
+    external_id: str | None
+    text: str
+    occurred_at: datetime | None
+    metadata: dict[str, Any]
+    score: float
+    source: Source
+    similarity: float
+    rank: int
+
+
+@dataclass(frozen=True)
+class Timings:
+    """Milliseconds per phase of one retrieve."""
+
+    embed_ms: float
+    search_ms: float
+    score_ms: float
+    complete_ms: float
+    record_ms: float
+    total_ms: float
+
+
+@dataclass(frozen=True)
+class RetrieveResult:
+    # None when nothing was recorded: the namespace has no memories (or no candidate passed
+    # the filters), so there was nothing to score or learn from.
+    query_id: int | None
+    query_index: int | None
+    policy: str  # the request's Policy, documented as a plain string in the API
+    stage: int
+    budget: int
+    budget_reason: str  # why the budget is what it is (the policy and what it read)
+    scorer_calls: int
+    # Candidates observed for earlier askings of this query (its family), taken from
+    # experience instead of scored again.
+    reused: int
+    # Memories outside the semantic candidates that search expansion added to them (they
+    # were ranked with the others; the budget is a share of the semantic ones only).
+    expanded: int
+    # Candidates ranked by an estimate that near-paraphrases' observations weighed on
+    # (paraphrase transfer, earm; observed and reused candidates are not counted).
+    paraphrased: int
+    # HTTP requests the scorer made for those calls, retries included (0 for the local
+    # scorer; one per batch of documents for a reranker).
+    scorer_requests: int
+    degraded: bool
+    memories: list[RetrievedMemory]
+    timings: Timings

@@ -1,0 +1,251 @@
+"""The search step of a retrieve: its candidates, the namespace's state, what the query's family
+and its near-paraphrases observed of them, the budget, and the anchors to score among the rest
+(docs/design.md "The retrieve pipeline", "Budget and anchors", "Query families and paraphrase
+transfer")."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from service.completion import content_offsets
+from service.db.namespaces import NamespaceState
+from service.db.search import (
+    Candidates,
+    CandidateSearch,
+    NeighbourSearch,
+    PastObservations,
+    memory_embeddings,
+    search,
+)
+from service.db.spending import recent_spending
+from service.errors import NotFound
+from service.retrieve.budget import (
+    AdaptivePolicy,
+    BudgetDecision,
+    adaptive_budget,
+    anchor_seed,
+    budget_history,
+    cold_head_share,
+)
+from service.retrieve.request import RetrieveRequest
+from service.retrieve.rerank import CandidateState
+from service.retrieve.reuse import (
+    NOTHING_REUSED,
+    NeighbourEvidence,
+    Reused,
+    family_key,
+    neighbour_evidence,
+    reused_candidates,
+    unobserved_anchors,
+)
+from service.settings import BudgetSchedule, Settings
+
+#: Paraphrase transfer reads the observations of at most this many nearest earlier queries.
+PARAPHRASE_NEIGHBOURS = 16
+
+
+@dataclass(frozen=True)
+class FoundCandidates:
+    """What the search step of one retrieve found."""
+
+    state: NamespaceState
+    candidates: Candidates
+    budget: BudgetDecision
+    family_key: bytes | None  # None: a semantic retrieve (it observes nothing, joins no family)
+    reused: Reused  # candidates observed for the query's family
+    neighbours: NeighbourEvidence | None  # paraphrase transfer (None: off)
+    anchors: np.ndarray  # candidate positions to score (none of them reused)
+    anchor_embeddings: np.ndarray  # theirs, for a scorer that reads embeddings (else 0 columns)
+
+    def candidate_state(self) -> CandidateState:
+        """What reranking needs of the candidates."""
+        candidates = self.candidates
+        return CandidateState(
+            candidates.similarities,
+            candidates.memory_bias,
+            candidates.memory_factors,
+            candidates.observation_count,
+            content_offsets(
+                self.state.content_slope, candidates.similarities, candidates.content_scores
+            ),
+            candidates.expanded,
+        )
+
+
+class SearchStep:
+    def __init__(
+        self,
+        sessions: async_sessionmaker[AsyncSession],
+        settings: Settings,
+        schedule: BudgetSchedule,
+        scorer_reads_embeddings: bool,
+    ) -> None:
+        self.sessions = sessions
+        self.settings = settings
+        self.schedule = schedule
+        self.adaptive = AdaptivePolicy.from_settings(settings)
+        self.scorer_reads_embeddings = scorer_reads_embeddings
+
+    async def find(
+        self, request: RetrieveRequest, query_vector: np.ndarray
+    ) -> FoundCandidates | None:
+        """The candidates, the namespace's state, what the query's family observed of them and
+        the anchors to score among the rest; None for a namespace that does not exist (nothing
+        was ever stored in it)."""
+        family = self._family_key(request, query_vector)
+        paraphrases = self._neighbour_search(request, family)
+        async with self.sessions() as session:
+            try:
+                state, candidates, past = await search(
+                    session, self._candidate_search(request, query_vector, family, paraphrases)
+                )
+            except NotFound:
+                return None
+            reused = (
+                reused_candidates(candidates.ids, past.family_ids, past.family_scores)
+                if family is not None
+                else NOTHING_REUSED
+            )
+            neighbours = _neighbour_evidence(candidates, past, paraphrases)
+            # Stage, budget and anchors follow the index this query expects; under concurrent
+            # requests the recorded index can be a few higher, never lower. The budget goes to
+            # candidates the family has not observed, so coverage grows with each asking.
+            budget = await self._budget(session, request, state.next_query_index, candidates)
+            anchors = _anchors(request, state, candidates, reused, budget, neighbours)
+            anchor_embeddings = await self._anchor_embeddings(session, candidates, anchors)
+            await session.commit()
+        return FoundCandidates(
+            state, candidates, budget, family, reused, neighbours, anchors, anchor_embeddings
+        )
+
+    def _candidate_search(
+        self,
+        request: RetrieveRequest,
+        query_vector: np.ndarray,
+        family: bytes | None,
+        paraphrases: NeighbourSearch | None,
+    ) -> CandidateSearch:
+        return CandidateSearch(
+            request.namespace,
+            query_vector,
+            request.semantic_candidates(self.settings.default_candidates),
+            self.settings.rank,
+            request.filters,
+            family,
+            paraphrases,
+            family_feedback_only=not self.settings.reuse_observations,
+            expand=self._expand(request),
+        )
+
+    def _family_key(self, request: RetrieveRequest, query_vector: np.ndarray) -> bytes | None:
+        # Semantic retrieval observes nothing, so it neither reuses nor joins a family. With
+        # reuse switched off a family still takes its feedback: feedback is authoritative.
+        if request.policy == "semantic":
+            return None
+        return family_key(
+            request.query, query_vector if request.query_embedding is not None else None
+        )
+
+    def _expand(self, request: RetrieveRequest) -> int:
+        """How many memories search expansion may add. Only ``earm`` ranks by the completion
+        model, the only ranking under which a memory found by the content prior can compete;
+        the other policies rank unobserved memories by similarity, which would put the
+        expanded ones last."""
+        if request.policy != "earm":
+            return 0
+        return self.settings.expand if request.expand is None else request.expand
+
+    def _neighbour_search(
+        self, request: RetrieveRequest, family: bytes | None
+    ) -> NeighbourSearch | None:
+        settings = self.settings
+        if not settings.paraphrase_transfer or family is None or request.policy != "earm":
+            return None
+        return NeighbourSearch(
+            settings.paraphrase_similarity, PARAPHRASE_NEIGHBOURS, settings.paraphrase_window
+        )
+
+    async def _budget(
+        self,
+        session: AsyncSession,
+        request: RetrieveRequest,
+        query_index: int,
+        candidates: Candidates,
+    ) -> BudgetDecision:
+        # A share of the semantic candidates: expansion adds candidates, never scorer calls.
+        n_candidates = candidates.semantic_count
+        if request.policy == "semantic":
+            return BudgetDecision(0, "policy semantic: no scorer calls")
+        if request.policy == "full":
+            return BudgetDecision(n_candidates, "policy full: every candidate")
+        if request.budget is not None:
+            return BudgetDecision(min(request.budget, n_candidates), "set by the request")
+        stage = self.schedule.stage_for(query_index)
+        # The adaptive policy follows the schedule until its last stage: a new namespace's
+        # model has too little to go on, and the warm-up costs what the schedule says.
+        warm_up_end = self.schedule.stages[-1][0]
+        if self.settings.budget_policy == "schedule" or query_index < warm_up_end:
+            warm_up = "warm-up, " if self.settings.budget_policy == "adaptive" else ""
+            return BudgetDecision(
+                self.schedule.budget_for_query(query_index, n_candidates),
+                f"{self.settings.budget_policy}: {warm_up}stage {stage} of the schedule, "
+                f"ratio {self.schedule.stages[stage][1]:g}",
+            )
+        recent = await recent_spending(
+            session, request.namespace, warm_up_end, self.settings.budget_window - 1
+        )
+        return adaptive_budget(
+            n_candidates,
+            cold_head_share(candidates.observation_count[:n_candidates]),
+            budget_history(recent, self.adaptive.target),
+            self.adaptive,
+        )
+
+    async def _anchor_embeddings(
+        self, session: AsyncSession, candidates: Candidates, anchors: np.ndarray
+    ) -> np.ndarray:
+        if not self.scorer_reads_embeddings:
+            return np.zeros((len(anchors), 0), dtype=np.float32)
+        return await memory_embeddings(
+            session, candidates.ids[anchors], self.settings.embedding_dim
+        )
+
+
+def _neighbour_evidence(
+    candidates: Candidates, past: PastObservations, paraphrases: NeighbourSearch | None
+) -> NeighbourEvidence | None:
+    if paraphrases is None:
+        return None
+    return neighbour_evidence(
+        candidates.ids,
+        past.neighbour_ids,
+        past.neighbour_similarities,
+        past.neighbour_scores,
+        paraphrases.min_similarity,
+    )
+
+
+def _anchors(
+    request: RetrieveRequest,
+    state: NamespaceState,
+    candidates: Candidates,
+    reused: Reused,
+    budget: BudgetDecision,
+    neighbours: NeighbourEvidence | None,
+) -> np.ndarray:
+    """Anchors come from the semantic candidates only, as without expansion: the same budget
+    scores the same anchors (a paired comparison), and the exploring half keeps spreading
+    observations over the semantic range the query's similarity slope is solved on. An
+    expanded memory is observed only through its family's earlier observations (feedback on
+    a returned one, say)."""
+    n_semantic = candidates.semantic_count
+    return unobserved_anchors(
+        n_semantic,
+        reused.positions[reused.positions < n_semantic],
+        budget.budget,
+        anchor_seed(request.namespace, state.next_query_index, request.seed),
+        neighbours.steering if neighbours is not None else np.zeros(0, dtype=np.int64),
+    )
