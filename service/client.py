@@ -245,7 +245,7 @@ class EarmClient:
         return self._parse(ErasedNamespace, "DELETE", f"/namespaces/{namespace}")
 
     def retrieve(self, namespace: str, query: str, **options: Any) -> RetrieveResult:
-        """``POST /retrieve``; options: k, candidates, policy, budget, seed, order, filters, expand,
+        """``POST /retrieve``; options: k, candidates, policy, budget, seed, order, filters,
         query_embedding."""
         return self._parse(
             RetrieveResult, "POST", "/retrieve", json=_retrieve_body(namespace, query, options)

@@ -20,8 +20,6 @@ DEFAULT_BUDGET_SCHEDULE = "0:1.0,5:0.5,15:0.3,30:0.175"
 #: because a setting (``mcp_default_namespace``) names a namespace too; ``service.http.schemas``
 #: builds its ``NamespaceName`` from it.
 NAMESPACE_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$"
-#: The most memories search expansion may add to a retrieve's candidates (``expand``).
-MAX_EXPAND = 200
 
 
 def namespace_name(namespace: str) -> str:
@@ -180,15 +178,6 @@ class Settings(BaseSettings):
         "the exploring half of its anchors avoids candidates they observed with a summed weight "
         "of 0.7 or more (its exploiting half always judges its own head).",
     )
-    expand: int = Field(
-        default=0,
-        ge=0,
-        le=MAX_EXPAND,
-        description="Search expansion (earm policy), the default of a retrieve's `expand`: up "
-        "to this many memories outside the semantic candidates that the namespace's content "
-        "prior ranks highest join them, found by the HNSW index (none before the first refit). "
-        "0: off.",
-    )
     paraphrase_prior: float = Field(
         default=0.25,
         gt=0,
@@ -202,36 +191,6 @@ class Settings(BaseSettings):
     )
     als_iterations: int = Field(default=10, ge=1, le=200)
     budget_schedule: str = DEFAULT_BUDGET_SCHEDULE
-    budget_policy: Literal["schedule", "adaptive"] = Field(
-        default="schedule",
-        description="How a query's budget is set: 'schedule' by the query index alone; "
-        "'adaptive' follows the schedule until its last stage, then spends more where the model "
-        "knows less (new memories, a recent error above the scorer's noise) and less elsewhere, "
-        "within EARM_BUDGET_TARGET on average (service/retrieve/budget.py).",
-    )
-    budget_target: float = Field(
-        default=0.175,
-        gt=0,
-        le=1,
-        description="adaptive: the average share of candidates scored after the warm-up.",
-    )
-    budget_floor: float = Field(
-        default=0.05, ge=0, le=1, description="adaptive: the least share of candidates scored."
-    )
-    budget_ceiling: float = Field(
-        default=0.5, gt=0, le=1, description="adaptive: the largest share of candidates scored."
-    )
-    budget_noise: float = Field(
-        default=0.1,
-        gt=0,
-        description="adaptive: the scorer's own noise as a mean absolute error; a recent "
-        "prequential error up to it asks for no extra budget, twice it for the ceiling.",
-    )
-    budget_window: int = Field(
-        default=50,
-        ge=2,
-        description="adaptive: recent queries whose error and spending steer the next budget.",
-    )
 
     # --- request limits -------------------------------------------------------------------
     max_batch: int = Field(default=1000, ge=1, description="Memories per POST /memories.")
@@ -319,14 +278,6 @@ class Settings(BaseSettings):
                 f"EARM_DEFAULT_CANDIDATES={self.default_candidates} is above "
                 f"EARM_MAX_CANDIDATES={self.max_candidates}: every retrieve that sets no "
                 "candidates would be refused"
-            )
-        return self
-
-    @model_validator(mode="after")
-    def _floor_below_ceiling(self) -> Settings:
-        if not self.budget_floor <= self.budget_target <= self.budget_ceiling:
-            raise ValueError(
-                "EARM_BUDGET_FLOOR <= EARM_BUDGET_TARGET <= EARM_BUDGET_CEILING is required"
             )
         return self
 

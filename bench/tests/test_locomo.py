@@ -507,35 +507,7 @@ def test_locomo_shift_replays_conversations_into_one_namespace(tmp_path: Path) -
     assert "after each shift" in format_markdown(results)
 
 
-def test_expand_flag_is_parsed_and_bounded() -> None:
-    parser = argparse.ArgumentParser()
-    add_locomo_parser(parser.add_subparsers(dest="bench"))
-    assert parser.parse_args(["locomo", "--data", "/d", "--expand", "20"]).expand == 20
-    with pytest.raises(ValueError, match="--expand"):
-        LocomoConfig(data_dir=Path("/d"), expand=201)
-
-
-@pytest.mark.skipif(not LOCOMO_DIR.is_dir(), reason=f"LoCoMo data not found at {LOCOMO_DIR}")
-def test_locomo_expand_adds_candidates_at_the_same_scorer_calls() -> None:
-    def run(expand: int) -> dict[str, Any]:
-        return run_locomo(small_replay(
-            max_sessions=4, max_questions=12, ks=(10, 20), policies=("earm",),
-            schedule="0:1.0,2:0.5,4:0.2", expand=expand, seed=3,
-        ))
-
-    plain, expanded = run(0), run(10)
-    plain_rows, expanded_rows = plain["per_query"]["earm"], expanded["per_query"]["earm"]
-    # The same budgets and anchors: expansion adds candidates, never scorer calls.
-    assert [r["scorer_calls"] for r in expanded_rows] == [r["scorer_calls"] for r in plain_rows]
-    assert expanded["settings"]["expand"] == 10
-    assert plain["policies"]["earm"]["sources@20"]["expanded"] == 0
-    assert sum(r["expanded@20"] for r in plain_rows) == 0
-    # After the first refits the content prior finds memories outside the 30 candidates, and
-    # some compete for the top 20.
-    assert sum(r["expanded@20"] for r in expanded_rows) > 0
-
-
-def test_estimated_share_counts_expanded_memories_as_estimated() -> None:
-    records = [_rec("a b c d", "a", sources="observed expanded estimated semantic")]
+def test_estimated_share_counts_the_top_k_scored_by_the_completion_model() -> None:
+    records = [_rec("a b c d", "a", sources="observed estimated estimated semantic")]
     assert estimated_share_at_k(records, 4) == pytest.approx(2 / 4)
-    assert source_shares_at_k(records, 4)["expanded"] == pytest.approx(1 / 4)
+    assert source_shares_at_k(records, 4)["semantic"] == pytest.approx(1 / 4)

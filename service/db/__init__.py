@@ -24,7 +24,6 @@ Alembic compares its migrations against and is not a way to query.
 - ``memory_rows``: what the online update of memory rows reads, and rebuilt statistics.
 - ``model_state``: memory rows, query parameters, the content prior, the full refit's write.
 - ``namespaces``: namespace counters, creation, erasure, row and advisory locks.
-- ``spending``: what recent queries spent (the adaptive budget's input).
 - ``keys``: API keys (hashes and namespace patterns).
 - ``stats``, ``dashboard``, ``traces``: what ``GET /stats``, ``/metrics``, the dashboard and
   ``GET /queries/{id}`` read.

@@ -24,8 +24,7 @@ from service.db.namespaces import STATE_SQL, NamespaceState, state_from_row
 
 @dataclass(frozen=True)
 class Candidates:
-    """The candidates of one query as parallel arrays: the semantic ones, most similar first,
-    then the ``expanded`` ones (search expansion), the content prior's best first.
+    """The candidates of one query as parallel arrays, most similar first.
 
     Embeddings are not fetched here: only a scorer that reads them needs them, and only for the
     anchors (:func:`memory_embeddings`).
@@ -40,16 +39,9 @@ class Candidates:
     # id, external_id, text, occurred_at, metadata_json (the metadata as JSON text: only the
     # returned top-k parse it)
     rows: list[dict[str, Any]]
-    expanded: int = 0  # the last this many are outside the semantic top-N (search expansion)
 
     def __len__(self) -> int:
         return len(self.ids)
-
-    @property
-    def semantic_count(self) -> int:
-        """The semantic candidates (N, or fewer in a small namespace): what the budget is a
-        share of and where anchors are sampled."""
-        return len(self.ids) - self.expanded
 
 
 _CANDIDATE_COLUMNS = f"""
@@ -60,16 +52,6 @@ _CANDIDATE_COLUMNS = f"""
         "embedding", "(SELECT content_weights FROM namespaces WHERE name = %(namespace)s)"
     )}, 0) AS content_score
 """
-
-
-#: The content prior's direction d = γ·q̂ + w (NULL before the namespace's first refit). With
-#: unit embeddings e_m, d·e_m = γ·cos(q, m) + w·e_m is the prior's score of memory m, and the
-#: cosine distance to d (scale-free in d) ranks memories by it: what the HNSW index
-#: (vector_cosine_ops) can answer. pgvector has no scalar product, hence γ as a constant vector.
-_PRIOR_DIRECTION = """(SELECT content_weights
-        + array_fill(content_slope::real, ARRAY[vector_dims(content_weights)])::vector
-          * l2_normalize(%(query)b)
-    FROM namespaces WHERE name = %(namespace)s AND content_weights IS NOT NULL)"""
 
 
 def _scan(exact: bool, where: str, target: str, limit: str) -> str:
@@ -99,47 +81,28 @@ def _scan(exact: bool, where: str, target: str, limit: str) -> str:
         ORDER BY key, id LIMIT {limit}"""
 
 
-def _candidate_sql(exact: bool, filtered: bool, expand: bool = False) -> str:
-    """The top-``limit`` candidates by cosine to the query with their model parameters, then
-    (``expand``) up to ``expand`` memories outside them that the namespace's content prior
-    ranks highest (the rows with ``expanded`` true; none before the first refit)."""
+def _candidate_sql(exact: bool, filtered: bool) -> str:
+    """The top-``limit`` candidates by cosine to the query with their model parameters."""
     where = "namespace = %(namespace)s" + (" AND metadata @> %(filters)s" if filtered else "")
-    pool = "(SELECT *, false AS expanded FROM c)"
-    expansion = ""
-    if expand:
-        # The prior's test reads no column: a one-time filter, so a namespace without a prior
-        # skips the scan.
-        outside = f"{_PRIOR_DIRECTION} IS NOT NULL AND {where} AND id NOT IN (SELECT id FROM c)"
-        expansion = f", x AS MATERIALIZED ({_scan(exact, outside, _PRIOR_DIRECTION, '%(expand)s')})"
-        pool = "(SELECT *, false AS expanded FROM c UNION ALL SELECT *, true FROM x)"
     return f"""
-        WITH c AS MATERIALIZED ({_scan(exact, where, "%(query)b", "%(limit)s")}){expansion}
+        WITH c AS MATERIALIZED ({_scan(exact, where, "%(query)b", "%(limit)s")})
         -- One primary-key probe per candidate. A plain join (or a LATERAL subquery the
         -- planner can pull up into one) let it hash the whole memory_factors table, a cost
         -- that grew with the namespace's history; LIMIT 1 keeps the subquery a subquery.
         SELECT c.id, c.external_id, c.text, c.occurred_at, c.metadata_json, c.distance,
-               c.content_score, c.from_index, f.bias, f.factors, f.observation_count,
-               c.expanded
-        FROM {pool} c LEFT JOIN LATERAL (
+               c.content_score, c.from_index, f.bias, f.factors, f.observation_count
+        FROM c LEFT JOIN LATERAL (
             SELECT bias, factors, observation_count FROM memory_factors
             WHERE memory_id = c.id LIMIT 1
         ) f ON true
-        ORDER BY c.expanded, c.key, c.id
+        ORDER BY c.key, c.id
     """
 
 
-# The candidate statement by (filtered, expanded): through the HNSW index, and the exact scan
-# that answers when the index yields too few.
-_INDEXED_CANDIDATES_SQL = {
-    (filtered, expanded): _candidate_sql(False, filtered, expanded)
-    for filtered in (False, True)
-    for expanded in (False, True)
-}
-_EXACT_CANDIDATES_SQL = {
-    (filtered, expanded): _candidate_sql(True, filtered, expanded)
-    for filtered in (False, True)
-    for expanded in (False, True)
-}
+# The candidate statement, filtered or not: through the HNSW index, and the exact scan that
+# answers when the index yields too few.
+_INDEXED_CANDIDATES_SQL = {filtered: _candidate_sql(False, filtered) for filtered in (False, True)}
+_EXACT_CANDIDATES_SQL = {filtered: _candidate_sql(True, filtered) for filtered in (False, True)}
 
 
 # plan_cache_mode: the candidate query is prepared (psycopg prepares a statement from its
@@ -219,9 +182,7 @@ class CandidateSearch:
     to ``embedding`` (their model rows of ``rank``) among those whose metadata contain
     ``filters``; the observations of the query's family (given a ``family_key``; only its
     feedback with ``family_feedback_only``) and of its nearest other queries (given
-    ``neighbours``); and up to ``expand`` memories outside the top-``limit`` that the
-    namespace's content prior ranks highest (none before its first refit; found by the HNSW
-    index along the prior's direction)."""
+    ``neighbours``)."""
 
     namespace: str
     embedding: np.ndarray
@@ -231,7 +192,6 @@ class CandidateSearch:
     family_key: bytes | None = None
     neighbours: NeighbourSearch | None = None
     family_feedback_only: bool = False
-    expand: int = 0
 
 
 async def search(
@@ -249,7 +209,7 @@ async def search(
     """
     conn = await driver_connection(session)
     params = _search_parameters(query)
-    shape = (query.filters is not None, query.expand > 0)
+    filtered = query.filters is not None
     async with conn.pipeline():
         state_cursor = await conn.execute(STATE_SQL, params)
         family_cursor = (
@@ -259,7 +219,7 @@ async def search(
             await conn.execute(_NEIGHBOUR_SQL, params) if query.neighbours is not None else None
         )
         await conn.execute(_SEARCH_SETTINGS_SQL, params)
-        candidates_cursor = await conn.execute(_INDEXED_CANDIDATES_SQL[shape], params)
+        candidates_cursor = await conn.execute(_INDEXED_CANDIDATES_SQL[filtered], params)
         await conn.commit()
     state = state_from_row(await state_cursor.fetchone(), query.namespace)
     past = _past(
@@ -269,7 +229,7 @@ async def search(
     rows = await candidates_cursor.fetchall()
     if not rows or rows[0][7] < query.limit:  # row[7]: from_index, rows the HNSW index yielded
         async with conn.pipeline():
-            exact_cursor = await conn.execute(_EXACT_CANDIDATES_SQL[shape], params)
+            exact_cursor = await conn.execute(_EXACT_CANDIDATES_SQL[filtered], params)
             await conn.commit()
         rows = await exact_cursor.fetchall()
     return state, _candidates(rows, query.rank), past
@@ -287,7 +247,6 @@ def _search_parameters(query: CandidateSearch) -> dict[str, Any]:
         "neighbours": neighbours.limit if neighbours else 0,
         "min_similarity": neighbours.min_similarity if neighbours else 1.0,
         "window": neighbours.window if neighbours else 0,
-        "expand": query.expand,
     }
     if query.filters is not None:
         params["filters"] = Jsonb(query.filters)
@@ -310,9 +269,8 @@ def _past(
 
 def _candidates(rows: Sequence[Sequence[Any]], rank: int) -> Candidates:
     # Row layout: id, external_id, text, occurred_at, metadata_json, distance, content_score,
-    # from_index, bias, factors, observation_count, expanded (the expanded rows come last).
+    # from_index, bias, factors, observation_count.
     return Candidates(
-        expanded=sum(1 for r in rows if r[11]),
         ids=np.array([r[0] for r in rows], dtype=np.int64),
         similarities=cosine_similarities([r[5] for r in rows]),
         memory_bias=np.array([r[8] or 0.0 for r in rows], dtype=np.float64),

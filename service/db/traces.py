@@ -47,7 +47,7 @@ class TracedCandidate:
     ]
     score: Annotated[float, Field(description="The final score it was ranked by.")]
     source: Annotated[
-        str, Field(description="observed | estimated | semantic | expanded, as returned.")
+        str, Field(description="observed | estimated | semantic, as returned.")
     ]
 
 
@@ -63,13 +63,7 @@ class QueryTraceResult:
     stage: Annotated[int | None, Field(description="Budget stage (null: recorded before 0012).")]
     budget: int
     scorer_calls: int
-    candidate_count: Annotated[
-        int,
-        Field(
-            description="Semantic candidates (N); `candidates` also lists those search "
-            "expansion added (source 'expanded')."
-        ),
-    ]
+    candidate_count: Annotated[int, Field(description="Semantic candidates (N).")]
     returned: int
     created_at: datetime
     timings: Annotated[

@@ -28,7 +28,7 @@ from service.db.models import MAX_BIGINT
 from service.db.stats import NamespaceStats
 from service.ingest.validation import storable_text_problem
 from service.providers.scorer_health import ScorerHealthSnapshot
-from service.settings import MAX_EXPAND, NAMESPACE_PATTERN
+from service.settings import NAMESPACE_PATTERN
 
 NamespaceName = Annotated[
     str,
@@ -181,15 +181,6 @@ class RetrieveIn(StrictModel):
     filters: dict[str, Any] | None = Field(
         default=None, description="Only memories whose metadata contains this JSON object."
     )
-    expand: Annotated[
-        int | None,
-        Field(
-            ge=0,
-            description="Search expansion (earm): up to this many memories outside the semantic "
-            "candidates that the namespace's content prior ranks highest join them (source "
-            f"'expanded' until observed); at most {MAX_EXPAND}. Default: EARM_EXPAND.",
-        ),
-    ] = None
 
 
 class FeedbackScore(StrictModel):

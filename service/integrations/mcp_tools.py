@@ -70,8 +70,7 @@ class RecalledMemory(BaseModel):
     score: float = Field(description="Relevance to the query in [0, 1].")
     source: Source = Field(
         description="Where the score comes from: judged for this query (observed), predicted "
-        "from earlier judgements (estimated; expanded: a memory outside the semantic "
-        "candidates that search expansion added), or embedding similarity alone (semantic)."
+        "from earlier judgements (estimated), or embedding similarity alone (semantic)."
     )
     rank: int = Field(description="1 = most relevant.")
 

@@ -31,7 +31,7 @@ from service.retrieve.request import (
 from service.retrieve.rerank import CandidateObservations, Ranking, rank_candidates
 from service.retrieve.score_step import ScoredAnchors, score_anchors
 from service.retrieve.search_step import FoundCandidates, SearchStep
-from service.settings import MAX_EXPAND, BudgetSchedule, Settings
+from service.settings import BudgetSchedule, Settings
 
 # The pipeline's request and result types are defined in service.retrieve.request and are part
 # of the pipeline's interface.
@@ -88,8 +88,6 @@ class RetrievalPipeline:
             raise InvalidInput(
                 f"budget={request.budget} must be between 0 and candidates={candidates}"
             )
-        if request.expand is not None and not 0 <= request.expand <= MAX_EXPAND:
-            raise LimitExceeded(f"expand={request.expand} is outside 0..{MAX_EXPAND}")
         if len(request.query) > settings.max_text_chars:
             raise LimitExceeded(
                 f"query has {len(request.query)} characters; the limit is {settings.max_text_chars}"
@@ -166,7 +164,6 @@ class RetrievalPipeline:
             budget_reason=found.budget.reason,
             scorer_calls=len(found.anchors),
             reused=len(found.reused),
-            expanded=found.candidates.expanded,
             paraphrased=ranking.paraphrased,
             scorer_requests=scored.requests,
             degraded=scored.degraded,
@@ -217,7 +214,6 @@ class RetrievalPipeline:
             scorer_calls=0,
             scorer_requests=0,
             reused=0,
-            expanded=0,
             paraphrased=0,
             degraded=False,
             memories=[],

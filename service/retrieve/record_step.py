@@ -18,7 +18,7 @@ from service.db.record import (
     Spending,
 )
 from service.retrieve.request import RetrievedMemory, RetrieveRequest
-from service.retrieve.rerank import ESTIMATED, EXPANDED, Ranking
+from service.retrieve.rerank import ESTIMATED, Ranking
 from service.retrieve.score_step import ScoredAnchors
 from service.retrieve.search_step import FoundCandidates
 
@@ -43,7 +43,7 @@ def recorded_retrieve(
         query=ranking.query,
         prequential_errors=ranking.prequential_errors,
         spending=Spending(
-            candidates.semantic_count, found.budget.budget, len(found.anchors), scored.requests
+            len(candidates), found.budget.budget, len(found.anchors), scored.requests
         ),
         observed=ObservedCells(
             candidates.ids[observed],
@@ -59,8 +59,7 @@ def recorded_retrieve(
             found.budget.budget - len(found.anchors),
         ),
         returned=len(memories),
-        # An expanded memory's score is the completion's estimate too.
-        returned_estimated=sum(m.source in (ESTIMATED, EXPANDED) for m in memories),
+        returned_estimated=sum(m.source == ESTIMATED for m in memories),
         trace=trace,
     )
 

@@ -26,9 +26,6 @@ class RetrieveRequest:
     seed: int = 0
     order: Order = "chronological"
     filters: dict[str, Any] | None = None
-    # Search expansion (earm only): up to this many memories outside the semantic candidates
-    # join them; None: the deployment's EARM_EXPAND.
-    expand: int | None = None
 
     def semantic_candidates(self, default: int) -> int:
         """The semantic candidates (N) asked for; ``default``: the deployment's."""
@@ -74,9 +71,6 @@ class RetrieveResult:
     # Candidates observed for earlier askings of this query (its family), taken from
     # experience instead of scored again.
     reused: int
-    # Memories outside the semantic candidates that search expansion added to them (they
-    # were ranked with the others; the budget is a share of the semantic ones only).
-    expanded: int
     # Candidates ranked by an estimate that near-paraphrases' observations weighed on
     # (paraphrase transfer, earm; observed and reused candidates are not counted).
     paraphrased: int

@@ -22,16 +22,14 @@ from service.retrieve.reuse import NeighbourEvidence
 Policy = Literal["earm", "semantic", "full", "observed"]
 POLICIES: tuple[Policy, ...] = ("earm", "semantic", "full", "observed")
 
-#: Where a returned score came from ("expanded": estimated, for a memory outside the semantic
-#: candidates that search expansion added).
-Source = Literal["observed", "estimated", "semantic", "expanded"]
-OBSERVED, ESTIMATED, SEMANTIC, EXPANDED = "observed", "estimated", "semantic", "expanded"
+#: Where a returned score came from.
+Source = Literal["observed", "estimated", "semantic"]
+OBSERVED, ESTIMATED, SEMANTIC = "observed", "estimated", "semantic"
 
 
 @dataclass(frozen=True)
 class CandidateState:
-    """What reranking needs of the candidates: the semantic ones, most similar first, then
-    the last ``expanded`` ones, added by search expansion."""
+    """What reranking needs of the candidates, most similar first."""
 
     similarities: np.ndarray  # (n,)
     memory_bias: np.ndarray  # (n,)
@@ -40,7 +38,6 @@ class CandidateState:
     # (n,) the namespace's content prior γ·cos + w·e_m per candidate; zeros before the first
     # refit, when the namespace has no prior yet
     prior_offsets: np.ndarray
-    expanded: int = 0
 
 
 @dataclass(frozen=True)
@@ -95,8 +92,7 @@ def rank_candidates(
       scores of similar memories taught it (source "estimated"); for a memory with history it
       adds what the memory side learned (source "estimated");
     - ``observed`` / ``full``: unobserved memories get the calibrated similarity only;
-    - ``semantic``, or nothing observed: the cosine similarity itself;
-    - an unobserved candidate of search expansion has source "expanded", whatever ranked it.
+    - ``semantic``, or nothing observed: the cosine similarity itself.
     """
     n = len(candidates.similarities)
     estimate = _Estimate(
@@ -109,7 +105,6 @@ def rank_candidates(
         )
     scores, sources, paraphrased = estimate.scores, estimate.sources, estimate.paraphrased
     estimates = scores.copy()
-    sources[n - candidates.expanded :] = [EXPANDED] * candidates.expanded
     if len(observed):
         scores[observed.positions] = observed.scores
         paraphrased[observed.positions] = False

@@ -20,16 +20,8 @@ from service.db.search import (
     memory_embeddings,
     search,
 )
-from service.db.spending import recent_spending
 from service.errors import NotFound
-from service.retrieve.budget import (
-    AdaptivePolicy,
-    BudgetDecision,
-    adaptive_budget,
-    anchor_seed,
-    budget_history,
-    cold_head_share,
-)
+from service.retrieve.budget import BudgetDecision, anchor_seed
 from service.retrieve.request import RetrieveRequest
 from service.retrieve.rerank import CandidateState
 from service.retrieve.reuse import (
@@ -71,7 +63,6 @@ class FoundCandidates:
             content_offsets(
                 self.state.content_slope, candidates.similarities, candidates.content_scores
             ),
-            candidates.expanded,
         )
 
 
@@ -86,7 +77,6 @@ class SearchStep:
         self.sessions = sessions
         self.settings = settings
         self.schedule = schedule
-        self.adaptive = AdaptivePolicy.from_settings(settings)
         self.scorer_reads_embeddings = scorer_reads_embeddings
 
     async def find(
@@ -113,7 +103,7 @@ class SearchStep:
             # Stage, budget and anchors follow the index this query expects; under concurrent
             # requests the recorded index can be a few higher, never lower. The budget goes to
             # candidates the family has not observed, so coverage grows with each asking.
-            budget = await self._budget(session, request, state.next_query_index, candidates)
+            budget = self._budget(request, state.next_query_index, candidates)
             anchors = _anchors(request, state, candidates, reused, budget, neighbours)
             anchor_embeddings = await self._anchor_embeddings(session, candidates, anchors)
             await session.commit()
@@ -137,7 +127,6 @@ class SearchStep:
             family,
             paraphrases,
             family_feedback_only=not self.settings.reuse_observations,
-            expand=self._expand(request),
         )
 
     def _family_key(self, request: RetrieveRequest, query_vector: np.ndarray) -> bytes | None:
@@ -149,15 +138,6 @@ class SearchStep:
             request.query, query_vector if request.query_embedding is not None else None
         )
 
-    def _expand(self, request: RetrieveRequest) -> int:
-        """How many memories search expansion may add. Only ``earm`` ranks by the completion
-        model, the only ranking under which a memory found by the content prior can compete;
-        the other policies rank unobserved memories by similarity, which would put the
-        expanded ones last."""
-        if request.policy != "earm":
-            return 0
-        return self.settings.expand if request.expand is None else request.expand
-
     def _neighbour_search(
         self, request: RetrieveRequest, family: bytes | None
     ) -> NeighbourSearch | None:
@@ -168,15 +148,10 @@ class SearchStep:
             settings.paraphrase_similarity, PARAPHRASE_NEIGHBOURS, settings.paraphrase_window
         )
 
-    async def _budget(
-        self,
-        session: AsyncSession,
-        request: RetrieveRequest,
-        query_index: int,
-        candidates: Candidates,
+    def _budget(
+        self, request: RetrieveRequest, query_index: int, candidates: Candidates
     ) -> BudgetDecision:
-        # A share of the semantic candidates: expansion adds candidates, never scorer calls.
-        n_candidates = candidates.semantic_count
+        n_candidates = len(candidates)
         if request.policy == "semantic":
             return BudgetDecision(0, "policy semantic: no scorer calls")
         if request.policy == "full":
@@ -184,24 +159,9 @@ class SearchStep:
         if request.budget is not None:
             return BudgetDecision(min(request.budget, n_candidates), "set by the request")
         stage = self.schedule.stage_for(query_index)
-        # The adaptive policy follows the schedule until its last stage: a new namespace's
-        # model has too little to go on, and the warm-up costs what the schedule says.
-        warm_up_end = self.schedule.stages[-1][0]
-        if self.settings.budget_policy == "schedule" or query_index < warm_up_end:
-            warm_up = "warm-up, " if self.settings.budget_policy == "adaptive" else ""
-            return BudgetDecision(
-                self.schedule.budget_for_query(query_index, n_candidates),
-                f"{self.settings.budget_policy}: {warm_up}stage {stage} of the schedule, "
-                f"ratio {self.schedule.stages[stage][1]:g}",
-            )
-        recent = await recent_spending(
-            session, request.namespace, warm_up_end, self.settings.budget_window - 1
-        )
-        return adaptive_budget(
-            n_candidates,
-            cold_head_share(candidates.observation_count[:n_candidates]),
-            budget_history(recent, self.adaptive.target),
-            self.adaptive,
+        return BudgetDecision(
+            self.schedule.budget_for_query(query_index, n_candidates),
+            f"schedule: stage {stage} of the schedule, ratio {self.schedule.stages[stage][1]:g}",
         )
 
     async def _anchor_embeddings(
@@ -236,15 +196,10 @@ def _anchors(
     budget: BudgetDecision,
     neighbours: NeighbourEvidence | None,
 ) -> np.ndarray:
-    """Anchors come from the semantic candidates only, as without expansion: the same budget
-    scores the same anchors (a paired comparison), and the exploring half keeps spreading
-    observations over the semantic range the query's similarity slope is solved on. An
-    expanded memory is observed only through its family's earlier observations (feedback on
-    a returned one, say)."""
-    n_semantic = candidates.semantic_count
+    """The budget's anchors among the candidates the query's family has not observed."""
     return unobserved_anchors(
-        n_semantic,
-        reused.positions[reused.positions < n_semantic],
+        len(candidates),
+        reused.positions,
         budget.budget,
         anchor_seed(request.namespace, state.next_query_index, request.seed),
         neighbours.steering if neighbours is not None else np.zeros(0, dtype=np.int64),

@@ -173,43 +173,6 @@ def test_schedule_lowers_the_budget_as_the_namespace_gains_experience(
     assert [r["query_index"] for r in budgets] == list(range(6))
 
 
-def test_adaptive_budget_saves_on_known_memories_and_spends_on_new_ones(
-    judge_settings: Callable[..., Settings], judge
-) -> None:
-    settings = judge_settings(
-        judge[1], embedder="local", budget_schedule="0:1.0,2:0.2", budget_policy="adaptive",
-        budget_target=0.2, budget_floor=0.05, budget_ceiling=0.5,
-        budget_noise=1.0,  # the label judge's zeros: only the memories' history decides here
-        refit_in_background=False,
-    )
-    topic = Topic()
-    with TestClient(create_app(settings)) as client:
-        topic.ingest(client, "agent-1")
-
-        def ask(i: int) -> dict:
-            return retrieve(client, query=f"q{i}", query_embedding=topic.query_vector(),
-                            candidates=40)
-
-        warm_up = [ask(i) for i in range(2)]
-        assert [r["budget"] for r in warm_up] == [40, 40]
-        assert all(r["budget_reason"].startswith("adaptive: warm-up") for r in warm_up)
-        known = [ask(i) for i in range(2, 6)]
-        # The head of the candidates was scored in the warm-up: less than the schedule's 8.
-        assert all(r["budget"] < 8 for r in known), [r["budget_reason"] for r in known]
-        assert all(r["scorer_calls"] == r["budget"] for r in known)
-        new_vectors = [unit(topic.center + 0.1 * unit(topic.rng.normal(size=DIM)))
-                       for _ in range(20)]
-        response = client.post("/memories", json={"namespace": "agent-1", "memories": [
-            {"text": f"new memory {i}", "embedding": v.tolist()} for i, v in enumerate(new_vectors)
-        ]})
-        assert response.status_code == 201, response.text
-        shifted = ask(6)
-        # New memories at the top: more than the schedule's 8, paid by what the others saved,
-        # at most the ceiling.
-        assert 8 < shifted["budget"] <= 20, shifted["budget_reason"]
-        assert "without history" in shifted["budget_reason"]
-
-
 def learn_topic(client: TestClient, judge: LabelJudge, topic: Topic, n_queries: int) -> None:
     """Full-budget queries of the topic: the judge reveals that `hidden` is relevant."""
     for i in range(n_queries):

@@ -54,7 +54,7 @@ Connect = Callable[[str | None], AbstractAsyncContextManager[Client]]
 
 def test_recalled_memories_carry_every_source_a_retrieve_returns() -> None:
     """search_memories validates the API's memories into its own model: a source it did not
-    know (search expansion's `expanded`) failed the whole tool call."""
+    know would fail the whole tool call."""
     for source in get_args(Source):
         memory = RetrievedMemory(1, None, "text", None, {}, 0.5, source, 0.4, 1)
         assert RecalledMemory.model_validate(memory, from_attributes=True).source == source

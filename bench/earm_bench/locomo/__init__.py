@@ -13,12 +13,6 @@ scorer calls (absolute and relative to ``full``), the share of the top-K whose s
 estimated, and retrieve latency with and without scorer time; plus the derived rows of the
 paper (observed − semantic: what direct scores add; earm − observed: what completion adds).
 
-With ``--expand E`` each retrieve asks for search expansion (``expand: E``; only ``earm``
-expands): up to E memories outside the candidates that the namespace's content prior ranks
-highest join them, at the same scorer calls. Compare ``--expand 0`` and ``--expand 20`` on the
-same ``--seed``: the same anchors are scored, so recall@20 differs only by the expansion; the
-top-K's ``expanded`` share says how many such memories made it.
-
 With ``--shift`` the conversations are replayed one after another into ONE namespace per
 policy (each conversation's turns ingested when its questions start; turn ids prefixed with the
 conversation), so experience learned on one conversation meets the next; recall and scorer

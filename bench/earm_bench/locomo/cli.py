@@ -34,10 +34,6 @@ def _add_replay_flags(parser: argparse.ArgumentParser) -> None:
                         help="cut-offs K, comma-separated (default 10,20)")
     parser.add_argument("--candidates", type=int, default=200,
                         help="semantic candidates N per query (default 200)")
-    parser.add_argument("--expand", type=int, default=0,
-                        help="search expansion: each earm retrieve adds up to this many memories "
-                             "outside the candidates that the content prior ranks highest, at "
-                             "the same scorer calls (0..200; default 0: off)")
     parser.add_argument("--schedule", default=None,
                         help="budget schedule 't:ratio,…' (default: the service's, "
                              "0:1.0,5:0.5,15:0.3,30:0.175)")

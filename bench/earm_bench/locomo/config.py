@@ -8,7 +8,6 @@ from typing import Any
 
 from earm_bench.common.http import POLICIES
 from earm_bench.locomo.data import DEFAULT_CATEGORIES
-from service.settings import MAX_EXPAND
 
 ADVERSARIAL = 5
 
@@ -23,9 +22,6 @@ class LocomoConfig:
     policies: tuple[str, ...] = POLICIES
     ks: tuple[int, ...] = (10, 20)
     candidates: int = 200
-    # Search expansion: each retrieve asks for up to this many memories outside the semantic
-    # candidates (`expand`; only earm expands; 0: the field is not sent, the service's default).
-    expand: int = 0
     schedule: str | None = None  # None: the service's default schedule
     judge: str = "oracle"
     judge_protocol: str = "chat"
@@ -64,8 +60,6 @@ class LocomoConfig:
         self.ks = tuple(sorted(set(self.ks)))
         if self.candidates < max(self.ks):
             raise ValueError("--candidates must be at least max(--k)")
-        if not 0 <= self.expand <= MAX_EXPAND:
-            raise ValueError(f"--expand must be between 0 and {MAX_EXPAND}")
         if self.judge not in ("oracle", "local"):
             raise ValueError("--judge must be 'oracle' or 'local'")
         if self.repeat < 0:

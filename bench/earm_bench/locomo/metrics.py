@@ -14,7 +14,7 @@ from typing import Any
 from earm_bench.common.stats import percentile
 
 #: Score sources the service reports per returned memory.
-SOURCES = ("observed", "estimated", "semantic", "expanded")
+SOURCES = ("observed", "estimated", "semantic")
 
 
 @dataclass(frozen=True)
@@ -67,15 +67,14 @@ def hit_at_k(ranked: Sequence[str], evidence: Collection[str], k: int) -> float 
 
 
 def estimated_share_at_k(records: Iterable[QueryRecord], k: int) -> float | None:
-    """Share of all top-``k`` items (pooled over records) whose score was estimated (by the
-    completion model: an "expanded" memory's score is its estimate too, as the service's
-    returned_estimated counts it)."""
+    """Share of all top-``k`` items (pooled over records) whose score was estimated by the
+    completion model."""
     total = 0
     estimated = 0
     for rec in records:
         top = rec.sources[:k]
         total += len(top)
-        estimated += sum(1 for s in top if s in ("estimated", "expanded"))
+        estimated += top.count("estimated")
     return estimated / total if total else None
 
 

@@ -83,10 +83,8 @@ def retrieve(
     k: int,
     candidates: int,
     seed: int,
-    expand: int = 0,
 ) -> tuple[dict[str, Any], float]:
-    """One ``POST /retrieve`` in relevance order; returns the body and the client-side ms.
-    ``expand`` 0 sends no ``expand``: the service's default (EARM_EXPAND) applies."""
+    """One ``POST /retrieve`` in relevance order; returns the body and the client-side ms."""
     body: dict[str, Any] = {
         "namespace": namespace,
         "query": query,
@@ -96,8 +94,6 @@ def retrieve(
         "order": "relevance",
         "seed": seed,
     }
-    if expand:
-        body["expand"] = expand
     started = time.perf_counter()
     response = client.post("/retrieve", json=body)
     elapsed_ms = (time.perf_counter() - started) * 1000.0
@@ -163,7 +159,7 @@ def replay(
                 for asking in streams[conv.sample_id]:
                     reply, client_ms = retrieve(
                         client, namespace, asking.text, policy, k, config.candidates,
-                        config.seed, config.expand,
+                        config.seed,
                     )
                     records[policy].append(to_record(asking, reply, client_ms))
                     bar.update(1)

@@ -98,10 +98,7 @@ def per_query_row(record: QueryRecord, ks: Sequence[int]) -> dict[str, Any]:
         "scorer_requests": record.scorer_requests,
         **record.extra,  # --shift: segment and position in it
         **{f"recall@{k}": metrics.recall_at_k(record.ranked, record.evidence, k) for k in ks},
-        **{
-            f"{source}@{max(ks)}": record.sources[: max(ks)].count(source)
-            for source in ("estimated", "expanded")
-        },
+        f"estimated@{max(ks)}": record.sources[: max(ks)].count("estimated"),
     }
 
 

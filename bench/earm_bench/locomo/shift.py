@@ -84,7 +84,7 @@ def replay_shift(
                 for position, question in enumerate(question_stream(conv, config)):
                     reply, client_ms = retrieve(
                         client, namespace, question.question, policy, k, config.candidates,
-                        config.seed, config.expand,
+                        config.seed,
                     )
                     records[policy].append(
                         segment_record(question, reply, client_ms, segment, position)

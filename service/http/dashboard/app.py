@@ -273,7 +273,6 @@ def _namespace_charts(
                 ("observed", sources.get("observed", 0), "observed"),
                 ("estimated", sources.get("estimated", 0), "estimated"),
                 ("semantic", sources.get("semantic", 0), "semantic"),
-                ("expanded", sources.get("expanded", 0), "expanded"),
             ],
         ),
     }
