@@ -44,6 +44,7 @@ from fastapi import Request, Response
 from fastapi.routing import APIRoute
 from starlette.datastructures import Headers, MutableHeaders
 from starlette.exceptions import HTTPException
+from starlette.routing import Mount
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service.logs import ACCESS_LOGGER, current_request_id
@@ -229,9 +230,19 @@ def _request_id(scope: Scope) -> str:
 
 
 def route_template(scope: Scope) -> str:
+    """The template of the route that answered, under the paths its application is mounted at:
+    the dashboard's ``/namespaces/{namespace}`` is ``/dashboard/namespaces/{namespace}`` (not
+    the API's route of that name); a request a mounted application matched no route of is
+    labelled with its mount path (``/dashboard/static``, ``/dashboard``)."""
+    # Each Mount on the way appends its path to root_path; app_root_path is the root_path the
+    # server gave, set by the first Mount.
+    root_path: str = scope.get("root_path", "")
+    mounted_at = root_path[len(scope.get("app_root_path", root_path)) :]
     route = scope.get("route")
     path = getattr(route, "path", None)
-    return path if isinstance(path, str) else UNMATCHED_ROUTE
+    if isinstance(path, str) and not isinstance(route, Mount):
+        return mounted_at + path
+    return mounted_at or UNMATCHED_ROUTE
 
 
 class RequestObservabilityMiddleware:
