@@ -286,6 +286,8 @@ def test_public_endpoints_stay_open_when_keys_exist(api: TestClient, keys) -> No
     create_key(keys, "*")
     for path in ("/healthz", "/readyz", "/openapi.json", "/docs"):
         assert api.get(path).status_code == 200, path
+    for path in ("/healthz", "/readyz"):
+        assert api.head(path).status_code == 200, path
 
 
 def test_metrics_names_namespaces_so_it_needs_an_admin_key(api: TestClient, keys) -> None:
