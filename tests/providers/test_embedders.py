@@ -11,6 +11,7 @@ from collections.abc import Callable
 import httpx
 import numpy as np
 import pytest
+from pydantic import ValidationError
 
 from service.providers.embedders import (
     LOCAL_DIM,
@@ -348,9 +349,11 @@ def test_build_embedder_local_rejects_a_different_dimension() -> None:
         build_embedder(Settings(embedder="local", embedding_dim=768))
 
 
-def test_build_embedder_openai_requires_base_url() -> None:
-    with pytest.raises(ValueError, match="EARM_EMBEDDER_BASE_URL"):
-        build_embedder(Settings(embedder="openai", embedder_base_url=None))
+def test_settings_refuse_the_openai_embedder_without_a_base_url() -> None:
+    with pytest.raises(
+        ValidationError, match="EARM_EMBEDDER=openai requires EARM_EMBEDDER_BASE_URL"
+    ):
+        Settings(embedder="openai", embedder_base_url=None, _env_file=None)
 
 
 def test_build_embedder_openai_uses_settings() -> None:
