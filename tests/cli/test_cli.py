@@ -93,6 +93,12 @@ def assert_one_plain_line(result: subprocess.CompletedProcess, *hints: str) -> N
             ("--namespaces", "'agent-*'"),
             id="key-without-namespaces",
         ),
+        pytest.param(
+            ("keys", "create", "--namespaces", "team-["),
+            {},
+            ("--namespaces", "'team-['", "never closes"),
+            id="key-with-an-unclosed-set",
+        ),
     ],
 )
 def test_a_configuration_error_is_one_plain_line_with_the_fix(
