@@ -50,7 +50,7 @@ def _json_number(value: Any) -> Any:
     # pydantic's lax mode also read true as 1 and "10" as 10, which JSON does not.
     if isinstance(value, bool | str):
         raise PydanticCustomError(
-            "int_type", "Input should be a JSON number, not a {kind}",
+            "int_type", "Input should be a valid integer, not a {kind}",
             {"kind": "boolean" if isinstance(value, bool) else "string"},
         )
     return value
