@@ -74,7 +74,33 @@ def validate_patterns(patterns: Iterable[str]) -> tuple[str, ...]:
                 f"namespace pattern {pattern!r} may only hold namespace characters "
                 "(letters, digits, '.', '_', ':', '-') and the globs * ? [ ] !"
             )
+        if problem := _glob_problem(pattern):
+            raise ValueError(f"namespace pattern {pattern!r} {problem}, e.g. 'team-[ab]*'")
     return cleaned
+
+
+def _glob_problem(pattern: str) -> str | None:
+    """Why ``pattern`` can match no namespace name, as fnmatch reads it: a '[' whose set never
+    closes, a ']' or '!' outside a set, each of which fnmatch takes as that very character,
+    which no namespace name holds. None when its sets are well formed."""
+    position = 0
+    while position < len(pattern):
+        char = pattern[position]
+        if char == "[":
+            end = position + 1
+            if pattern.startswith("!", end):
+                end += 1
+            if pattern.startswith("]", end):  # a ']' right after '[' or '[!' is a member
+                end += 1
+            end = pattern.find("]", end)
+            if end < 0:
+                return "opens a '[' set it never closes"
+            position = end + 1
+        elif char in "]!":
+            return f"has a {char!r} outside a '[...]' set"
+        else:
+            position += 1
+    return None
 
 
 @dataclass(frozen=True)

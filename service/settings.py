@@ -10,9 +10,10 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
+from urllib.parse import urlsplit
 
 import platformdirs
-from pydantic import Field, SecretStr, field_validator, model_validator
+from pydantic import Field, SecretStr, ValidationInfo, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 DEFAULT_BUDGET_SCHEDULE = "0:1.0,5:0.5,15:0.3,30:0.175"
@@ -27,6 +28,23 @@ def namespace_name(namespace: str) -> str:
     if not re.match(NAMESPACE_PATTERN, namespace):
         raise ValueError(f"{namespace!r} is not a namespace name ({NAMESPACE_PATTERN})")
     return namespace
+
+
+#: The providers reached over HTTP, (EARM_EMBEDDER or EARM_SCORER, its value), which need a
+#: base URL: an example of one for each.
+BASE_URL_EXAMPLES = {
+    ("embedder", "openai"): "https://api.openai.com/v1 or http://localhost:11434/v1",
+    ("scorer", "openai"): "https://api.openai.com/v1 or http://localhost:8001/v1",
+    ("scorer", "rerank"): "https://api.cohere.com/v2 or http://localhost:8000/v1",
+    ("scorer", "tei"): "http://localhost:8080",
+}
+
+
+def missing_base_url(provider: str, kind: str) -> str:
+    """What to say when ``EARM_<provider>=<kind>`` has no base URL."""
+    setting = f"EARM_{provider.upper()}"
+    example = BASE_URL_EXAMPLES[(provider, kind)]
+    return f"{setting}={kind} requires {setting}_BASE_URL (e.g. {example})"
 
 
 def default_data_dir() -> Path:
@@ -89,7 +107,8 @@ class Settings(BaseSettings):
     # --- embedder -------------------------------------------------------------------------
     embedding_dim: int = Field(default=384, ge=1, le=16000)
     embedder: Literal["local", "openai", "none"] = "local"
-    embedder_base_url: str | None = None
+    # Checked with the provider it serves (validate_default): an HTTP provider needs one.
+    embedder_base_url: str | None = Field(default=None, validate_default=True)
     embedder_model: str = "text-embedding-3-small"
     embedder_api_key: SecretStr | None = None
     embedder_timeout_s: float = Field(default=30.0, gt=0)
@@ -98,7 +117,7 @@ class Settings(BaseSettings):
 
     # --- relevance scorer -----------------------------------------------------------------
     scorer: Literal["local", "openai", "rerank", "tei"] = "local"
-    scorer_base_url: str | None = None
+    scorer_base_url: str | None = Field(default=None, validate_default=True)
     scorer_model: str = "gpt-4o-mini"
     scorer_api_key: SecretStr | None = None
     scorer_concurrency: int = Field(default=16, ge=1, le=1024)
@@ -294,8 +313,19 @@ class Settings(BaseSettings):
 
     @field_validator("embedder_base_url", "scorer_base_url")
     @classmethod
-    def _strip_trailing_slash(cls, url: str | None) -> str | None:
-        return url.rstrip("/") if url else url
+    def _http_base_url(cls, url: str | None, info: ValidationInfo) -> str | None:
+        # Checked with the settings, so `earm serve` refuses a missing or unusable URL before it
+        # starts Postgres or the embedder, not at the provider's first call.
+        provider = "embedder" if info.field_name == "embedder_base_url" else "scorer"
+        kind = str(info.data.get(provider))  # "None" when that setting is itself invalid
+        if not url:
+            if (provider, kind) in BASE_URL_EXAMPLES:
+                raise ValueError(missing_base_url(provider, kind))
+            return None
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.netloc:
+            raise ValueError("must be an http:// or https:// URL, e.g. http://localhost:8000/v1")
+        return url.rstrip("/")
 
 
 # The parsed EARM_BUDGET_SCHEDULE lives with the setting: Settings validates it, and the

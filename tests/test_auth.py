@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import re
 import subprocess
 import sys
 import time
@@ -18,7 +19,7 @@ from fastapi.testclient import TestClient
 from pydantic import SecretStr
 from sqlalchemy import create_engine, text
 
-from service.auth import Principal, is_loopback_host, parse_seed_keys
+from service.auth import Principal, is_loopback_host, parse_seed_keys, validate_patterns
 from service.cli import main as earm
 from service.errors import ConfigurationError
 from service.http.app import create_app
@@ -110,6 +111,22 @@ def test_patterns_are_fnmatch_globs_and_star_is_admin() -> None:
     assert not scoped.allows("agent") and not scoped.allows("team-ab") and not scoped.is_admin
     assert scoped.visible(["agent-1", "other", "team-b"]) == ["agent-1", "team-b"]
     assert Principal(2, "admin", ("*",)).is_admin
+
+
+@pytest.mark.parametrize(
+    "pattern", ["team-[", "team-[ab", "team-]", "team-!x", "[]", "agent-[!"]
+)
+def test_a_pattern_no_namespace_name_can_match_is_refused(pattern: str) -> None:
+    """fnmatch reads an unclosed '[' (and a ']' or '!' outside a set) as that character, which
+    no namespace name holds: `earm keys create --namespaces 'team-['` made a key for nothing."""
+    with pytest.raises(ValueError, match=re.escape(repr(pattern))):
+        validate_patterns([pattern])
+
+
+def test_patterns_with_sets_are_kept() -> None:
+    patterns = ("team-[ab]*", "agent-[!x]?", "[a-z]*", "*")
+    assert validate_patterns(patterns) == patterns
+    assert Principal(1, "k", patterns[:1]).allows("team-b1")
 
 
 def test_loopback_hosts() -> None:
@@ -286,6 +303,8 @@ def test_public_endpoints_stay_open_when_keys_exist(api: TestClient, keys) -> No
     create_key(keys, "*")
     for path in ("/healthz", "/readyz", "/openapi.json", "/docs"):
         assert api.get(path).status_code == 200, path
+    for path in ("/healthz", "/readyz"):
+        assert api.head(path).status_code == 200, path
 
 
 def test_metrics_names_namespaces_so_it_needs_an_admin_key(api: TestClient, keys) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 
 from earm_bench.hnsw import add_hnsw_parser
+from earm_bench.ingest_stall import add_ingest_stall_parser
 from earm_bench.load import add_load_parser
 from earm_bench.load_mix import add_load_mix_parser
 from earm_bench.locomo import add_locomo_parser
@@ -24,3 +25,4 @@ def add_bench_parser(commands: argparse._SubParsersAction[argparse.ArgumentParse
     add_load_mix_parser(benchmarks)
     add_load_parser(benchmarks)
     add_hnsw_parser(benchmarks)
+    add_ingest_stall_parser(benchmarks)

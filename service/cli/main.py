@@ -7,6 +7,7 @@ import argparse
 import logging
 import os
 import sys
+import warnings
 from collections.abc import Sequence
 
 from pydantic import ValidationError
@@ -146,6 +147,9 @@ def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    # platformdirs warns on stderr when XDG_RUNTIME_DIR is unset (containers, CI, cron), as the
+    # embedded Postgres asks it where to keep its lock file; /tmp/runtime-<uid> serves as well.
+    warnings.filterwarnings("ignore", message="XDG_RUNTIME_DIR is not set")
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser(argv).parse_args(argv)
     try:
@@ -173,13 +177,17 @@ def _configuration_error(message: str) -> int:
 
 
 def _describe_invalid_settings(error: ValidationError) -> str:
-    # Names the variable, never echoes its value (it may be a key).
+    # Names the variable, never echoes its value (it may be a key). A check across settings
+    # has no location: its message names the settings (with values that are no secrets).
     first = error.errors()[0]
-    name = "EARM_" + "_".join(str(part) for part in first["loc"]).upper()
+    subject = "settings"
+    if first["loc"]:
+        subject = "setting EARM_" + "_".join(str(part) for part in first["loc"]).upper()
+    message = first["msg"].removeprefix("Value error, ")
     more = (
         f" (and {error.error_count() - 1} more invalid settings)" if error.error_count() > 1 else ""
     )
-    return f"invalid setting {name}: {first['msg']}{more}; see docs/operations.md, Settings"
+    return f"invalid {subject}: {message}{more}; see docs/operations.md, Settings"
 
 
 if __name__ == "__main__":

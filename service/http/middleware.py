@@ -22,9 +22,10 @@ MB of floats), ``json.loads`` took 45–60 ms, most of the service's CPU per bat
 then reject with a clear 422). A document it refuses goes to ``json.loads``, which has the last
 word: JSON that only the standard library takes (escaped lone surrogates, which the text checks
 turn into a 422) keeps working, and a body neither reads raises :class:`json.JSONDecodeError`,
-FastAPI's 400 ``malformed_json``, with pydantic-core's reason. (``json.loads`` refuses invalid
-UTF-8, nesting past the recursion limit and integers of more than 4300 digits with other
-errors, which FastAPI answers with a bare 400 ``http_error``.)
+FastAPI's 400 ``malformed_json``, with pydantic-core's reason. (``json.loads`` refuses nesting
+past the recursion limit and integers of more than 4300 digits with other errors, which FastAPI
+would answer with a bare 400 ``http_error``.) A body that is not UTF-8 is refused the same way,
+before ``json.loads``, which would have read UTF-16 and UTF-32 too.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from fastapi import Request, Response
 from fastapi.routing import APIRoute
 from starlette.datastructures import Headers, MutableHeaders
 from starlette.exceptions import HTTPException
+from starlette.routing import Mount
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service.logs import ACCESS_LOGGER, current_request_id
@@ -167,12 +169,23 @@ class FastJSONRequest(Request):
             try:
                 self._json = pydantic_core.from_json(body)
             except ValueError as fast_error:
-                try:
-                    self._json = json.loads(body)
-                except (ValueError, RecursionError) as exc:
-                    # pydantic-core's reason, which has the line and column
-                    raise json.JSONDecodeError(str(fast_error), "", 0) from exc
+                self._json = _standard_json(body, fast_error)
         return self._json
+
+
+def _standard_json(body: bytes, fast_error: ValueError) -> Any:
+    """``json.loads``'s reading of a body pydantic-core refused, or JSONDecodeError."""
+    try:
+        # JSON text is UTF-8 (RFC 8259; a byte order mark is ignored). Given bytes, json.loads
+        # would also guess UTF-16 or UTF-32 from the first bytes and read them.
+        text = body.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise json.JSONDecodeError(f"not UTF-8 ({exc.reason} at byte {exc.start})", "", 0) from exc
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError) as exc:
+        # pydantic-core's reason, which has the line and column
+        raise json.JSONDecodeError(str(fast_error), "", 0) from exc
 
 
 class FastJSONRoute(APIRoute):
@@ -217,9 +230,19 @@ def _request_id(scope: Scope) -> str:
 
 
 def route_template(scope: Scope) -> str:
+    """The template of the route that answered, under the paths its application is mounted at:
+    the dashboard's ``/namespaces/{namespace}`` is ``/dashboard/namespaces/{namespace}`` (not
+    the API's route of that name); a request a mounted application matched no route of is
+    labelled with its mount path (``/dashboard/static``, ``/dashboard``)."""
+    # Each Mount on the way appends its path to root_path; app_root_path is the root_path the
+    # server gave, set by the first Mount.
+    root_path: str = scope.get("root_path", "")
+    mounted_at = root_path[len(scope.get("app_root_path", root_path)) :]
     route = scope.get("route")
     path = getattr(route, "path", None)
-    return path if isinstance(path, str) else UNMATCHED_ROUTE
+    if isinstance(path, str) and not isinstance(route, Mount):
+        return mounted_at + path
+    return mounted_at or UNMATCHED_ROUTE
 
 
 class RequestObservabilityMiddleware:

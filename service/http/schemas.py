@@ -10,6 +10,7 @@ dataclasses as response models): ``IngestResult``, ``StoredMemory``, ``MemoryPag
 
 from __future__ import annotations
 
+import unicodedata
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
@@ -21,8 +22,10 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
+    Strict,
     model_validator,
 )
+from pydantic_core import PydanticCustomError
 
 from service.db.models import MAX_BIGINT
 from service.db.stats import NamespaceStats
@@ -40,12 +43,30 @@ NamespaceName = Annotated[
         examples=["agent-42"],
     ),
 ]
+
+
+def _json_number(value: Any) -> Any:
+    # JSON has one number type, so 10.0 is the integer 10 (pydantic refuses 10.5 itself); but
+    # pydantic's lax mode also read true as 1 and "10" as 10, which JSON does not.
+    if isinstance(value, bool | str):
+        raise PydanticCustomError(
+            "int_type", "Input should be a valid integer, not a {kind}",
+            {"kind": "boolean" if isinstance(value, bool) else "string"},
+        )
+    return value
+
+
+# Placed after an integer's constraints (placed before, they would be lost from its JSON
+# schema). For JSON bodies only: path and query parameters are strings, parsed as integers.
+JSON_NUMBER = BeforeValidator(_json_number)
 # Ids beyond MAX_BIGINT can name nothing, so they are refused at the edge (422) instead of
 # reaching SQL.
-DatabaseId = Annotated[int, Field(ge=1, le=MAX_BIGINT)]
+DatabaseId = Annotated[int, Field(ge=1, le=MAX_BIGINT), JSON_NUMBER]
 MemoryId = Annotated[int, Path(ge=1, le=MAX_BIGINT, description="A memory id.")]
+# Strict: a number (an integer too), never a boolean or a string; checked by pydantic-core
+# alone, as a Python check per element would cost more than parsing a batch of vectors.
 # NaN and infinities are legal in Python's JSON parser; refuse them at the edge.
-FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
+FiniteFloat = Annotated[float, Strict(), Field(allow_inf_nan=False)]
 Embedding = Annotated[list[FiniteFloat], Field(min_length=1)]
 
 
@@ -57,9 +78,11 @@ def _storable(value: str) -> str:
 
 
 def _not_blank(value: str) -> str:
-    # Only whitespace says nothing to embed or to score, and a scorer would see an empty text.
-    if not value.strip():
-        raise ValueError("is only whitespace")
+    # Only whitespace and invisible format characters (Unicode category Cf: zero-width spaces
+    # and joiners, the byte order mark) say nothing to embed or to score, and a scorer would
+    # see an empty text.
+    if not any(not char.isspace() and unicodedata.category(char) != "Cf" for char in value):
+        raise ValueError("has no visible character (only whitespace or format characters)")
     return value
 
 
@@ -166,17 +189,19 @@ class RetrieveIn(StrictModel):
     namespace: NamespaceName
     query: NonEmptyText
     query_embedding: Embedding | None = None
-    k: Annotated[int, Field(ge=1, description="Memories to return.")] = 10
+    k: Annotated[int, Field(ge=1, description="Memories to return."), JSON_NUMBER] = 10
     candidates: Annotated[
         int | None,
         Field(ge=1, description="Semantic candidates (N). Default: EARM_DEFAULT_CANDIDATES."),
+        JSON_NUMBER,
     ] = None
     policy: Literal["earm", "semantic", "full", "observed"] = "earm"
     budget: Annotated[
         int | None,
         Field(ge=0, description="Anchors to score; overrides the schedule (earm/observed)."),
+        JSON_NUMBER,
     ] = None
-    seed: int = 0
+    seed: Annotated[int, JSON_NUMBER] = 0
     order: Literal["chronological", "relevance"] = "chronological"
     filters: dict[str, Any] | None = Field(
         default=None, description="Only memories whose metadata contains this JSON object."
@@ -188,7 +213,7 @@ class FeedbackScore(StrictModel):
 
     memory_id: DatabaseId | None = None
     external_id: ExternalId | None = None
-    score: Annotated[float, Field(ge=0.0, le=1.0, allow_inf_nan=False)]
+    score: Annotated[FiniteFloat, Field(ge=0.0, le=1.0)]
 
     @model_validator(mode="after")
     def _one_memory(self) -> FeedbackScore:

@@ -63,8 +63,9 @@ async def ingest(
     """Store a batch; a retry with the same external ids returns the same ids and creates nothing.
     With ``on_conflict="update"``, a stored external id whose item differs is updated to it.
 
-    Existing external ids are looked up first so a retried batch costs no embedder calls. An
-    external id repeated within the batch is one memory, so its items must be the same.
+    Existing external ids are looked up first so a retried batch costs no embedder calls; no
+    database connection is held while the embedder works. An external id repeated within the
+    batch is one memory, so its items must be the same.
     A batch that would create memories while ``max_unindexed`` (> 0) of the namespace's wait
     for the HNSW index is refused whole (:func:`_check_backlog`).
     """
@@ -76,8 +77,13 @@ async def ingest(
     pending, new_external_ids = _pending(items, known)
     if pending and max_unindexed > 0:
         await _check_backlog(session, namespace, max_unindexed)
+    to_store = [items[p] for p in pending]
+    if any(item.embedding is None for item in to_store):
+        # The embedder may take seconds (long texts, other ingests ahead): this transaction has
+        # only read so far, so it ends rather than hold a pooled connection retrieves need.
+        await session.commit()
 
-    vectors = await vectors_for(embedder, embedding_dim, [items[p] for p in pending], pending)
+    vectors = await vectors_for(embedder, embedding_dim, to_store, pending)
     await ensure_namespace(session, namespace)
 
     created = 0

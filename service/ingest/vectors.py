@@ -1,6 +1,7 @@
 """The vectors of new or edited memories: a client's own, checked against the namespace's
-dimension, or the embedder's, for all the texts of a batch in one call; and the embedding model
-recorded with each ("client" for a client's vector)."""
+dimension, or the embedder's, for all the texts of a batch in one bulk call (which never holds
+up a retrieve's query: :meth:`~service.providers.embedders.Embedder.embed`); and the embedding
+model recorded with each ("client" for a client's vector)."""
 
 from __future__ import annotations
 
@@ -37,7 +38,7 @@ async def vectors_for(
     ]
     to_embed = [i for i, vector in enumerate(vectors) if vector is None]
     if to_embed:
-        computed = await embed_texts(embedder, [items[i].text for i in to_embed])
+        computed = await embed_texts(embedder, [items[i].text for i in to_embed], bulk=True)
         for i, vector in zip(to_embed, computed, strict=True):
             vectors[i] = vector
     filled = [vector for vector in vectors if vector is not None]

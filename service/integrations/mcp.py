@@ -23,13 +23,15 @@ from typing import Any
 
 import anyio
 import httpx
-from fastapi import APIRouter, FastAPI
+from fastapi import APIRouter, FastAPI, Request
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.streamable_http_manager import StreamableHTTPASGIApp
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from service.auth import Authenticator
 from service.client import AsyncEarmClient
+from service.http.middleware import annotate
 from service.integrations.mcp_tools import (
     TOOLS,
     Connector,
@@ -149,13 +151,27 @@ class _StreamableHTTPEndpoint:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if self.sessions is None:
             raise RuntimeError("/mcp is served only while the app runs (its lifespan)")
+        await _authenticate(Request(scope))
         await self.sessions(scope, receive, send)
+
+
+async def _authenticate(request: Request) -> None:
+    """Refuse the callers the API refuses, before the SDK opens anything: the app's handler
+    answers the Unauthenticated raised here with 401 ``unauthenticated``, as for any route."""
+    authenticator: Authenticator = request.app.state.authenticator  # set by the app's lifespan
+    peer = request.client.host if request.client else None
+    principal = await authenticator.authenticate(
+        request.headers.get("authorization"), peer, request.headers.get("host")
+    )
+    if principal.key_id is not None:
+        annotate(request, api_key_id=principal.key_id)
 
 
 def mount(app: FastAPI, settings: Settings) -> None:
     """Serve the tools at ``/mcp`` (all methods; the SDK answers GET and DELETE itself). The
-    route is outside the API's authentication dependency: the handshake and the tool list are
-    public like the OpenAPI document, and every tool call is authenticated by its API request."""
+    route is outside the API's authentication dependency (it is no FastAPI route) but
+    authenticates every request as the API does; each tool call is then an API request,
+    limited to the key's namespaces."""
     endpoint = _StreamableHTTPEndpoint(
         build_server(in_process_connector(app), settings.mcp_default_namespace), settings
     )

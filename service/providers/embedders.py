@@ -17,6 +17,8 @@ import os
 import threading
 import time
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
@@ -39,10 +41,12 @@ logger = logging.getLogger(__name__)
 __all__ = [
     "LOCAL_DIM",
     "LOCAL_MODEL_ID",
+    "MAX_RUN_TOKENS",
     "Embedder",
     "EmbedderError",
     "LocalEmbedder",
     "check_embedding",
+    "default_model_threads",
     "embed_texts",
     "l2_normalise",
     "plan_batches",
@@ -56,6 +60,10 @@ LOCAL_DIM = 384
 _TOKENIZER_RELPATH = Path("embeddings/data/all-MiniLM-L6-v2-onnx-int8/tokenizer.json")
 #: sentence-transformers' max_seq_length for this model.
 _MAX_TOKENS = 256
+#: Token positions (padding included) of one run of the model at most: 16 texts at the token
+#: cap. A run takes about its positions' time, so this bounds what a bulk call waits for
+#: another's run before its own turn.
+MAX_RUN_TOKENS = 16 * _MAX_TOKENS
 
 
 class EmbedderError(Exception):
@@ -73,8 +81,11 @@ class Embedder(Protocol):
     model_id: str
     dim: int
 
-    async def embed(self, texts: Sequence[str]) -> NDArray[np.float32]:
-        """float32 array of shape ``(len(texts), dim)``, rows L2-normalised, in input order."""
+    async def embed(self, texts: Sequence[str], *, bulk: bool = False) -> NDArray[np.float32]:
+        """float32 array of shape ``(len(texts), dim)``, rows L2-normalised, in input order.
+
+        ``bulk``: the texts are memories being stored (an ingest, an edit). A bulk call may
+        wait for other work; a query's embedding (``bulk=False``) never waits behind one."""
         ...
 
     async def aclose(self) -> None:
@@ -125,14 +136,17 @@ def check_embedding(vector: Sequence[float], dim: int, what: str) -> NDArray[np.
     return array
 
 
-async def embed_texts(embedder: Embedder | None, texts: Sequence[str]) -> NDArray[np.float32]:
-    """Embed texts with the configured embedder, translating its failures to a domain error."""
+async def embed_texts(
+    embedder: Embedder | None, texts: Sequence[str], *, bulk: bool = False
+) -> NDArray[np.float32]:
+    """Embed texts with the configured embedder, translating its failures to a domain error;
+    ``bulk`` as for :meth:`Embedder.embed`."""
     if embedder is None:
         raise EmbeddingRequired(
             "no embedder is configured (EARM_EMBEDDER=none): send embeddings with the request"
         )
     try:
-        return await embedder.embed(list(texts))
+        return await embedder.embed(list(texts), bulk=bulk)
     except EmbedderError as exc:
         raise EmbedderUnavailable(f"the embedder failed: {exc}") from exc
 
@@ -143,6 +157,13 @@ def _available_cores() -> int:
         return max(1, len(os.sched_getaffinity(0)))
     except AttributeError:  # pragma: no cover - not Linux
         return max(1, os.cpu_count() or 1)
+
+
+def default_model_threads() -> int:
+    """Threads of one model run: every core but one, which is left to the event loop and
+    Postgres (a run on every core made the other requests wait for CPU while an ingest was
+    embedded)."""
+    return max(1, _available_cores() - 1)
 
 
 def _tokenizer_path() -> Path:
@@ -190,27 +211,43 @@ def _model_file() -> Path:
 
 
 def plan_batches(
-    sorted_lengths: Sequence[int], max_batch: int, max_waste: float = 2.0
+    sorted_lengths: Sequence[int],
+    max_batch: int,
+    max_waste: float = 2.0,
+    max_tokens: int = MAX_RUN_TOKENS,
 ) -> list[tuple[int, int]]:
     """Split ascending token lengths into ``[begin, end)`` batches for the model.
 
     A batch costs about ``size x longest`` token positions, so one long text among short ones
     multiplies the cost of the whole batch (a 256-token memory padded into 36 short ones made a
     batch ~8x slower than running them apart). A batch therefore closes when it reaches
-    ``max_batch`` texts or when admitting the next (longest so far) text would make the padded
-    positions exceed ``max_waste`` times the real tokens.
+    ``max_batch`` texts, when admitting the next (longest so far) text would make the padded
+    positions exceed ``max_waste`` times the real tokens, or exceed ``max_tokens`` (what one
+    run may take: see :data:`MAX_RUN_TOKENS`).
     """
     batches: list[tuple[int, int]] = []
     begin, real = 0, 0
     for i, length in enumerate(sorted_lengths):
         size = i - begin
-        if size and (size >= max_batch or (size + 1) * length > max_waste * (real + length)):
+        padded = (size + 1) * length
+        if size and (
+            size >= max_batch or padded > max_waste * (real + length) or padded > max_tokens
+        ):
             batches.append((begin, i))
             begin, real = i, 0
         real += length
     if begin < len(sorted_lengths):
         batches.append((begin, len(sorted_lengths)))
     return batches
+
+
+@dataclass(frozen=True)
+class _Batch:
+    """One run of the model: the texts' rows in the output, their token ids and mask."""
+
+    rows: NDArray[np.intp]
+    ids: NDArray[np.int64]
+    mask: NDArray[np.int64]
 
 
 class LocalEmbedder:
@@ -221,11 +258,19 @@ class LocalEmbedder:
     of a batch) because the shipped tokenizer.json pads to a fixed 128 tokens, which makes short
     texts ~4x slower; padded positions are masked out of the pooling, so a text's vector does not
     depend on its batch. Texts are batched in token-length order, with a cap on padding waste
-    (:func:`plan_batches`), so one long memory does not slow down a whole batch of short ones.
+    and on a run's size (:func:`plan_batches`), so one long memory does not slow down a whole
+    batch of short ones.
 
-    One InferenceSession is loaded once (lazily, or eagerly via :meth:`load`) and shared; its
-    runs are serialised by a lock per batch because the session already uses every available
-    core (``intra_op_num_threads``) and two concurrent runs would only oversubscribe the CPU.
+    One InferenceSession is loaded once (lazily, or eagerly via :meth:`load`) and shared. Its
+    runs happen on two lanes, each one thread, so the event loop never runs the model and at
+    most two runs share the CPU (each on :func:`default_model_threads` threads):
+
+    - the query lane embeds what retrieves need (``bulk=False``), so a query never waits for an
+      ingest's texts, however many;
+    - the bulk lane embeds memories (``bulk=True``) one run at a time, and each bulk call queues
+      its next run only when its last one is done: concurrent bulk calls take turns run by run
+      (first come, first served), so a small ingest waits for at most one run of each large one
+      ahead of it (:data:`MAX_RUN_TOKENS`) rather than for all of them.
     """
 
     model_id: str = LOCAL_MODEL_ID
@@ -235,12 +280,13 @@ class LocalEmbedder:
         if batch_size < 1:
             raise ValueError("batch_size must be >= 1")
         self.batch_size = batch_size
-        self.threads = threads if threads is not None else _available_cores()
+        self.threads = threads if threads is not None else default_model_threads()
         self._session: onnxruntime.InferenceSession | None = None
         self._tokenizer: Tokenizer | None = None
         self._input_names: frozenset[str] = frozenset()
         self._load_lock = threading.Lock()
-        self._run_lock = threading.Lock()
+        self._query_lane = ThreadPoolExecutor(1, thread_name_prefix="earm-embed-query")
+        self._bulk_lane = ThreadPoolExecutor(1, thread_name_prefix="earm-embed-bulk")
 
     def load(self) -> None:
         """Load tokenizer and session once; idempotent and thread-safe.
@@ -264,6 +310,8 @@ class LocalEmbedder:
             options = ort.SessionOptions()
             options.intra_op_num_threads = self.threads
             options.inter_op_num_threads = 1
+            # Idle pool threads would spin between runs on the cores left to everything else.
+            options.add_session_config_entry("session.intra_op.allow_spinning", "0")
             options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
             options.log_severity_level = 3
             try:
@@ -288,53 +336,67 @@ class LocalEmbedder:
             )
 
     def embed_sync(self, texts: Sequence[str]) -> NDArray[np.float32]:
-        """Blocking embed; ``(len(texts), 384)`` float32, unit rows, input order."""
+        """Blocking embed in the calling thread; ``(len(texts), 384)`` float32, unit rows,
+        input order."""
+        batches = self._batches(texts)
+        out = np.empty((len(texts), self.dim), dtype=np.float32)
+        for batch in batches:
+            out[batch.rows] = self._run(batch)
+        return out
+
+    async def embed(self, texts: Sequence[str], *, bulk: bool = False) -> NDArray[np.float32]:
+        """:meth:`embed_sync` on the bulk or the query lane, one run at a time (see the class)."""
         texts = list(texts)
         if not texts:
             return np.zeros((0, self.dim), dtype=np.float32)
+        lane = self._bulk_lane if bulk else self._query_lane
+        loop = asyncio.get_running_loop()
+        batches = await loop.run_in_executor(lane, self._batches, texts)
+        out = np.empty((len(texts), self.dim), dtype=np.float32)
+        for batch in batches:
+            out[batch.rows] = await loop.run_in_executor(lane, self._run, batch)
+        return out
+
+    def _batches(self, texts: Sequence[str]) -> list[_Batch]:
+        """The runs that embed ``texts``: tokenised once (right-padded to the longest text),
+        then cut into length-sorted batches sliced to their own longest text (plan_batches)."""
         if not all(isinstance(t, str) for t in texts):
             raise TypeError("texts must be strings")
+        if not texts:
+            return []
         self.load()
         assert self._tokenizer is not None
-        # Tokenise everything once (right-padded to the longest text), then run the model on
-        # length-sorted batches sliced to their own longest text: see plan_batches.
-        encodings = self._tokenizer.encode_batch(texts)
+        encodings = self._tokenizer.encode_batch(list(texts))
         ids = np.asarray([e.ids for e in encodings], dtype=np.int64)
         mask = np.asarray([e.attention_mask for e in encodings], dtype=np.int64)
         lengths = mask.sum(axis=1)
         order = np.argsort(lengths, kind="stable")
-        out = np.empty((len(texts), self.dim), dtype=np.float32)
+        batches = []
         for begin, end in plan_batches(lengths[order].tolist(), self.batch_size):
-            idx = order[begin:end]
-            width = int(lengths[idx].max())
-            out[idx] = self._run(ids[idx, :width], mask[idx, :width])
-        return out
+            rows = order[begin:end]
+            width = int(lengths[rows].max())
+            batches.append(_Batch(rows, ids[rows, :width], mask[rows, :width]))
+        return batches
 
-    def _run(self, ids: NDArray[np.int64], mask: NDArray[np.int64]) -> NDArray[np.float32]:
+    def _run(self, batch: _Batch) -> NDArray[np.float32]:
         """Model forward pass, mean pooling over real tokens, L2 normalisation."""
         assert self._session is not None
-        feeds = {"input_ids": ids, "attention_mask": mask}
+        feeds = {"input_ids": batch.ids, "attention_mask": batch.mask}
         if "token_type_ids" in self._input_names:
-            feeds["token_type_ids"] = np.zeros_like(ids)
+            feeds["token_type_ids"] = np.zeros_like(batch.ids)
         try:
-            with self._run_lock:
-                hidden = self._session.run(None, feeds)[0]
+            hidden = self._session.run(None, feeds)[0]
         except Exception as exc:
             raise EmbedderError(f"local embedding model failed: {exc}") from exc
-        weights = mask[..., None].astype(np.float32)
+        weights = batch.mask[..., None].astype(np.float32)
         pooled = (hidden * weights).sum(axis=1) / np.maximum(weights.sum(axis=1), 1e-9)
         return l2_normalise(pooled)
 
-    async def embed(self, texts: Sequence[str]) -> NDArray[np.float32]:
-        """Runs :meth:`embed_sync` in a worker thread so the event loop never blocks."""
-        texts = list(texts)
-        if not texts:
-            return np.zeros((0, self.dim), dtype=np.float32)
-        return await asyncio.to_thread(self.embed_sync, texts)
-
     async def aclose(self) -> None:
-        """Nothing to release: the session is freed with the object (and an embed still running
-        in a worker thread at shutdown keeps working)."""
+        """Let the lanes' threads end once their work is done (a run in flight at shutdown
+        finishes); embedding after this is an error."""
+        self._query_lane.shutdown(wait=False)
+        self._bulk_lane.shutdown(wait=False)
 
     def __repr__(self) -> str:
         return f"LocalEmbedder(batch_size={self.batch_size}, threads={self.threads})"

@@ -10,7 +10,7 @@ from service.providers.embedders import LOCAL_DIM, Embedder, LocalEmbedder
 from service.providers.openai_embedder import OpenAIEmbedder
 from service.providers.rerank_scorer import RerankScorer
 from service.providers.scorers import LocalScorer, RelevanceScorer, ScorerObserver
-from service.settings import Settings
+from service.settings import Settings, missing_base_url
 
 
 def build_embedder(settings: Settings) -> Embedder | None:
@@ -28,8 +28,7 @@ def build_embedder(settings: Settings) -> Embedder | None:
         return LocalEmbedder(batch_size=settings.embedder_batch_size)
     if kind == "openai":
         base_url, api_key = _endpoint(
-            "EMBEDDER", kind, settings.embedder_base_url, settings.embedder_api_key,
-            "https://api.openai.com/v1 or http://localhost:11434/v1",
+            "embedder", kind, settings.embedder_base_url, settings.embedder_api_key
         )
         return OpenAIEmbedder(
             base_url=base_url,
@@ -52,9 +51,7 @@ def build_scorer(settings: Settings, observer: ScorerObserver | None = None) -> 
         raise ConfigurationError(
             f"unknown scorer {kind!r}; expected 'local', 'openai', 'rerank' or 'tei'"
         )
-    base_url, api_key = _endpoint(
-        "SCORER", kind, settings.scorer_base_url, settings.scorer_api_key, _EXAMPLE_BASE_URLS[kind]
-    )
+    base_url, api_key = _endpoint("scorer", kind, settings.scorer_base_url, settings.scorer_api_key)
     if kind == "openai":
         return OpenAIChatScorer(
             mode=settings.scorer_chat_mode,
@@ -83,21 +80,13 @@ def build_scorer(settings: Settings, observer: ScorerObserver | None = None) -> 
 
 
 def _endpoint(
-    provider: str, kind: str, base_url: str | None, api_key: SecretStr | None, example: str
+    provider: str, kind: str, base_url: str | None, api_key: SecretStr | None
 ) -> tuple[str, str | None]:
-    """The base URL (required) and the API key of the HTTP provider ``EARM_<provider>=<kind>``."""
+    """The base URL and the API key of the HTTP provider ``EARM_<provider>=<kind>``. Settings
+    refuse such a provider without a URL; settings changed by ``model_copy`` are not checked."""
     if not base_url:
-        raise ConfigurationError(
-            f"EARM_{provider}={kind} requires EARM_{provider}_BASE_URL (e.g. {example})"
-        )
+        raise ConfigurationError(missing_base_url(provider, kind))
     return base_url, api_key.get_secret_value() if api_key else None
-
-
-_EXAMPLE_BASE_URLS = {
-    "openai": "https://api.openai.com/v1 or http://localhost:8001/v1",
-    "rerank": "https://api.cohere.com/v2 or http://localhost:8000/v1",
-    "tei": "http://localhost:8080",
-}
 
 
 def _prompt_template(settings: Settings) -> str:

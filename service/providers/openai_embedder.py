@@ -74,7 +74,9 @@ class OpenAIEmbedder:
         self._owns_client = client is None
         self._client = client if client is not None else httpx.AsyncClient(timeout=timeout_s)
 
-    async def embed(self, texts: Sequence[str]) -> NDArray[np.float32]:
+    async def embed(self, texts: Sequence[str], *, bulk: bool = False) -> NDArray[np.float32]:
+        """The vectors of ``texts``. ``bulk`` changes nothing here: every call sends requests
+        of its own, so a query's request never queues behind an ingest's."""
         texts = list(texts)
         if not texts:
             return np.zeros((0, self.dim), dtype=np.float32)

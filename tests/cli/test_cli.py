@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
@@ -92,12 +93,69 @@ def assert_one_plain_line(result: subprocess.CompletedProcess, *hints: str) -> N
             ("--namespaces", "'agent-*'"),
             id="key-without-namespaces",
         ),
+        pytest.param(
+            ("keys", "create", "--namespaces", "team-["),
+            {},
+            ("--namespaces", "'team-['", "never closes"),
+            id="key-with-an-unclosed-set",
+        ),
     ],
 )
 def test_a_configuration_error_is_one_plain_line_with_the_fix(
     run_earm: CommandRunner, argv: tuple[str, ...], env: dict[str, str], hints: tuple[str, ...]
 ) -> None:
     assert_one_plain_line(run_earm(*argv, **env), *hints)
+
+
+@pytest.mark.parametrize(
+    ("env", "hints"),
+    [
+        pytest.param(
+            {"default_candidates": "300", "max_candidates": "200"},
+            ("invalid settings:", "EARM_DEFAULT_CANDIDATES=300", "EARM_MAX_CANDIDATES=200"),
+            id="settings-that-contradict-each-other",
+        ),
+        pytest.param(
+            {"scorer": "openai", "scorer_base_url": "ftp://judge.example/v1"},
+            ("EARM_SCORER_BASE_URL", "http:// or https://"),
+            id="scorer-url-not-http",
+        ),
+        pytest.param(
+            {"embedder": "openai", "embedder_base_url": "judge.example/v1"},
+            ("EARM_EMBEDDER_BASE_URL", "http:// or https://"),
+            id="embedder-url-without-scheme",
+        ),
+    ],
+)
+def test_an_invalid_setting_is_named_and_refused_by_every_command(
+    run_earm: CommandRunner, env: dict[str, str], hints: tuple[str, ...]
+) -> None:
+    """A check across settings named the setting `EARM_` (its location is empty); a scorer URL
+    of another scheme was taken, and failed only at the first scorer call."""
+    result = run_earm("keys", "list", **env)
+    assert_one_plain_line(result, *hints)
+    assert "EARM_:" not in result.stderr
+
+
+def test_serve_reports_a_missing_provider_url_before_it_starts_anything(
+    run_earm: CommandRunner,
+) -> None:
+    """It was reported once Postgres and the embedder had started: here the database cannot be
+    reached, so an earm that tried it first reports the database instead."""
+    unreachable = "postgresql+psycopg://earm@127.0.0.1:9/earm?connect_timeout=1"
+    result = run_earm("serve", "--port", "0", scorer="rerank", database_url=unreachable)
+    assert_one_plain_line(result, "EARM_SCORER=rerank requires EARM_SCORER_BASE_URL")
+
+
+def test_earm_on_an_embedded_database_prints_no_warning_without_xdg_runtime_dir(
+    run_earm: CommandRunner, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """platformdirs' RuntimeDirWarning (not JSON, not earm's) was on stderr of every command
+    that started the embedded Postgres."""
+    monkeypatch.delenv("XDG_RUNTIME_DIR", raising=False)
+    result = run_earm("migrate", database_url="", data_dir=str(tmp_path / "pgdata"))
+    assert result.returncode == 0, result.stderr
+    assert result.stderr == ""
 
 
 def test_keys_commands_print_their_result_and_no_log_lines(run_earm: CommandRunner) -> None:

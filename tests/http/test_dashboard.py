@@ -158,6 +158,40 @@ def test_a_namespace_name_the_api_refuses_is_a_422_not_a_database_error(
     assert response.status_code == 422 and "namespace" in response.text
 
 
+@pytest.mark.parametrize(
+    "method, path, status, code",
+    [
+        ("GET", "/dashboard/namespaces/x%20y", 422, "validation_error"),
+        ("GET", "/dashboard/queries/not-a-number", 422, "validation_error"),
+        ("GET", "/dashboard/namespaces/agent-1/matrix?before=0", 422, "validation_error"),
+        ("GET", "/dashboard/no/such/page", 404, "not_found"),
+        ("PUT", "/dashboard/login", 405, "method_not_allowed"),
+    ],
+)
+def test_dashboard_errors_outside_its_pages_answer_in_the_apis_error_shape(
+    app_client: TestClient, method: str, path: str, status: int, code: str
+) -> None:
+    """They answered FastAPI's {"detail": ...} instead of {"error": {"code", "message"}}."""
+    response = app_client.request(method, path)
+    assert response.status_code == status
+    assert response.json()["error"]["code"] == code and response.json()["error"]["message"]
+
+
+def test_dashboard_requests_are_counted_and_logged_under_their_full_route(
+    app_client: TestClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    """They were counted as /namespaces/{namespace}, the API's route for DELETE."""
+    fill(app_client, "agent-1", 5)
+    with caplog.at_level("INFO", logger="earm.access"):
+        assert app_client.get("/dashboard/namespaces/agent-1").status_code == 200
+        assert app_client.get("/dashboard/static/dashboard.css").status_code == 200
+    paths = [getattr(record, "path", None) for record in caplog.records]
+    assert paths == ["/dashboard/namespaces/{namespace}", "/dashboard/static"]
+    metrics = app_client.get("/metrics").text
+    assert 'route="/dashboard/namespaces/{namespace}"' in metrics
+    assert 'route="/namespaces/{namespace}"' not in metrics
+
+
 def test_the_matrix_groups_many_memories_into_a_bounded_number_of_columns(
     app_client: TestClient,
 ) -> None:

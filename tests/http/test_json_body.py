@@ -51,3 +51,15 @@ def test_json_neither_parser_can_read_raises_json_decode_error(body: bytes) -> N
     # FastAPI would answer as a generic 400 `http_error` instead of `malformed_json`.
     with pytest.raises(json.JSONDecodeError):
         parse(body)
+
+
+@pytest.mark.parametrize("encoding", ["utf-16", "utf-16-le", "utf-32"])
+def test_a_body_in_another_unicode_encoding_raises_json_decode_error(encoding: str) -> None:
+    # json.loads reads bytes in any of these (it guesses the encoding from the first bytes).
+    # ASCII in UTF-16-LE without a byte order mark is valid UTF-8 (NULs), just not JSON.
+    with pytest.raises(json.JSONDecodeError):
+        parse('{"namespace": "a"}'.encode(encoding))
+
+
+def test_a_utf8_byte_order_mark_is_ignored() -> None:
+    assert parse('{"text": "é"}'.encode("utf-8-sig")) == {"text": "é"}

@@ -415,3 +415,11 @@ def test_health_and_readiness(client: TestClient) -> None:
     assert client.get("/healthz").json() == {"status": "ok"}
     ready = client.get("/readyz").json()
     assert ready["status"] == "ready" and ready["schema_revision"]
+
+
+def test_probes_answer_head_as_they_answer_get(client: TestClient) -> None:
+    """Load balancers and uptime checks probe with HEAD, which answered 405."""
+    for path in ("/healthz", "/readyz"):
+        got, head = client.get(path), client.head(path)
+        assert head.status_code == got.status_code == 200, path
+        assert head.content == b"" and head.headers["content-type"] == got.headers["content-type"]

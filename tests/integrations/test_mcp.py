@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import sys
@@ -234,9 +235,7 @@ def seed_other_namespace(service: LiveService) -> int:
         return earm.add("team-x", ["A secret of another team."]).ids[0]
 
 
-async def refuses_without_a_key_or_outside_the_keys_namespaces(
-    connect: Connect, agent_key: str, other_memory: int
-) -> None:
+async def refuses_calls_without_a_key(connect: Connect) -> None:
     async with connect(None) as anonymous:
         assert {tool.name for tool in (await anonymous.list_tools()).tools} == TOOLS
         text = await refused(
@@ -244,6 +243,11 @@ async def refuses_without_a_key_or_outside_the_keys_namespaces(
         )
         assert "unauthenticated (HTTP 401)" in text
         assert "unauthenticated (HTTP 401)" in await refused(anonymous, "namespace_stats")
+
+
+async def refuses_calls_outside_the_keys_namespaces(
+    connect: Connect, agent_key: str, other_memory: int
+) -> None:
     async with connect(agent_key) as agent:
         text = await refused(agent, "add_memories", memories=[{"text": "x"}], namespace="team-x")
         assert "forbidden (HTTP 403)" in text and "team-x" in text
@@ -281,12 +285,12 @@ def test_mcp_lists_tools_adds_searches_and_records_feedback(
 
 
 @pytest.mark.parametrize("transport", TRANSPORTS)
-def test_mcp_refuses_calls_without_a_key_or_outside_the_keys_namespaces(
+def test_mcp_refuses_calls_outside_the_keys_namespaces(
     transport: str, service: LiveService
 ) -> None:
     other_memory = seed_other_namespace(service)
     run(
-        lambda: refuses_without_a_key_or_outside_the_keys_namespaces(
+        lambda: refuses_calls_outside_the_keys_namespaces(
             TRANSPORTS[transport](service.url), service.agent_key, other_memory
         )
     )
@@ -294,16 +298,42 @@ def test_mcp_refuses_calls_without_a_key_or_outside_the_keys_namespaces(
         assert earm.get(other_memory).text == "A secret of another team."  # nothing was deleted
 
 
+def test_earm_mcp_without_a_key_lists_the_tools_but_every_call_is_refused(
+    service: LiveService,
+) -> None:
+    """`earm mcp` speaks MCP on its own stdio; its calls reach the API without a key (over
+    HTTP, /mcp refuses the whole request: the test below)."""
+    run(lambda: refuses_calls_without_a_key(over_stdio(service.url)))
+
+
 # --------------------------------------------------------------------- Streamable HTTP /mcp
 
 
 def test_mcp_over_http_refuses_a_forged_key(service: LiveService) -> None:
-    async def scenario() -> None:
-        async with over_http(service.url)("earm_not-a-key") as forged:
-            text = await refused(forged, "list_memories", namespace="agent-1")
-            assert "unauthenticated (HTTP 401)" in text
+    with httpx.Client(base_url=service.url, timeout=10) as http:
+        tool_call = {"name": "list_memories", "arguments": {"namespace": "agent-1"}}
+        response = http.post(
+            "/mcp",
+            json={"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": tool_call},
+            headers=RAW_HEADERS | {"Authorization": "Bearer earm_not-a-key"},
+        )
+    assert response.status_code == 401
+    assert response.json()["error"]["code"] == "unauthenticated"
 
-    run(scenario)
+
+@pytest.mark.parametrize("method", ["GET", "POST", "DELETE"])
+def test_mcp_over_http_answers_401_before_opening_anything_without_a_key(
+    service: LiveService, method: str
+) -> None:
+    """/mcp authenticates like every route once keys are enforced: a GET without a key opened
+    an event stream that stayed open (20 of 20 after 17 s, where /stats answered 401)."""
+    tools_list = {"jsonrpc": "2.0", "id": 1, "method": "tools/list"}
+    with httpx.Client(base_url=service.url, timeout=10) as http, http.stream(
+        method, "/mcp", headers=RAW_HEADERS, json=tools_list if method == "POST" else None
+    ) as response:
+        assert response.status_code == 401
+        assert response.headers["www-authenticate"] == 'Bearer realm="earm"'
+        assert json.loads(response.read())["error"]["code"] == "unauthenticated"
 
 
 def test_mcp_over_http_speaks_the_handshake_protocol_too(service: LiveService) -> None:
@@ -382,16 +412,15 @@ def tool_result(response: httpx.Response) -> dict[str, Any]:
     return response.json()["result"]
 
 
-def test_mcp_tool_calls_are_made_as_the_callers_peer_so_keyless_earm_refuses_remote_callers(
-    settings: Settings,
-) -> None:
-    """Without keys earm answers loopback clients only; an MCP caller from another host must not
-    become a loopback client by having its tool calls made in-process."""
+def test_keyless_earm_refuses_mcp_callers_from_another_host(settings: Settings) -> None:
+    """Without keys earm answers loopback clients only, at /mcp too; and the tool calls of a
+    loopback caller are made as that caller (in-process, with its peer address)."""
     app = create_app(settings)  # no API keys, loopback bind address
     arguments = {"memories": [{"text": "x"}], "namespace": "agent-1"}
     with TestClient(app, base_url="http://127.0.0.1:8000", client=("203.0.113.9", 4711)) as remote:
-        result = tool_result(post_tool_call(remote, "add_memories", arguments))
-    assert result["isError"] and "unauthenticated (HTTP 401)" in result["content"][0]["text"]
+        response = post_tool_call(remote, "add_memories", arguments)
+    assert response.status_code == 401
+    assert response.json()["error"]["code"] == "unauthenticated"
     with TestClient(app, base_url="http://127.0.0.1:8000", client=("127.0.0.1", 4711)) as local:
         result = tool_result(post_tool_call(local, "add_memories", arguments))
     assert not result["isError"] and result["structuredContent"]["created"] == 1

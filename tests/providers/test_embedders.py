@@ -11,8 +11,16 @@ from collections.abc import Callable
 import httpx
 import numpy as np
 import pytest
+from pydantic import ValidationError
 
-from service.providers.embedders import LOCAL_DIM, LOCAL_MODEL_ID, EmbedderError, LocalEmbedder
+from service.providers.embedders import (
+    LOCAL_DIM,
+    LOCAL_MODEL_ID,
+    MAX_RUN_TOKENS,
+    EmbedderError,
+    LocalEmbedder,
+    plan_batches,
+)
 from service.providers.factory import build_embedder
 from service.providers.openai_embedder import OpenAIEmbedder
 from service.settings import Settings
@@ -67,6 +75,50 @@ def test_local_embedder_empty_input_gives_empty_matrix(local: LocalEmbedder) -> 
     vectors = asyncio.run(local.embed([]))
     assert vectors.shape == (0, LOCAL_DIM)
     assert vectors.dtype == np.float32
+
+
+def test_local_embedder_embeds_a_query_while_a_bulk_call_is_running(local: LocalEmbedder) -> None:
+    """Retrieves' queries do not wait for an ingest's texts: they have a lane of their own
+    (the first waited for the whole batch of 64 long memories ahead of it, seconds)."""
+    memories = [f"memory {n}: " + "the quick brown fox jumps over a lazy dog " * 40
+                for n in range(64)]
+
+    async def scenario() -> None:
+        bulk = asyncio.create_task(local.embed(memories, bulk=True))
+        await asyncio.sleep(0.1)  # the bulk call is on its lane by then
+        # One after another: a query that waited for the bulk call leaves the rest after it.
+        queries = [await local.embed([f"what does the fox do {n} times?"]) for n in range(10)]
+        assert not bulk.done(), "a query waited for the bulk call"
+        assert all(query.shape == (1, LOCAL_DIM) for query in queries)
+        assert (await bulk).shape == (64, LOCAL_DIM)
+
+    asyncio.run(scenario())
+
+
+def test_local_embedder_bulk_calls_take_turns_batch_by_batch() -> None:
+    """Two bulk calls share the model batch by batch (the smaller is not held up behind the
+    whole of the larger), and give the vectors a call alone gives."""
+    embedder = LocalEmbedder(batch_size=4)
+    large = [f"large memory {n} " + "words of a long memory " * 30 for n in range(40)]
+    small = [f"small memory {n}" for n in range(4)]
+
+    async def scenario() -> None:
+        first = asyncio.create_task(embedder.embed(large, bulk=True))
+        await asyncio.sleep(0.1)  # the large call is on the bulk lane by then
+        second = await embedder.embed(small, bulk=True)
+        assert not first.done(), "the small call waited for the whole large one"
+        np.testing.assert_allclose(second, embedder.embed_sync(small), atol=1e-5)
+        np.testing.assert_allclose(await first, embedder.embed_sync(large), atol=1e-5)
+        await embedder.aclose()
+
+    asyncio.run(scenario())
+
+
+def test_local_embedder_runs_at_most_max_run_tokens_positions_at_once() -> None:
+    lengths = [5] * 10 + [256] * 40  # ascending, as plan_batches takes them
+    batches = plan_batches(lengths, max_batch=64)
+    assert [end - begin for begin, end in batches] == [10, 16, 16, 8]
+    assert all((end - begin) * lengths[end - 1] <= MAX_RUN_TOKENS for begin, end in batches)
 
 
 def test_local_embedder_never_touches_the_network(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -297,9 +349,11 @@ def test_build_embedder_local_rejects_a_different_dimension() -> None:
         build_embedder(Settings(embedder="local", embedding_dim=768))
 
 
-def test_build_embedder_openai_requires_base_url() -> None:
-    with pytest.raises(ValueError, match="EARM_EMBEDDER_BASE_URL"):
-        build_embedder(Settings(embedder="openai", embedder_base_url=None))
+def test_settings_refuse_the_openai_embedder_without_a_base_url() -> None:
+    with pytest.raises(
+        ValidationError, match="EARM_EMBEDDER=openai requires EARM_EMBEDDER_BASE_URL"
+    ):
+        Settings(embedder="openai", embedder_base_url=None, _env_file=None)
 
 
 def test_build_embedder_openai_uses_settings() -> None:

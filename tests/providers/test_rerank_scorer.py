@@ -10,6 +10,7 @@ from collections.abc import Callable
 
 import numpy as np
 import pytest
+from pydantic import ValidationError
 
 from service.providers.factory import build_scorer
 from service.providers.rerank_scorer import (
@@ -352,6 +353,8 @@ def test_build_scorer_builds_a_reranker_from_settings(protocol: RerankProtocol) 
 
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)
-def test_build_scorer_reranker_requires_base_url(protocol: RerankProtocol) -> None:
-    with pytest.raises(ValueError, match=f"EARM_SCORER={protocol} requires EARM_SCORER_BASE_URL"):
-        build_scorer(Settings(scorer=protocol, scorer_base_url=None))
+def test_settings_refuse_a_reranker_without_a_base_url(protocol: RerankProtocol) -> None:
+    with pytest.raises(
+        ValidationError, match=f"EARM_SCORER={protocol} requires EARM_SCORER_BASE_URL"
+    ):
+        Settings(scorer=protocol, scorer_base_url=None, _env_file=None)

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from pydantic import ValidationError
 
 from service.providers.chat_scorer import OpenAIChatScorer, parse_batch, parse_score
 from service.providers.factory import build_scorer
@@ -428,9 +429,15 @@ def test_build_scorer_defaults_to_the_local_scorer() -> None:
     assert isinstance(scorer, LocalScorer) and scorer.name == "local"
 
 
-def test_build_scorer_openai_requires_base_url() -> None:
-    with pytest.raises(ValueError, match="EARM_SCORER_BASE_URL"):
-        build_scorer(Settings(scorer="openai", scorer_base_url=None))
+def test_settings_refuse_the_openai_scorer_without_a_base_url() -> None:
+    with pytest.raises(ValidationError, match="EARM_SCORER=openai requires EARM_SCORER_BASE_URL"):
+        Settings(scorer="openai", scorer_base_url=None, _env_file=None)
+
+
+@pytest.mark.parametrize("url", ["ftp://judge.example/v1", "judge.example/v1", "http://"])
+def test_settings_refuse_a_scorer_url_that_is_not_http(url: str) -> None:
+    with pytest.raises(ValidationError, match="http:// or https://"):
+        Settings(scorer="openai", scorer_base_url=url, _env_file=None)
 
 
 def test_build_scorer_openai_uses_settings() -> None:

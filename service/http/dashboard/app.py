@@ -21,7 +21,7 @@ from service.db.traces import query_namespace, query_trace
 from service.errors import EarmError, Unauthenticated
 from service.http.dashboard import charts
 from service.http.deps import Components
-from service.http.error_handlers import status_for
+from service.http.error_handlers import install_error_handlers, status_for
 from service.http.schemas import NamespaceName
 
 DASHBOARD_PATH = "/dashboard"
@@ -53,6 +53,9 @@ def mount_dashboard(api: FastAPI) -> None:
     dashboard = FastAPI(openapi_url=None, docs_url=None, redoc_url=None)
     dashboard.state.api = api
     dashboard.mount("/static", StaticFiles(directory=_HERE / "static"), name="static")
+    # What is not a page's (a malformed path or parameter, an unknown path, a database
+    # failure) is answered as the API answers it; a page's own refusals are pages.
+    install_error_handlers(dashboard)
     dashboard.add_exception_handler(LoginRequired, _to_login)
     dashboard.add_exception_handler(EarmError, _error_page)
     dashboard.middleware("http")(_security_headers)

@@ -12,13 +12,17 @@ from service.http.schemas import ErrorResponse, HealthOut, ReadyOut
 router = APIRouter(tags=["health"])
 
 
+# HEAD as well as GET, as load balancers and uptime checks probe with either (no body is sent
+# for HEAD); it is left out of the OpenAPI document, which would list every operation twice.
 @router.get("/healthz", response_model=HealthOut)
+@router.head("/healthz", response_model=HealthOut, include_in_schema=False)
 async def healthz() -> HealthOut:
     """The process is up (it does not touch the database)."""
     return HealthOut(status="ok")
 
 
 @router.get("/readyz", response_model=ReadyOut, responses={503: {"model": ErrorResponse}})
+@router.head("/readyz", response_model=ReadyOut, include_in_schema=False)
 async def readyz(components: ComponentsDep) -> ReadyOut:
     """The database answers and its schema is at the head this code expects."""
     try:
