@@ -10,11 +10,11 @@ must never be compared.
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import importlib.util
 import logging
 import os
-import threading
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -250,6 +250,51 @@ class _Batch:
     mask: NDArray[np.int64]
 
 
+@dataclass(frozen=True)
+class _LoadedModel:
+    tokenizer: Tokenizer
+    session: onnxruntime.InferenceSession
+    input_names: frozenset[str]
+
+
+# One load per process and thread count: the files never change while it runs, and every
+# embedder of the process (an app built per test, say) then shares the ~0.4 s load and the
+# memory of one session (onnxruntime sessions and tokenizers are safe to use from threads).
+@functools.cache
+def _loaded_model(threads: int) -> _LoadedModel:
+    import onnxruntime as ort
+    from tokenizers import Tokenizer
+
+    started = time.perf_counter()
+    tokenizer = Tokenizer.from_file(str(_tokenizer_path()))
+    tokenizer.enable_truncation(max_length=_MAX_TOKENS)
+    tokenizer.enable_padding(pad_id=0, pad_token="[PAD]")  # no length: pad to longest
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    # Idle pool threads would spin between runs on the cores left to everything else.
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    options.log_severity_level = 3
+    try:
+        session = ort.InferenceSession(
+            str(_model_file()), sess_options=options, providers=["CPUExecutionProvider"]
+        )
+    except EmbedderError:
+        raise
+    except Exception as exc:  # onnxruntime raises its own untyped errors
+        raise EmbedderError(f"could not load the local embedding model: {exc}") from exc
+    names = frozenset(i.name for i in session.get_inputs())
+    missing = {"input_ids", "attention_mask"} - names
+    if missing:
+        raise EmbedderError(f"ONNX model lacks expected inputs {sorted(missing)}")
+    logger.info(
+        "local embedder loaded in %.2f s (threads=%d)", time.perf_counter() - started, threads
+    )
+    return _LoadedModel(tokenizer, session, names)
+
+
 class LocalEmbedder:
     """Offline all-MiniLM-L6-v2 (int8 ONNX) on onnxruntime; never touches the network.
 
@@ -281,10 +326,7 @@ class LocalEmbedder:
             raise ValueError("batch_size must be >= 1")
         self.batch_size = batch_size
         self.threads = threads if threads is not None else default_model_threads()
-        self._session: onnxruntime.InferenceSession | None = None
-        self._tokenizer: Tokenizer | None = None
-        self._input_names: frozenset[str] = frozenset()
-        self._load_lock = threading.Lock()
+        self._model: _LoadedModel | None = None
         self._query_lane = ThreadPoolExecutor(1, thread_name_prefix="earm-embed-query")
         self._bulk_lane = ThreadPoolExecutor(1, thread_name_prefix="earm-embed-bulk")
 
@@ -294,46 +336,8 @@ class LocalEmbedder:
         Call it at start-up (in a worker thread) to pay the ~0.4 s before the first request and
         to fail fast on a broken install; otherwise the first embed loads it.
         """
-        if self._session is not None:
-            return
-        with self._load_lock:
-            if self._session is not None:
-                return
-            import onnxruntime as ort
-            from tokenizers import Tokenizer
-
-            started = time.perf_counter()
-            tokenizer = Tokenizer.from_file(str(_tokenizer_path()))
-            tokenizer.enable_truncation(max_length=_MAX_TOKENS)
-            tokenizer.enable_padding(pad_id=0, pad_token="[PAD]")  # no length: pad to longest
-
-            options = ort.SessionOptions()
-            options.intra_op_num_threads = self.threads
-            options.inter_op_num_threads = 1
-            # Idle pool threads would spin between runs on the cores left to everything else.
-            options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-            options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-            options.log_severity_level = 3
-            try:
-                session = ort.InferenceSession(
-                    str(_model_file()), sess_options=options, providers=["CPUExecutionProvider"]
-                )
-            except EmbedderError:
-                raise
-            except Exception as exc:  # onnxruntime raises its own untyped errors
-                raise EmbedderError(f"could not load the local embedding model: {exc}") from exc
-            names = frozenset(i.name for i in session.get_inputs())
-            missing = {"input_ids", "attention_mask"} - names
-            if missing:
-                raise EmbedderError(f"ONNX model lacks expected inputs {sorted(missing)}")
-            self._input_names = names
-            self._tokenizer = tokenizer
-            self._session = session
-            logger.info(
-                "local embedder loaded in %.2f s (threads=%d)",
-                time.perf_counter() - started,
-                self.threads,
-            )
+        if self._model is None:
+            self._model = _loaded_model(self.threads)
 
     def embed_sync(self, texts: Sequence[str]) -> NDArray[np.float32]:
         """Blocking embed in the calling thread; ``(len(texts), 384)`` float32, unit rows,
@@ -365,8 +369,8 @@ class LocalEmbedder:
         if not texts:
             return []
         self.load()
-        assert self._tokenizer is not None
-        encodings = self._tokenizer.encode_batch(list(texts))
+        assert self._model is not None
+        encodings = self._model.tokenizer.encode_batch(list(texts))
         ids = np.asarray([e.ids for e in encodings], dtype=np.int64)
         mask = np.asarray([e.attention_mask for e in encodings], dtype=np.int64)
         lengths = mask.sum(axis=1)
@@ -380,12 +384,12 @@ class LocalEmbedder:
 
     def _run(self, batch: _Batch) -> NDArray[np.float32]:
         """Model forward pass, mean pooling over real tokens, L2 normalisation."""
-        assert self._session is not None
+        assert self._model is not None
         feeds = {"input_ids": batch.ids, "attention_mask": batch.mask}
-        if "token_type_ids" in self._input_names:
+        if "token_type_ids" in self._model.input_names:
             feeds["token_type_ids"] = np.zeros_like(batch.ids)
         try:
-            hidden = self._session.run(None, feeds)[0]
+            hidden = self._model.session.run(None, feeds)[0]
         except Exception as exc:
             raise EmbedderError(f"local embedding model failed: {exc}") from exc
         weights = batch.mask[..., None].astype(np.float32)
