@@ -19,8 +19,8 @@ from service.http.routes import health, memories, namespaces, queries, retrieve,
 from service.ingest.indexer import BackgroundIndexer
 from service.integrations import mount_mcp
 from service.metrics import Metrics
-from service.providers.embedders import LocalEmbedder
 from service.providers.factory import build_embedder, build_scorer
+from service.providers.local_embedder import LocalEmbedder
 from service.providers.scorer_health import ScorerHealth
 from service.providers.scorers import observe_all
 from service.retrieve.pipeline import RetrievalPipeline

@@ -6,7 +6,8 @@ from pydantic import SecretStr
 
 from service.errors import ConfigurationError
 from service.providers.chat_scorer import USER_PROMPT, OpenAIChatScorer, check_template
-from service.providers.embedders import LOCAL_DIM, Embedder, LocalEmbedder
+from service.providers.embedders import Embedder
+from service.providers.local_embedder import LOCAL_DIM, LocalEmbedder
 from service.providers.openai_embedder import OpenAIEmbedder
 from service.providers.rerank_scorer import RerankScorer
 from service.providers.scorers import LocalScorer, RelevanceScorer, ScorerObserver

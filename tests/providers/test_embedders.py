@@ -13,15 +13,15 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
-from service.providers.embedders import (
+from service.providers.embedders import EmbedderError
+from service.providers.factory import build_embedder
+from service.providers.local_embedder import (
     LOCAL_DIM,
     LOCAL_MODEL_ID,
     MAX_RUN_TOKENS,
-    EmbedderError,
     LocalEmbedder,
     plan_batches,
 )
-from service.providers.factory import build_embedder
 from service.providers.openai_embedder import OpenAIEmbedder
 from service.settings import Settings
 from service.testing import HTTPFault, LoopbackServer, embeddings_app
