@@ -210,6 +210,14 @@ class Settings(BaseSettings):
     )
     als_iterations: int = Field(default=10, ge=1, le=200)
     budget_schedule: str = DEFAULT_BUDGET_SCHEDULE
+    anchor_policy: Literal["learned", "paper"] = Field(
+        default="learned",
+        description="Which candidates a budget scores. 'learned': two rounds, the most similar "
+        "two thirds of the budget, then the rest on the highest estimates, of which an "
+        "exploring share the namespace learns is drawn at random (unscored candidates rank "
+        "among the scored ones only when estimated at 0.5 or more); 'paper': the EARM paper's "
+        "one round, half the most similar, half drawn uniformly from the rest.",
+    )
 
     # --- request limits -------------------------------------------------------------------
     max_batch: int = Field(default=1000, ge=1, description="Memories per POST /memories.")

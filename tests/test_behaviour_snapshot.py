@@ -46,7 +46,12 @@ from service.http.app import create_app
 from service.settings import Settings
 from service.testing import LoopbackServer, chat_completions_app
 
-GOLDEN = Path(__file__).parent / "data" / "behaviour_snapshot.json"
+#: One golden file per anchor rule: the paper's one round pins the behaviour the snapshot was
+#: first recorded with, the learned two rounds the default.
+GOLDEN = {
+    "paper": Path(__file__).parent / "data" / "behaviour_snapshot.json",
+    "learned": Path(__file__).parent / "data" / "behaviour_snapshot_learned.json",
+}
 RECORD = os.environ.get("EARM_RECORD_SNAPSHOT") == "1"
 
 # Floats are rounded to this many decimals (the golden file stays readable) and compared within
@@ -441,12 +446,18 @@ def first_difference(expected: Any, actual: Any, path: str = "$") -> str | None:
     return None if same else f"{path}: recorded {expected!r:.200}, replayed {actual!r:.200}"
 
 
+@pytest.mark.parametrize("anchor_policy", sorted(GOLDEN))
 def test_recorded_workload_replays_to_the_recorded_responses_and_stored_state(
-    judge_settings: Callable[..., Settings], judge: tuple[PairJudge, str], clean_database: str
+    judge_settings: Callable[..., Settings],
+    judge: tuple[PairJudge, str],
+    clean_database: str,
+    anchor_policy: str,
 ) -> None:
     pair_judge, judge_url = judge
+    golden = GOLDEN[anchor_policy]
     settings = judge_settings(
         judge_url,
+        anchor_policy=anchor_policy,
         embedder="local",
         embedding_dim=DIM,
         rank=4,
@@ -467,18 +478,18 @@ def test_recorded_workload_replays_to_the_recorded_responses_and_stored_state(
         json.dumps({"exchanges": exchanges, "state": stored_state(clean_database)})
     )
     if RECORD:
-        GOLDEN.parent.mkdir(parents=True, exist_ok=True)
-        GOLDEN.write_text(json.dumps(snapshot, indent=1, ensure_ascii=False) + "\n")
-        pytest.skip(f"recorded {GOLDEN.name}; commit it saying which behaviour change it records")
-    assert GOLDEN.exists(), f"no {GOLDEN}: record it with EARM_RECORD_SNAPSHOT=1"
-    recorded = json.loads(GOLDEN.read_text())
+        golden.parent.mkdir(parents=True, exist_ok=True)
+        golden.write_text(json.dumps(snapshot, indent=1, ensure_ascii=False) + "\n")
+        pytest.skip(f"recorded {golden.name}; commit it saying which behaviour change it records")
+    assert golden.exists(), f"no {golden}: record it with EARM_RECORD_SNAPSHOT=1"
+    recorded = json.loads(golden.read_text())
     difference = first_difference(recorded, snapshot)
-    assert difference is None, explain(difference, recorded)
+    assert difference is None, explain(difference, recorded, golden)
 
 
-def explain(difference: str, recorded: dict[str, Any]) -> str:
+def explain(difference: str, recorded: dict[str, Any], golden: Path) -> str:
     """The first difference, the request whose response it is in, and what to do."""
-    message = f"the replay differs from {GOLDEN.name} at {difference}"
+    message = f"the replay differs from {golden.name} at {difference}"
     if match := re.match(r"\$\.exchanges\[(\d+)\]", difference):
         request = recorded["exchanges"][int(match.group(1))]["request"]
         message += f"\n  in the response to {json.dumps(request)[:400]}"

@@ -156,12 +156,20 @@ class RowObservations:
     query_factors: np.ndarray
     prior_offsets: np.ndarray  # the content prior's γ·cos + e_m·w of each cell
 
+    def _columns(self) -> tuple[np.ndarray, ...]:
+        return (
+            self.memory_ids, self.similarities, self.scores, self.query_bias, self.query_slope,
+            self.query_factors, self.prior_offsets,
+        )
+
     def subset(self, keep: np.ndarray) -> RowObservations:
+        return RowObservations(*(np.asarray(values)[keep] for values in self._columns()))
+
+    def join(self, other: RowObservations) -> RowObservations:
+        """These observations and ``other``'s."""
         return RowObservations(
-            *(np.asarray(values)[keep] for values in (
-                self.memory_ids, self.similarities, self.scores, self.query_bias,
-                self.query_slope, self.query_factors, self.prior_offsets,
-            ))
+            *(np.concatenate([mine, theirs]) for mine, theirs in
+              zip(self._columns(), other._columns(), strict=True))
         )
 
     def statistics(self, memory_ids: np.ndarray) -> RowStatistics:

@@ -79,6 +79,18 @@ class StoredRows:
     versions: list[str]
     history: RowObservations
 
+    def join(self, other: StoredRows) -> StoredRows:
+        """These rows and ``other``'s (rows of other memories), ids ascending."""
+        ids = np.concatenate([self.memory_ids, other.memory_ids])
+        order = np.argsort(ids, kind="stable")
+        statistics, versions = self.statistics + other.statistics, self.versions + other.versions
+        return StoredRows(
+            ids[order],
+            [statistics[i] for i in order],
+            [versions[i] for i in order],
+            self.history.join(other.history),
+        )
+
     def subset(self, memory_ids: np.ndarray) -> StoredRows:
         """The rows of those of ``memory_ids`` read here."""
         keep = np.isin(self.memory_ids, memory_ids)

@@ -129,6 +129,10 @@ class Query(Base):
     trace_sources: Mapped[list[str] | None] = mapped_column(ARRAY(Text))
     trace_origins: Mapped[list[str | None] | None] = mapped_column(ARRAY(Text))
     trace_anchors: Mapped[list[bool] | None] = mapped_column(ARRAY(Boolean))
+    # Why each traced anchor was scored ("head", "estimate", "explore"; NULL: not an anchor),
+    # and the exploring share the anchor rule used (NULL: no rule ran; both NULL before 0014).
+    trace_anchor_reasons: Mapped[list[str | None] | None] = mapped_column(ARRAY(Text))
+    exploration_share: Mapped[float | None] = mapped_column(REAL)
 
 
 class Score(Base):
@@ -147,6 +151,9 @@ class Score(Base):
     score: Mapped[float] = mapped_column(REAL)
     similarity: Mapped[float] = mapped_column(REAL)
     source: Mapped[str] = mapped_column(Text)
+    # Which part of the anchor rule chose the pair (service.retrieve.anchors: HEAD, EXPLOIT,
+    # MARGINAL, EXPLORE); NULL for client feedback and rows recorded before 0014.
+    anchor_kind: Mapped[int | None] = mapped_column(SmallInteger)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
     # Set when the memory's text or embedding changed since: the cell judged the old content,
     # so nothing learns from it or counts it.

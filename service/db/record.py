@@ -46,6 +46,8 @@ class QueryTrace:
     sources: Sequence[str]  # a service.retrieve.rerank.Source ("observed", "estimated", ...)
     origins: Sequence[str | None]  # the observation's origin ("scorer", ...), None: unobserved
     anchors: np.ndarray  # bool: sampled as an anchor (scored, or failed: degraded)
+    # why each anchor was scored ("head", "estimate", "explore"), None for the others
+    anchor_reasons: Sequence[str | None]
 
 
 @dataclass(frozen=True)
@@ -58,6 +60,7 @@ class ObservedCells:
     similarities: np.ndarray
     scores: np.ndarray
     prior_offsets: np.ndarray
+    anchor_kinds: np.ndarray  # which part of the anchor rule chose each (scores.anchor_kind)
 
 
 @dataclass(frozen=True)
@@ -97,6 +100,7 @@ class RecordedRetrieve:
     reused: ReusedCells
     returned: int  # memories returned
     returned_estimated: int  # of them, those whose score is the completion's estimate
+    exploration_share: float | None  # the anchor rule's (None: no choice of anchors)
     trace: QueryTrace
 
 
@@ -111,10 +115,11 @@ _RECORD_SQL = """
     WITH live AS (
         -- The observations of memories that still exist: one deleted since the search simply
         -- has none (its row is gone, and the foreign key would refuse the observation).
-        SELECT t.m, t.s, t.c
+        SELECT t.m, t.s, t.c, t.k
         -- (similarities: float8 rounded to real, as the column stores them)
         FROM unnest(%(memory_ids)s::bigint[], %(scores)s::float8[],
-                    %(similarities)s::float8[]::real[]) AS t(m, s, c)
+                    %(similarities)s::float8[]::real[], %(anchor_kinds)s::smallint[])
+            AS t(m, s, c, k)
         WHERE EXISTS (SELECT FROM memories WHERE id = t.m)
     ), n AS (
         UPDATE namespaces SET
@@ -135,7 +140,8 @@ _RECORD_SQL = """
                              prequential_count, returned_count, returned_estimated,
                              family_key, reused_memory_ids, stage, timings,
                              trace_memory_ids, trace_similarities, trace_estimates,
-                             trace_scores, trace_sources, trace_origins, trace_anchors)
+                             trace_scores, trace_sources, trace_origins, trace_anchors,
+                             trace_anchor_reasons, exploration_share)
         SELECT %(namespace)s::text, n.query_index, %(text)s::text, %(embedding)b,
                %(policy)s::text, %(n_candidates)s::int, %(budget)s::int, %(calls)s::int,
                %(bias)s::float8, %(slope)s::float8, %(factors)s::real[],
@@ -145,12 +151,14 @@ _RECORD_SQL = """
                %(timings)s::jsonb, %(trace_memory_ids)s::bigint[],
                %(trace_similarities)b::real[], %(trace_estimates)b::real[],
                %(trace_scores)b::real[], %(trace_sources)s::text[],
-               %(trace_origins)s::text[], %(trace_anchors)s::boolean[]
+               %(trace_origins)s::text[], %(trace_anchors)s::boolean[],
+               %(trace_anchor_reasons)s::text[], %(exploration_share)s::real
         FROM n
         RETURNING id, query_index
     ), s AS (
-        INSERT INTO scores (query_id, memory_id, namespace, score, similarity, source)
-        SELECT q.id, live.m, %(namespace)s::text, live.s, live.c, 'scorer'
+        INSERT INTO scores (query_id, memory_id, namespace, score, similarity, source,
+                            anchor_kind)
+        SELECT q.id, live.m, %(namespace)s::text, live.s, live.c, 'scorer', live.k
         FROM q, live
         ON CONFLICT (query_id, memory_id) DO NOTHING
     )
@@ -209,6 +217,8 @@ def _record_parameters(retrieve: RecordedRetrieve) -> dict[str, Any]:
         "memory_ids": array_literal(retrieve.observed.memory_ids),
         "scores": array_literal(retrieve.observed.scores),
         "similarities": array_literal(retrieve.observed.similarities),
+        "anchor_kinds": array_literal(retrieve.observed.anchor_kinds),
+        "exploration_share": retrieve.exploration_share,
         "family_key": retrieve.family_key,
         "reused_ids": array_literal(retrieve.reused.memory_ids),
         "saved_calls": retrieve.reused.saved_calls,
@@ -229,4 +239,5 @@ def _trace_parameters(trace: QueryTrace) -> dict[str, Any]:
         "trace_sources": list(trace.sources),
         "trace_origins": list(trace.origins),
         "trace_anchors": array_literal(trace.anchors),
+        "trace_anchor_reasons": list(trace.anchor_reasons),
     }

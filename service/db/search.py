@@ -131,6 +131,28 @@ class PastObservations:
     neighbour_ids: np.ndarray  # int64
     neighbour_similarities: np.ndarray  # float64
     neighbour_scores: np.ndarray  # float64
+    recent_anchors: RecentAnchors
+
+
+@dataclass(frozen=True)
+class RecentAnchors:
+    """Anchors of the namespace's latest queries (``AnchorWindow``), one entry per observed
+    pair: the query's index, the anchor's kind (``scores.anchor_kind``), memory and score."""
+
+    query_index: np.ndarray  # int64
+    kind: np.ndarray  # int8
+    memory_ids: np.ndarray  # int64
+    scores: np.ndarray  # float64
+
+
+@dataclass(frozen=True)
+class AnchorWindow:
+    """Which recent anchors to read: those of the namespace's latest ``queries`` queries whose
+    kind is one of ``kinds`` or whose score is at least ``min_score``."""
+
+    queries: int
+    kinds: tuple[int, ...]
+    min_score: float
 
 
 @dataclass(frozen=True)
@@ -144,8 +166,9 @@ class NeighbourSearch:
 
 
 _NONE = np.zeros(0)
-NOTHING_PAST = PastObservations(np.zeros(0, dtype=np.int64), _NONE,
-                                np.zeros(0, dtype=np.int64), _NONE, _NONE)
+_NO_IDS = np.zeros(0, dtype=np.int64)
+NO_RECENT_ANCHORS = RecentAnchors(_NO_IDS, np.zeros(0, dtype=np.int8), _NO_IDS, _NONE)
+NOTHING_PAST = PastObservations(_NO_IDS, _NONE, _NO_IDS, _NONE, _NONE, NO_RECENT_ANCHORS)
 
 # Through ix_queries_namespace_family_key, then the scores primary key per query. Of two
 # observations of one memory (concurrent askings, reuse switched off) the client's feedback
@@ -176,13 +199,27 @@ _NEIGHBOUR_SQL = """
 """
 
 
+# Backwards along uq_queries_namespace_query_index from the next index, then the scores primary
+# key per query: bounded by the window, however long the namespace's history grows. Retired
+# cells judged content that has changed since.
+_RECENT_ANCHORS_SQL = """
+    SELECT q.query_index, s.anchor_kind, s.memory_id, s.score
+    FROM queries q JOIN scores s ON s.query_id = q.id
+    WHERE q.namespace = %(namespace)s
+      AND q.query_index >= (SELECT next_query_index FROM namespaces WHERE name = %(namespace)s)
+                           - %(anchor_queries)s
+      AND s.anchor_kind IS NOT NULL AND s.retired_at IS NULL
+      AND (s.anchor_kind = ANY(%(anchor_kinds)s::smallint[]) OR s.score >= %(anchor_min_score)s)
+"""
+
+
 @dataclass(frozen=True)
 class CandidateSearch:
     """What the search of one query asks for: the namespace's top-``limit`` memories by cosine
     to ``embedding`` (their model rows of ``rank``) among those whose metadata contain
     ``filters``; the observations of the query's family (given a ``family_key``; only its
     feedback with ``family_feedback_only``) and of its nearest other queries (given
-    ``neighbours``)."""
+    ``neighbours``); and the anchors of its latest queries (given ``anchors``)."""
 
     namespace: str
     embedding: np.ndarray
@@ -192,6 +229,7 @@ class CandidateSearch:
     family_key: bytes | None = None
     neighbours: NeighbourSearch | None = None
     family_feedback_only: bool = False
+    anchors: AnchorWindow | None = None
 
 
 async def search(
@@ -218,6 +256,9 @@ async def search(
         neighbour_cursor = (
             await conn.execute(_NEIGHBOUR_SQL, params) if query.neighbours is not None else None
         )
+        anchor_cursor = (
+            await conn.execute(_RECENT_ANCHORS_SQL, params) if query.anchors is not None else None
+        )
         await conn.execute(_SEARCH_SETTINGS_SQL, params)
         candidates_cursor = await conn.execute(_INDEXED_CANDIDATES_SQL[filtered], params)
         await conn.commit()
@@ -225,6 +266,7 @@ async def search(
     past = _past(
         await family_cursor.fetchall() if family_cursor is not None else [],
         await neighbour_cursor.fetchall() if neighbour_cursor is not None else [],
+        await anchor_cursor.fetchall() if anchor_cursor is not None else [],
     )
     rows = await candidates_cursor.fetchall()
     if not rows or rows[0][7] < query.limit:  # row[7]: from_index, rows the HNSW index yielded
@@ -248,15 +290,21 @@ def _search_parameters(query: CandidateSearch) -> dict[str, Any]:
         "min_similarity": neighbours.min_similarity if neighbours else 1.0,
         "window": neighbours.window if neighbours else 0,
     }
+    if query.anchors is not None:
+        params["anchor_queries"] = query.anchors.queries
+        params["anchor_kinds"] = list(query.anchors.kinds)
+        params["anchor_min_score"] = query.anchors.min_score
     if query.filters is not None:
         params["filters"] = Jsonb(query.filters)
     return params
 
 
 def _past(
-    family: Sequence[Sequence[Any]], neighbours: Sequence[Sequence[Any]]
+    family: Sequence[Sequence[Any]],
+    neighbours: Sequence[Sequence[Any]],
+    anchors: Sequence[Sequence[Any]],
 ) -> PastObservations:
-    if not family and not neighbours:
+    if not family and not neighbours and not anchors:
         return NOTHING_PAST
     return PastObservations(
         np.array([r[0] for r in family], dtype=np.int64),
@@ -264,6 +312,12 @@ def _past(
         np.array([r[0] for r in neighbours], dtype=np.int64),
         np.array([r[1] for r in neighbours], dtype=np.float64),
         np.array([r[2] for r in neighbours], dtype=np.float64),
+        RecentAnchors(
+            np.array([r[0] for r in anchors], dtype=np.int64),
+            np.array([r[1] for r in anchors], dtype=np.int8),
+            np.array([r[2] for r in anchors], dtype=np.int64),
+            np.array([r[3] for r in anchors], dtype=np.float64),
+        ),
     )
 
 

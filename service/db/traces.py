@@ -29,6 +29,15 @@ class TracedCandidate:
     text: Annotated[str | None, Field(description="The memory's text now (null: deleted).")]
     similarity: Annotated[float, Field(description="Cosine similarity to the query.")]
     anchor: Annotated[bool, Field(description="Sampled for the scorer (the query's budget).")]
+    anchor_reason: Annotated[
+        str | None,
+        Field(
+            description="Why an anchor was scored: head (among the most similar), estimate (the "
+            "completion estimated it highest after the head was scored), explore (drawn at "
+            "random from the rest); null for the other candidates and for queries recorded "
+            "before 0014."
+        ),
+    ]
     returned: bool
     observed_score: Annotated[
         float | None,
@@ -74,6 +83,13 @@ class QueryTraceResult:
         ),
     ]
     prequential_error: float | None
+    exploration_share: Annotated[
+        float | None,
+        Field(
+            description="The share of the anchors after the head that were drawn to explore "
+            "(null: there was no choice of anchors, or recorded before 0014)."
+        ),
+    ]
     candidates: Annotated[
         list[TracedCandidate],
         Field(
@@ -85,19 +101,21 @@ class QueryTraceResult:
 
 _QUERY_SQL = """
 SELECT id, namespace, query_index, text, policy, stage, budget, scorer_calls, candidates,
-       returned_count, created_at, timings, prequential_abs_error
+       returned_count, created_at, timings, prequential_abs_error, exploration_share
 FROM queries WHERE id = %(query_id)s
 """
 
 _CANDIDATES_SQL = """
-SELECT c.rank, c.memory_id, m.external_id, m.text, c.similarity, c.anchor, c.estimate, c.score,
-       c.source, coalesce(s.source, c.origin) AS origin,
+SELECT c.rank, c.memory_id, m.external_id, m.text, c.similarity, c.anchor, c.anchor_reason,
+       c.estimate, c.score, c.source, coalesce(s.source, c.origin) AS origin,
        CASE WHEN s.score IS NOT NULL THEN s.score
             WHEN c.origin IS NOT NULL THEN c.score END AS observed_score
 FROM queries q
 CROSS JOIN LATERAL unnest(q.trace_memory_ids, q.trace_similarities, q.trace_estimates,
-                          q.trace_scores, q.trace_sources, q.trace_origins, q.trace_anchors)
-    WITH ORDINALITY AS c(memory_id, similarity, estimate, score, source, origin, anchor, rank)
+                          q.trace_scores, q.trace_sources, q.trace_origins, q.trace_anchors,
+                          q.trace_anchor_reasons)
+    WITH ORDINALITY AS c(memory_id, similarity, estimate, score, source, origin, anchor,
+                         anchor_reason, rank)
 LEFT JOIN memories m ON m.id = c.memory_id
 LEFT JOIN scores s ON s.query_id = q.id AND s.memory_id = c.memory_id
 WHERE q.id = %(query_id)s
@@ -136,6 +154,7 @@ async def query_trace(session: AsyncSession, query_id: int) -> QueryTraceResult:
         created_at=row["created_at"],
         timings=row["timings"],
         prequential_error=row["prequential_abs_error"],
+        exploration_share=row["exploration_share"],
         candidates=[_candidate(r, int(row["returned_count"])) for r in rows],
     )
 
@@ -148,6 +167,7 @@ def _candidate(row: dict[str, Any], returned: int) -> TracedCandidate:
         text=row["text"],
         similarity=float(row["similarity"]),
         anchor=bool(row["anchor"]),
+        anchor_reason=row["anchor_reason"],
         returned=int(row["rank"]) <= returned,
         observed_score=None if row["observed_score"] is None else float(row["observed_score"]),
         origin=row["origin"],

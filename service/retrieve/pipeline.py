@@ -6,6 +6,7 @@ client feedback and runs the full refit. No HTTP here."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import time
 from collections.abc import Sequence
@@ -20,6 +21,7 @@ from service.db.search import Candidates
 from service.errors import InvalidInput, LimitExceeded
 from service.providers.embedders import Embedder, check_embedding, embed_texts
 from service.providers.scorers import RelevanceScorer
+from service.retrieve.anchors import second_round
 from service.retrieve.learning import FeedbackResult, Learner, MemoryRef
 from service.retrieve.record_step import query_trace, recorded_retrieve
 from service.retrieve.request import (
@@ -28,7 +30,7 @@ from service.retrieve.request import (
     RetrieveResult,
     Timings,
 )
-from service.retrieve.rerank import CandidateObservations, Ranking, rank_candidates
+from service.retrieve.rerank import CandidateObservations, Policy, Ranking, rank_candidates
 from service.retrieve.score_step import ScoredAnchors, score_anchors
 from service.retrieve.search_step import FoundCandidates, SearchStep
 from service.settings import BudgetSchedule, Settings
@@ -57,6 +59,35 @@ class _Stopwatch:
     def total(self) -> Timings:
         self.timings["total_ms"] = round((time.perf_counter() - self.start) * 1000, 3)
         return Timings(**self.timings)
+
+
+class _RowReads:
+    """The reads of the memory rows a retrieve's record updates, started while the scorer
+    works, so the record is one round trip (a read not done by then is waited for in the
+    record's time)."""
+
+    def __init__(self, learner: Learner, candidates: Candidates) -> None:
+        self.learner = learner
+        self.candidates = candidates
+        self.tasks: list[asyncio.Task[StoredRows]] = []
+
+    def start(self, positions: np.ndarray) -> None:
+        self.tasks.append(
+            asyncio.create_task(self.learner.read_rows(self.candidates.ids[positions]))
+        )
+
+    async def result(self) -> StoredRows:
+        rows = [await task for task in self.tasks]
+        return functools.reduce(StoredRows.join, rows[1:], rows[0])
+
+    def close(self) -> None:
+        """Done by then unless the retrieve failed: then the reads stop, or their failures are
+        taken here (an exception never retrieved would be logged as a second error)."""
+        for task in self.tasks:
+            if task.done() and not task.cancelled():
+                task.exception()
+            else:
+                task.cancel()
 
 
 class RetrievalPipeline:
@@ -112,47 +143,33 @@ class RetrievalPipeline:
         since = watch.lap("search_ms", since)
         if found is None or len(found.candidates) == 0:
             return self._nothing_found(request, found, watch, since)
-
-        # The rows the record updates are read while the scorer works, so the record is one
-        # round trip; a read not done by then is waited for in the record's time.
-        anchor_rows = asyncio.create_task(
-            self.learner.read_rows(found.candidates.ids[found.anchors])
-        )
+        rows = _RowReads(self.learner, found.candidates)
         try:
-            return await self._score_and_record(
-                request, query_vector, found, anchor_rows, watch, since
-            )
+            return await self._score_and_record(request, query_vector, found, rows, watch, since)
         finally:
-            # Done by then unless the retrieve failed: then the read stops, or its failure is
-            # taken here (an exception never retrieved would be logged as a second error).
-            if anchor_rows.done() and not anchor_rows.cancelled():
-                anchor_rows.exception()
-            else:
-                anchor_rows.cancel()
+            rows.close()
 
     async def _score_and_record(
         self,
         request: RetrieveRequest,
         query_vector: np.ndarray,
         found: FoundCandidates,
-        anchor_rows: asyncio.Task[StoredRows],
+        rows: _RowReads,
         watch: _Stopwatch,
         since: float,
     ) -> RetrieveResult:
-        scored = await score_anchors(self.scorer, request.query, query_vector, found)
+        scored = await self._score(request, query_vector, found, rows)
         since = watch.lap("score_ms", since)
-        ranking = await asyncio.to_thread(self._rank, request, found, scored)
+        ranking = await asyncio.to_thread(self._rank, request.policy, found, scored, True)
         memories = self._top_k(request, found.candidates, ranking)
         since = watch.lap("complete_ms", since)
         stage = self.schedule.stage_for(found.state.next_query_index)
-        trace = query_trace(
-            found, ranking, scored.positions, stage, dict(watch.timings),
-            self.settings.query_traces,
-        )
+        trace = query_trace(found, ranking, scored, stage, dict(watch.timings),
+                            self.settings.query_traces)
         recorded = await self.learner.record_and_learn(
             recorded_retrieve(request, query_vector, found, scored, ranking, memories, trace),
             found.state,
-            await anchor_rows,
+            await rows.result(),
         )
         watch.lap("record_ms", since)
         return RetrieveResult(
@@ -162,20 +179,62 @@ class RetrievalPipeline:
             stage=stage,
             budget=found.budget.budget,
             budget_reason=found.budget.reason,
-            scorer_calls=len(found.anchors),
+            scorer_calls=len(scored.sent),
             reused=len(found.reused),
             paraphrased=ranking.paraphrased,
+            exploration_share=found.plan.share,
             scorer_requests=scored.requests,
             degraded=scored.degraded,
             memories=memories,
             timings=watch.total(),
         )
 
+    async def _score(
+        self,
+        request: RetrieveRequest,
+        query_vector: np.ndarray,
+        found: FoundCandidates,
+        rows: _RowReads,
+    ) -> ScoredAnchors:
+        """The anchors' scores: round 1, then round 2 chosen from round 1's (the rows each
+        round's record updates are read while the scorer works on it)."""
+        plan, candidates = found.plan, found.candidates
+        rows.start(plan.first)
+        scored = await score_anchors(
+            self.scorer, request.query, query_vector, candidates, plan.first, plan.first_kinds,
+            found.anchor_embeddings,
+        )
+        if plan.second_size == 0:
+            return scored
+        # Chosen by the completion's estimates, whatever the policy ranks by, so the policies
+        # score the same anchors (a paired comparison).
+        interim = await asyncio.to_thread(self._rank, "earm", found, scored, False)
+        second = second_round(
+            interim.estimates,
+            np.setdiff1d(np.arange(len(candidates)), np.concatenate([
+                plan.first, found.reused.positions,
+            ])),
+            plan.second_size, plan.share or 0.0, plan.seed, found.steered,
+        )
+        rows.start(second.positions)
+        return scored.plus(await score_anchors(
+            self.scorer, request.query, query_vector, candidates, second.positions,
+            second.kinds(), await self._embeddings(candidates, second.positions),
+        ))
+
+    async def _embeddings(self, candidates: Candidates, positions: np.ndarray) -> np.ndarray:
+        async with self.sessions() as session:
+            embeddings = await self.search.anchor_embeddings(session, candidates, positions)
+            await session.commit()
+        return embeddings
+
     def _rank(
-        self, request: RetrieveRequest, found: FoundCandidates, scored: ScoredAnchors
+        self, policy: Policy, found: FoundCandidates, scored: ScoredAnchors, final: bool
     ) -> Ranking:
-        """The candidates ranked by the request's policy from the anchors the scorer scored
-        and the candidates the query's family observed (CPU work: run in a thread)."""
+        """The candidates ranked by ``policy`` from the anchors the scorer scored and the
+        candidates the query's family observed (CPU work: run in a thread). The ``final``
+        ranking of the learned anchor rule lets an unscored candidate join the scored ones only
+        when confidently high."""
         reused = found.reused
         observed = CandidateObservations(
             np.concatenate([scored.positions, reused.positions]),
@@ -183,13 +242,14 @@ class RetrievalPipeline:
             np.arange(len(scored.positions) + len(reused)) >= len(scored.positions),
         )
         return rank_candidates(
-            request.policy,
+            policy,
             found.candidate_state(),
             observed,
             found.state.mean_score,
             self.settings.reg,
             found.neighbours,
             self.settings.paraphrase_prior,
+            confident_join=final and self.settings.anchor_policy == "learned",
         )
 
     def _nothing_found(
@@ -215,6 +275,7 @@ class RetrievalPipeline:
             scorer_requests=0,
             reused=0,
             paraphrased=0,
+            exploration_share=None,
             degraded=False,
             memories=[],
             timings=watch.total(),

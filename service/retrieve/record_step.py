@@ -17,6 +17,7 @@ from service.db.record import (
     ReusedCells,
     Spending,
 )
+from service.retrieve.anchors import REASONS
 from service.retrieve.request import RetrievedMemory, RetrieveRequest
 from service.retrieve.rerank import ESTIMATED, Ranking
 from service.retrieve.score_step import ScoredAnchors
@@ -42,9 +43,7 @@ def recorded_retrieve(
         family_key=found.family_key,
         query=ranking.query,
         prequential_errors=ranking.prequential_errors,
-        spending=Spending(
-            len(candidates), found.budget.budget, len(found.anchors), scored.requests
-        ),
+        spending=Spending(len(candidates), found.budget.budget, len(scored.sent), scored.requests),
         observed=ObservedCells(
             candidates.ids[observed],
             similarities,
@@ -52,14 +51,16 @@ def recorded_retrieve(
             content_offsets(
                 found.state.content_slope, similarities, candidates.content_scores[observed]
             ),
+            scored.kinds,
         ),
         reused=ReusedCells(
             candidates.ids[found.reused.positions],
             # What the budget would have scored had the family not covered those candidates.
-            found.budget.budget - len(found.anchors),
+            found.budget.budget - len(scored.sent),
         ),
         returned=len(memories),
         returned_estimated=sum(m.source == ESTIMATED for m in memories),
+        exploration_share=found.plan.share,
         trace=trace,
     )
 
@@ -67,7 +68,7 @@ def recorded_retrieve(
 def query_trace(
     found: FoundCandidates,
     ranking: Ranking,
-    observed_positions: np.ndarray,
+    scored: ScoredAnchors,
     stage: int,
     timings: dict[str, float],
     keep_candidates: bool,
@@ -76,9 +77,12 @@ def query_trace(
     the stage and timings without ``keep_candidates`` (``EARM_QUERY_TRACES=false``)."""
     n = len(found.candidates)
     anchors = np.zeros(n, dtype=bool)
-    anchors[found.anchors] = True
+    anchors[scored.sent] = True
+    reasons: list[str | None] = [None] * n
+    for position, kind in zip(scored.sent.tolist(), scored.sent_kinds.tolist(), strict=True):
+        reasons[position] = REASONS[kind]
     origins: list[str | None] = [None] * n
-    for position in observed_positions:
+    for position in scored.positions:
         origins[position] = SCORER_ORIGIN
     for position in found.reused.positions:
         origins[position] = REUSED_ORIGIN
@@ -94,4 +98,5 @@ def query_trace(
         sources=[ranking.sources[p] for p in order],
         origins=[origins[p] for p in order],
         anchors=anchors[order],
+        anchor_reasons=[reasons[p] for p in order],
     )

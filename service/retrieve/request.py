@@ -74,6 +74,11 @@ class RetrieveResult:
     # Candidates ranked by an estimate that near-paraphrases' observations weighed on
     # (paraphrase transfer, earm; observed and reused candidates are not counted).
     paraphrased: int
+    # The share of the anchors after the head that were drawn to explore: the share the
+    # namespace has learned (EARM_ANCHOR_POLICY=learned), 1 for the paper's rule (all of its
+    # second half explores); None where there was no choice of anchors (semantic, full, a
+    # budget covering every candidate, or one the head fills).
+    exploration_share: float | None
     # HTTP requests the scorer made for those calls, retries included (0 for the local
     # scorer; one per batch of documents for a reranker).
     scorer_requests: int

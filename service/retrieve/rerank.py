@@ -17,6 +17,7 @@ from service.completion import (
     leave_one_out,
     predict,
 )
+from service.retrieve.anchors import confident_order
 from service.retrieve.reuse import NeighbourEvidence
 
 Policy = Literal["earm", "semantic", "full", "observed"]
@@ -79,10 +80,13 @@ def rank_candidates(
     reg: float,
     neighbours: NeighbourEvidence | None = None,
     neighbour_prior: float = 1.0,
+    confident_join: bool = False,
 ) -> Ranking:
     """Final scores for every candidate and their order. ``neighbours`` (earm only): what
     near-paraphrases of the query observed; a candidate's estimate becomes
-    (κ·model + Σ w·s) / (κ + Σ w), κ = ``neighbour_prior``.
+    (κ·model + Σ w·s) / (κ + Σ w), κ = ``neighbour_prior``. With ``confident_join`` (earm
+    only) an unobserved candidate ranks among the observed ones only when its estimate is
+    confidently high, after all of them otherwise (``service.retrieve.anchors.confident_order``).
 
     - observed cells keep their score (every policy);
     - ``earm``: every unobserved memory gets the completion estimate from the model fitted on
@@ -113,7 +117,10 @@ def rank_candidates(
 
     # Ties (e.g. equal observed scores) keep the semantic order: the candidates arrive most
     # similar first and the sort is stable.
-    order = np.argsort(-scores, kind="stable")
+    if confident_join and policy == "earm":
+        order = confident_order(scores, estimates, observed.positions)
+    else:
+        order = np.argsort(-scores, kind="stable")
     return Ranking(
         order, scores, estimates, sources, estimate.query, estimate.prequential_errors,
         int(np.count_nonzero(paraphrased)),

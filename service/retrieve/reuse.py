@@ -14,8 +14,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from service.retrieve.budget import sample_anchors
-
 
 def normalise_query(text: str) -> str:
     """The text two askings of one question share: casefolded, runs of whitespace made one
@@ -59,23 +57,6 @@ def reused_candidates(
     score_of = dict(zip(family_ids.tolist(), family_scores.tolist(), strict=True))
     scores = np.array([score_of[int(m)] for m in candidate_ids[positions]], dtype=np.float64)
     return Reused(positions, scores)
-
-
-def unobserved_anchors(
-    n_candidates: int, observed: np.ndarray, budget: int, rng_seed: int, steered: np.ndarray
-) -> np.ndarray:
-    """The anchors among the candidates the query's family has not ``observed``, as
-    :func:`sample_anchors` picks them from that shorter, still most-similar-first list: the
-    exploiting half takes its head, whatever paraphrases observed of it (a query judges its
-    own head itself: a distinct question that merely reads alike would otherwise speak for
-    it), and the exploring half leaves the ``steered`` candidates to the paraphrases' evidence,
-    so a rephrased need widens coverage as a repeated one does."""
-    remaining: np.ndarray = np.setdiff1d(np.arange(n_candidates, dtype=np.int64), observed)
-    not_explored = np.flatnonzero(np.isin(remaining, steered))
-    anchors: np.ndarray = remaining[
-        sample_anchors(len(remaining), budget, rng_seed, not_explored)
-    ]
-    return anchors
 
 
 #: The exploring anchors avoid a candidate only when its paraphrases' summed weight reaches

@@ -1,4 +1,5 @@
-"""The score step of a retrieve: the relevance scorer's scores of its anchors."""
+"""The score step of a retrieve: the relevance scorer's scores of its anchors, in one round or
+two (``service.retrieve.anchors``)."""
 
 from __future__ import annotations
 
@@ -6,35 +7,56 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from service.db.search import Candidates
 from service.providers.scorers import RelevanceScorer
-from service.retrieve.search_step import FoundCandidates
 
 
 @dataclass(frozen=True)
 class ScoredAnchors:
-    """What the scorer answered for the anchors: the ones it scored (candidate positions;
-    a pair it failed to score is left out, which degrades the answer) and their scores."""
+    """What the scorer answered for the anchors sent to it (``sent``, candidate positions, each
+    with its kind): the ones it scored (a pair it failed to score is left out, which degrades
+    the answer), their scores and kinds."""
 
+    sent: np.ndarray
+    sent_kinds: np.ndarray  # int8
     positions: np.ndarray
     scores: np.ndarray
+    kinds: np.ndarray  # int8, of the scored positions
     requests: int  # HTTP requests the scorer made for them, retries included
     degraded: bool  # some pair failed
 
+    def plus(self, later: ScoredAnchors) -> ScoredAnchors:
+        """These anchors and a later round's."""
+        return ScoredAnchors(
+            sent=np.concatenate([self.sent, later.sent]),
+            sent_kinds=np.concatenate([self.sent_kinds, later.sent_kinds]),
+            positions=np.concatenate([self.positions, later.positions]),
+            scores=np.concatenate([self.scores, later.scores]),
+            kinds=np.concatenate([self.kinds, later.kinds]),
+            requests=self.requests + later.requests,
+            degraded=self.degraded or later.degraded,
+        )
+
 
 async def score_anchors(
-    scorer: RelevanceScorer, query_text: str, query_vector: np.ndarray, found: FoundCandidates
+    scorer: RelevanceScorer,
+    query_text: str,
+    query_vector: np.ndarray,
+    candidates: Candidates,
+    anchors: np.ndarray,
+    kinds: np.ndarray,
+    embeddings: np.ndarray,
 ) -> ScoredAnchors:
-    anchors = found.anchors
+    """One round: the scorer's scores of the candidates at ``anchors`` (``embeddings``: theirs,
+    for a scorer that reads them)."""
     if len(anchors) == 0:
-        return ScoredAnchors(anchors, np.zeros(0), 0, degraded=False)
+        return ScoredAnchors(anchors, kinds, anchors, np.zeros(0), kinds, 0, degraded=False)
     scored = await scorer.score(
-        query_text,
-        query_vector,
-        [found.candidates.rows[p]["text"] for p in anchors],
-        found.anchor_embeddings,
+        query_text, query_vector, [candidates.rows[p]["text"] for p in anchors], embeddings
     )
     values = np.array([np.nan if s is None else s for s in scored.values], dtype=np.float64)
     succeeded = ~np.isnan(values)
     return ScoredAnchors(
-        anchors[succeeded], values[succeeded], scored.requests, bool(np.any(~succeeded))
+        anchors, kinds, anchors[succeeded], values[succeeded], kinds[succeeded], scored.requests,
+        bool(np.any(~succeeded)),
     )

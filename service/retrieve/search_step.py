@@ -13,6 +13,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from service.completion import content_offsets
 from service.db.namespaces import NamespaceState
 from service.db.search import (
+    AnchorWindow,
     Candidates,
     CandidateSearch,
     NeighbourSearch,
@@ -21,7 +22,16 @@ from service.db.search import (
     search,
 )
 from service.errors import NotFound
-from service.retrieve.budget import BudgetDecision, anchor_seed
+from service.retrieve.anchors import (
+    EXPLORE,
+    MARGINAL,
+    AnchorHistory,
+    AnchorPlan,
+    AnchorRule,
+    anchor_seed,
+    learned_plan,
+    paper_plan,
+)
 from service.retrieve.request import RetrieveRequest
 from service.retrieve.rerank import CandidateState
 from service.retrieve.reuse import (
@@ -31,12 +41,21 @@ from service.retrieve.reuse import (
     family_key,
     neighbour_evidence,
     reused_candidates,
-    unobserved_anchors,
 )
 from service.settings import BudgetSchedule, Settings
 
 #: Paraphrase transfer reads the observations of at most this many nearest earlier queries.
 PARAPHRASE_NEIGHBOURS = 16
+_RULE = AnchorRule()
+#: What the learned rule reads of recent anchors: the two arms it compares, and every find
+#: (a find of any kind can be a discovery that later finds are credited to).
+_ANCHOR_WINDOW = AnchorWindow(_RULE.window, (MARGINAL, EXPLORE), _RULE.relevant)
+
+
+@dataclass(frozen=True)
+class BudgetDecision:
+    budget: int
+    reason: str  # why: the response's budget_reason
 
 
 @dataclass(frozen=True)
@@ -49,8 +68,17 @@ class FoundCandidates:
     family_key: bytes | None  # None: a semantic retrieve (it observes nothing, joins no family)
     reused: Reused  # candidates observed for the query's family
     neighbours: NeighbourEvidence | None  # paraphrase transfer (None: off)
-    anchors: np.ndarray  # candidate positions to score (none of them reused)
-    anchor_embeddings: np.ndarray  # theirs, for a scorer that reads embeddings (else 0 columns)
+    plan: AnchorPlan  # the anchors to score (none of them reused): round 1, then round 2's size
+    # round 1's embeddings, for a scorer that reads embeddings (else 0 columns)
+    anchor_embeddings: np.ndarray
+
+    @property
+    def steered(self) -> np.ndarray:
+        """Candidates whose paraphrase evidence speaks for them: no exploring anchor goes
+        there."""
+        if self.neighbours is None:
+            return np.zeros(0, dtype=np.int64)
+        return self.neighbours.steering
 
     def candidate_state(self) -> CandidateState:
         """What reranking needs of the candidates."""
@@ -104,11 +132,11 @@ class SearchStep:
             # requests the recorded index can be a few higher, never lower. The budget goes to
             # candidates the family has not observed, so coverage grows with each asking.
             budget = self._budget(request, state.next_query_index, candidates)
-            anchors = _anchors(request, state, candidates, reused, budget, neighbours)
-            anchor_embeddings = await self._anchor_embeddings(session, candidates, anchors)
+            plan = self._plan(request, state, candidates, reused, budget, neighbours, past)
+            anchor_embeddings = await self.anchor_embeddings(session, candidates, plan.first)
             await session.commit()
         return FoundCandidates(
-            state, candidates, budget, family, reused, neighbours, anchors, anchor_embeddings
+            state, candidates, budget, family, reused, neighbours, plan, anchor_embeddings
         )
 
     def _candidate_search(
@@ -127,7 +155,12 @@ class SearchStep:
             family,
             paraphrases,
             family_feedback_only=not self.settings.reuse_observations,
+            anchors=_ANCHOR_WINDOW if self._learns_anchors(request) else None,
         )
+
+    def _learns_anchors(self, request: RetrieveRequest) -> bool:
+        """Whether this retrieve's anchors follow the learned rule (it reads recent anchors)."""
+        return self.settings.anchor_policy == "learned" and request.policy in ("earm", "observed")
 
     def _family_key(self, request: RetrieveRequest, query_vector: np.ndarray) -> bytes | None:
         # Semantic retrieval observes nothing, so it neither reuses nor joins a family. With
@@ -164,9 +197,31 @@ class SearchStep:
             f"schedule: stage {stage} of the schedule, ratio {self.schedule.stages[stage][1]:g}",
         )
 
-    async def _anchor_embeddings(
+    def _plan(
+        self,
+        request: RetrieveRequest,
+        state: NamespaceState,
+        candidates: Candidates,
+        reused: Reused,
+        budget: BudgetDecision,
+        neighbours: NeighbourEvidence | None,
+        past: PastObservations,
+    ) -> AnchorPlan:
+        """The budget's anchors among the candidates the query's family has not observed."""
+        seed = anchor_seed(request.namespace, state.next_query_index, request.seed)
+        if self._learns_anchors(request):
+            recent = past.recent_anchors
+            history = AnchorHistory(
+                recent.query_index, recent.kind, recent.memory_ids, recent.scores
+            )
+            return learned_plan(len(candidates), reused.positions, budget.budget, history, seed)
+        steered = neighbours.steering if neighbours is not None else np.zeros(0, dtype=np.int64)
+        return paper_plan(len(candidates), reused.positions, budget.budget, seed, steered)
+
+    async def anchor_embeddings(
         self, session: AsyncSession, candidates: Candidates, anchors: np.ndarray
     ) -> np.ndarray:
+        """The embeddings of some candidates, for a scorer that reads them (else 0 columns)."""
         if not self.scorer_reads_embeddings:
             return np.zeros((len(anchors), 0), dtype=np.float32)
         return await memory_embeddings(
@@ -185,22 +240,4 @@ def _neighbour_evidence(
         past.neighbour_similarities,
         past.neighbour_scores,
         paraphrases.min_similarity,
-    )
-
-
-def _anchors(
-    request: RetrieveRequest,
-    state: NamespaceState,
-    candidates: Candidates,
-    reused: Reused,
-    budget: BudgetDecision,
-    neighbours: NeighbourEvidence | None,
-) -> np.ndarray:
-    """The budget's anchors among the candidates the query's family has not observed."""
-    return unobserved_anchors(
-        len(candidates),
-        reused.positions,
-        budget.budget,
-        anchor_seed(request.namespace, state.next_query_index, request.seed),
-        neighbours.steering if neighbours is not None else np.zeros(0, dtype=np.int64),
     )

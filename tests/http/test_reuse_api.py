@@ -189,7 +189,8 @@ def test_with_paraphrase_transfer_a_rephrased_query_judges_its_head_and_explores
     the paraphrase's judgements move the estimates of what it observed."""
     recording = judge[0]
     settings = judge_settings(
-        judge[1], embedder="local", refit_in_background=False, paraphrase_similarity=0.8
+        judge[1], embedder="local", refit_in_background=False, paraphrase_similarity=0.8,
+        anchor_policy="paper",
     )
     with TestClient(create_app(settings)) as client:
         client.post(
@@ -221,7 +222,9 @@ def explored_after_a_paraphrase(
 ) -> tuple[set[str], set[str], int]:
     """What a first question's retrieve scored, what the exploring half of a rephrasing's
     retrieve (budget 30: 15 of the 25 candidates below its head) scored, and how many of the
-    rephrasing's candidates it reports as moved by paraphrase evidence."""
+    rephrasing's candidates it reports as moved by paraphrase evidence. Under the paper's
+    anchor rule, whose exploring half is a uniform draw the steering narrows (the learned
+    rule's draws are steered the same way: tests/retrieve/test_anchors.py)."""
     with TestClient(create_app(settings)) as client:
         client.post(
             "/memories",
@@ -242,7 +245,8 @@ def test_without_paraphrase_transfer_a_rephrased_query_explores_what_its_paraphr
     judge_settings: Callable[..., Settings], judge: tuple[RecordingJudge, str]
 ) -> None:
     settings = judge_settings(
-        judge[1], embedder="local", refit_in_background=False, paraphrase_transfer=False
+        judge[1], embedder="local", refit_in_background=False, paraphrase_transfer=False,
+        anchor_policy="paper",
     )
     first_scored, explored, paraphrased = explored_after_a_paraphrase(settings, judge[0])
     # Nothing steers the exploring half: it lands on cells the paraphrase scored too.
@@ -257,7 +261,7 @@ def test_paraphrase_transfer_looks_only_at_the_latest_window_of_queries(
     queries is not found, so nothing steers the rephrased query's exploring half."""
     settings = judge_settings(
         judge[1], embedder="local", refit_in_background=False, paraphrase_similarity=0.8,
-        paraphrase_window=1,
+        paraphrase_window=1, anchor_policy="paper",
     )
     first_scored, explored, paraphrased = explored_after_a_paraphrase(
         settings, judge[0], ("What will the weather be like on Mars tomorrow?",)

@@ -5,12 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from service.retrieve.budget import sample_anchors
-from service.retrieve.reuse import (
-    neighbour_evidence,
-    reused_candidates,
-    unobserved_anchors,
-)
+from service.retrieve.anchors import EXPLORE, HEAD, sample_anchors, unobserved_anchors
+from service.retrieve.reuse import neighbour_evidence, reused_candidates
 
 
 def test_reused_candidates_are_the_candidates_the_family_observed_with_their_scores() -> None:
@@ -24,10 +20,11 @@ NOTHING = np.zeros(0, dtype=np.int64)
 
 
 def test_anchors_are_sampled_among_the_candidates_the_family_has_not_observed() -> None:
-    anchors = unobserved_anchors(20, np.array([0, 2, 7]), 6, rng_seed=1, steered=NOTHING)
+    anchors, kinds = unobserved_anchors(20, np.array([0, 2, 7]), 6, rng_seed=1, steered=NOTHING)
     assert len(anchors) == 6 and not set(anchors.tolist()) & {0, 2, 7}
     # the exploiting half: the three most similar unobserved candidates
     assert anchors[:3].tolist() == [1, 3, 4]
+    assert kinds.tolist() == [HEAD] * 3 + [EXPLORE] * 3
 
 
 def test_steered_candidates_are_left_to_the_exploring_half_only() -> None:
@@ -35,18 +32,18 @@ def test_steered_candidates_are_left_to_the_exploring_half_only() -> None:
     leaves what they observed to their evidence."""
     steered = np.array([1, 3, 8, 9, 10, 11, 12])
     for seed in range(20):
-        anchors = unobserved_anchors(14, np.array([0]), 6, seed, steered)
+        anchors, _ = unobserved_anchors(14, np.array([0]), 6, seed, steered)
         assert anchors[:3].tolist() == [1, 2, 3]  # the head, steered or not
         assert not set(anchors[3:].tolist()) & set(steered.tolist())
         assert len(anchors) == 6
     # nothing left to explore: fewer anchors, never a steered one
-    assert unobserved_anchors(6, NOTHING, 6, 0, np.array([3, 4, 5])).tolist() == [0, 1, 2]
+    assert unobserved_anchors(6, NOTHING, 6, 0, np.array([3, 4, 5]))[0].tolist() == [0, 1, 2]
 
 
 def test_without_steering_the_anchors_are_the_plain_sample() -> None:
     for seed in range(5):
-        assert unobserved_anchors(200, NOTHING, 35, seed, NOTHING).tolist() == (
-            sample_anchors(200, 35, seed).tolist()
+        assert unobserved_anchors(200, NOTHING, 35, seed, NOTHING)[0].tolist() == (
+            sample_anchors(200, 35, seed)[0].tolist()
         )
 
 

@@ -93,7 +93,9 @@ async def _load_observations_in_bulk(session: AsyncSession, rng: np.random.Gener
     await session.execute(text(
         "INSERT INTO scores (query_id, memory_id, namespace, score, similarity, source) "
         "SELECT (SELECT max(id) FROM queries), m.id, :namespace, :score, 0.5, 'scorer' "
-        "FROM memories m ORDER BY m.id LIMIT 20"
+        # memories with history: the refit then rewrites the rows the replay built
+        "FROM memories m WHERE EXISTS (SELECT FROM memory_factors f WHERE f.memory_id = m.id) "
+        "ORDER BY m.id LIMIT 20"
     ), {"namespace": NAMESPACE, "score": float(rng.uniform())})
     await session.execute(text(
         "UPDATE namespaces SET next_query_index = next_query_index + 1 WHERE name = :namespace"

@@ -116,7 +116,8 @@ async def slow_judge(run: LoadRun) -> list[dict[str, Any]]:
 
 async def rerank_backend(run: LoadRun, judge_url: str, workdir: Path) -> dict[str, Any]:
     """``earm`` through a ``/rerank`` backend of the slow judge's latency, scoring
-    :data:`RERANK_ANCHORS` anchors per retrieve (one batch, so one request), concurrency 1:
+    :data:`RERANK_ANCHORS` anchors per retrieve (one batch per round of the anchor rule, so at
+    most two requests), concurrency 1:
     a second service on the same database and namespace whose scorer is the rerank judge,
     warmed up as the latency matrix's service is before its cells."""
     config = run.config

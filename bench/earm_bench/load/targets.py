@@ -95,21 +95,24 @@ def _slow_judge(report: dict[str, Any], floors: dict[int, float]) -> Iterator[Ta
 
 
 def _rerank(report: dict[str, Any]) -> Iterator[Target]:
-    """The rerank backend: one request for all anchors, and a total of one backend latency plus
-    the service's own overhead (that of the `earm` cell at concurrency 1, 0 ms judge)."""
+    """The rerank backend: one request per round of the anchor rule (the head, then the anchors
+    chosen by estimate: at most two), and a total of a backend latency per round plus the
+    service's own overhead (that of the `earm` cell at concurrency 1, 0 ms judge)."""
     overhead = next((c["overhead_ms"]["p50"] for c in report.get("retrieve", [])
                      if c["policy"] == "earm" and c["concurrency"] == 1), None)
     for cell in report.get("slow_judge", []):
         if cell.get("scorer") == "rerank" and overhead is not None:
             latency = cell["judge_latency_ms"]
-            allowed = latency + overhead
+            rounds = max(1.0, float(cell["scorer_requests_mean"] or 1))
+            allowed = rounds * latency + overhead
             p50 = cell["total_ms"]["p50"]
             yield {
-                "target": f"{latency:g} ms rerank backend, {cell['budget']} anchors: 1 request, "
-                          f"total p50 ≤ {latency:g} ms + overhead p50",
+                "target": f"{latency:g} ms rerank backend, {cell['budget']} anchors: 1 request "
+                          f"per round (at most 2), total p50 ≤ rounds × {latency:g} ms + "
+                          "overhead p50",
                 "measured": f"{cell['scorer_requests_mean']} requests, {p50:.2f} ms "
                             f"(allowed {allowed:.2f} ms)",
-                "met": cell["scorer_requests_mean"] == 1 and p50 <= allowed,
+                "met": cell["scorer_requests_mean"] <= 2 and p50 <= allowed,
                 "margin": f"{p50 / allowed:.2f} × the allowed",
             }
 

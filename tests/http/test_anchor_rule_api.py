@@ -1,0 +1,149 @@
+"""The anchor rule through the API: the default scores in two rounds (the head, then the
+candidates the completion estimates highest, with an exploring share the namespace learns),
+the paper's rule in one; each anchor's reason is in the trace, the share in the response."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+from service.http.app import create_app
+from service.settings import Settings
+from service.testing import LoopbackServer, rerank_app
+
+MEMORIES = 30
+CANDIDATES, BUDGET = 30, 15  # the head: ⌈2/3 · 15⌉ = 10; round 2: 5
+
+
+def ingest(client: TestClient) -> None:
+    memories = [{"text": f"memory number {i} about topic {i % 5}"} for i in range(MEMORIES)]
+    response = client.post("/memories", json={"namespace": "agent-1", "memories": memories})
+    assert response.status_code == 201, response.text
+
+
+def retrieve(client: TestClient, query: str, **options: Any) -> dict[str, Any]:
+    body = {"namespace": "agent-1", "query": query, "candidates": CANDIDATES, "budget": BUDGET}
+    response = client.post("/retrieve", json=body | options)
+    assert response.status_code == 200, response.text
+    result: dict[str, Any] = response.json()
+    return result
+
+
+def trace(client: TestClient, query_id: int) -> dict[str, Any]:
+    response = client.get(f"/queries/{query_id}")
+    assert response.status_code == 200, response.text
+    found: dict[str, Any] = response.json()
+    return found
+
+
+@pytest.fixture
+def reranker() -> Any:
+    """A loopback reranker that scores topic 3 relevant and keeps every request's documents."""
+    requests: list[list[str]] = []
+
+    def score(query: str, documents: list[str]) -> list[float | None]:
+        requests.append(documents)
+        return [0.9 if d.endswith("topic 3") else 0.1 for d in documents]
+
+    with LoopbackServer(rerank_app(score)) as server:
+        server.requests = requests
+        yield server
+
+
+def settings_for(judge_settings: Callable[..., Settings], server: Any, **more: Any) -> Settings:
+    return judge_settings(
+        server.url, scorer="rerank", scorer_base_url=f"{server.url}/v1", embedder="local",
+        refit_in_background=False, **more,
+    )
+
+
+def test_the_default_rule_scores_the_head_then_the_highest_estimates_in_a_second_request(
+    judge_settings: Callable[..., Settings], reranker: Any
+) -> None:
+    with TestClient(create_app(settings_for(judge_settings, reranker))) as client:
+        ingest(client)
+        result = retrieve(client, "Which memories are about topic 3?")
+        found = trace(client, result["query_id"])
+    # Two sequential rounds, one request each: the head first, then the rest of the budget.
+    assert (result["scorer_calls"], result["scorer_requests"]) == (BUDGET, 2)
+    first, second = reranker.requests
+    assert (len(first), len(second)) == (10, 5) and not set(first) & set(second)
+    by_similarity = sorted(found["candidates"], key=lambda c: -c["similarity"])
+    assert {c["text"] for c in by_similarity[:10]} == set(first)
+    reasons = {c["text"]: c["anchor_reason"] for c in found["candidates"]}
+    assert {reasons[t] for t in first} == {"head"}
+    assert {reasons[t] for t in second} <= {"estimate", "explore"}
+    assert all(reasons[c["text"]] is None for c in found["candidates"] if not c["anchor"])
+    share = result["exploration_share"]
+    assert found["exploration_share"] == pytest.approx(share)
+    assert 0.1 <= share <= 0.5
+    # round(share · 5) of round 2 were drawn to explore, the rest chosen by estimate
+    assert sum(reasons[t] == "explore" for t in second) == round(share * 5)
+
+
+def test_the_paper_rule_scores_its_anchors_in_one_request_half_of_them_exploring(
+    judge_settings: Callable[..., Settings], reranker: Any
+) -> None:
+    settings = settings_for(judge_settings, reranker, anchor_policy="paper")
+    with TestClient(create_app(settings)) as client:
+        ingest(client)
+        result = retrieve(client, "Which memories are about topic 3?")
+        found = trace(client, result["query_id"])
+    assert (result["scorer_calls"], result["scorer_requests"]) == (BUDGET, 1)
+    assert result["exploration_share"] == 1.0
+    reasons = [c["anchor_reason"] for c in found["candidates"] if c["anchor"]]
+    assert sorted(reasons) == ["explore"] * 7 + ["head"] * 8
+
+
+@pytest.mark.parametrize("policy", ["full", "semantic"])
+def test_without_a_choice_of_anchors_there_is_one_round_and_no_share(
+    judge_settings: Callable[..., Settings], reranker: Any, policy: str
+) -> None:
+    with TestClient(create_app(settings_for(judge_settings, reranker))) as client:
+        ingest(client)
+        result = retrieve(client, "Which memories are about topic 3?", policy=policy,
+                          budget=None)
+        reasons = {c["anchor_reason"] for c in trace(client, result["query_id"])["candidates"]}
+    assert result["exploration_share"] is None
+    assert result["scorer_requests"] == (1 if policy == "full" else 0)
+    assert reasons == ({"head"} if policy == "full" else {None})
+
+
+def test_an_unscored_candidate_below_the_midpoint_ranks_after_every_scored_one(
+    judge_settings: Callable[..., Settings], reranker: Any
+) -> None:
+    """Observed scores decide the top: the candidates nobody scored follow them unless the
+    completion estimates them at 0.5 or more."""
+    with TestClient(create_app(settings_for(judge_settings, reranker))) as client:
+        ingest(client)
+        result = retrieve(client, "Which memories are about topic 3?", k=CANDIDATES,
+                          order="relevance")
+    sources = [m["source"] for m in result["memories"]]
+    observed = [m for m in result["memories"] if m["source"] == "observed"]
+    unconfident = [i for i, m in enumerate(result["memories"])
+                   if m["source"] != "observed" and m["score"] < 0.5]
+    assert len(observed) == BUDGET and unconfident
+    assert min(unconfident) > max(i for i, s in enumerate(sources) if s == "observed")
+
+
+def test_the_learned_rule_replays_the_same_anchors_for_a_seed(
+    judge_settings: Callable[..., Settings], reranker: Any, clean_database: str
+) -> None:
+    """Reproducible: the same stream into a fresh namespace scores the same anchors in the same
+    rounds, the shares the same (each depends only on the queries before it)."""
+
+    def replay() -> list[tuple[list[list[str]], float | None]]:
+        with TestClient(create_app(settings_for(judge_settings, reranker))) as client:
+            client.delete("/namespaces/agent-1")
+            ingest(client)
+            rounds = []
+            for i in range(6):
+                reranker.requests.clear()
+                result = retrieve(client, f"Which memories are about topic {i % 5}?", seed=3)
+                rounds.append((list(reranker.requests), result["exploration_share"]))
+            return rounds
+
+    assert replay() == replay()
