@@ -10,6 +10,7 @@ import argparse
 import dataclasses
 import os
 import statistics
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +41,7 @@ from earm_bench.locomo.judge import (
 )
 from earm_bench.locomo.metrics import (
     QueryRecord,
+    behind_exact_cache,
     derived,
     estimated_share_at_k,
     hit_at_k,
@@ -51,7 +53,9 @@ from earm_bench.locomo.metrics import (
     summarize_policy,
 )
 from earm_bench.locomo.replay import askings
+from earm_bench.locomo.report import pct
 from earm_bench.locomo.shift import summarize_shift
+from service.settings import BudgetSchedule
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 LOCOMO_DIR = Path(
@@ -317,6 +321,20 @@ def test_shift_summary_splits_segments_and_the_queries_after_each_shift() -> Non
     assert summary["settled"]["n"] == 2 and summary["settled"]["recall@1"] == 1.0
 
 
+def test_score_cache_charges_only_pairs_no_earlier_asking_of_the_same_text_scored() -> None:
+    def asked(text: str, ranked: str, sample_id: str = "c") -> QueryRecord:
+        ids = tuple(ranked.split())
+        return dataclasses.replace(_rec(ranked, "a", calls=len(ids)), text=text,
+                                   sample_id=sample_id)
+
+    records = [asked("q", "a b c"), asked("q", "a b"), asked("q", "c a d"),
+               asked("q rephrased", "a b"), asked("q", "a b", sample_id="other")]
+    cached = behind_exact_cache(records)
+    assert [r.scorer_calls for r in cached] == [3, 0, 1, 2, 2]
+    assert [r.reused for r in cached] == [0, 2, 2, 0, 0]
+    assert [r.ranked for r in cached] == [r.ranked for r in records]
+
+
 def test_cli_parser_registers_locomo() -> None:
     parser = argparse.ArgumentParser()
     add_locomo_parser(parser.add_subparsers(dest="bench"))
@@ -327,17 +345,41 @@ def test_cli_parser_registers_locomo() -> None:
     assert args.func.__name__ == "run_locomo_command"
     assert args.policies == ("semantic", "full") and args.ks == (20, 10)
     assert args.judge == "oracle" and args.judge_miss == 0.1 and args.include_adversarial
+    assert parser.parse_args(["locomo", "--data", "/d"]).policies == (
+        "semantic", "observed", "earm", "top-b", "full"
+    )
+    args = parser.parse_args(["locomo", "--data", "/d", "--policies", "top-b",
+                              "--database-server", "postgresql://h/postgres"])
+    assert args.policies == ("top-b",) and args.database_server == "postgresql://h/postgres"
     with pytest.raises(ValueError):
         LocomoConfig(data_dir=Path("/d"), policies=("bogus",))
+    with pytest.raises(ValueError, match="budget schedule"):
+        LocomoConfig(data_dir=Path("/d"), schedule="5:0.5")
+    with pytest.raises(ValueError, match="--database-server"):
+        LocomoConfig(data_dir=Path("/d"), database_server="postgresql://h/postgres",
+                     database_url="postgresql://h/earm")
 
 
 # --- end to end -------------------------------------------------------------------------------
 
 
-@pytest.mark.skipif(not LOCOMO_DIR.is_dir(), reason=f"LoCoMo data not found at {LOCOMO_DIR} "
-                    "(set EARM_LOCOMO_DIR to the directory of conv-*.json files)")
-def test_locomo_replay_smoke(tmp_path: Path) -> None:
-    n_questions, candidates = 15, 40
+needs_locomo = pytest.mark.skipif(
+    not LOCOMO_DIR.is_dir(),
+    reason=f"LoCoMo data not found at {LOCOMO_DIR} (set EARM_LOCOMO_DIR to the directory of "
+    "conv-*.json files)",
+)
+
+
+def top_b_budgets(schedule: str, k: int, candidates: Sequence[int]) -> list[int]:
+    """top-b's B of each asking of a namespace, by query index: the schedule's budget for the
+    asking's candidate count, never below k."""
+    parsed = BudgetSchedule.parse(schedule)
+    return [max(k, parsed.budget_for_query(t, n)) for t, n in enumerate(candidates)]
+
+
+@needs_locomo
+def test_locomo_replay_smoke(tmp_path: Path, postgres_server: str) -> None:
+    n_questions, candidates, schedule = 15, 40, "0:1.0,5:0.5,10:0.25"
     config = LocomoConfig(
         data_dir=LOCOMO_DIR,
         out=tmp_path / "RESULTS.json",
@@ -347,16 +389,17 @@ def test_locomo_replay_smoke(tmp_path: Path) -> None:
         max_questions=n_questions,
         candidates=candidates,
         ks=(10,),
-        schedule="0:1.0,5:0.5,10:0.25",
+        schedule=schedule,
         judge_miss=0.0,
         judge_false=0.0,
         judge_noise=0.0,
         per_query=True,
         progress=False,
+        database_server=postgres_server,
     )
     results = run_locomo(config)
     policies = results["policies"]
-    assert set(policies) == {"semantic", "observed", "earm", "full"}
+    assert list(policies) == ["semantic", "observed", "earm", "top-b", "full"]
     assert results["dataset"]["questions"] == n_questions
     for entry in policies.values():
         assert entry["queries"] == n_questions
@@ -369,27 +412,36 @@ def test_locomo_replay_smoke(tmp_path: Path) -> None:
         assert entry["scorer_calls"] == budgets == entry["budget_total"]
         assert 0 < entry["scorer_calls"] < policies["full"]["scorer_calls"]
         assert entry["calls_vs_full"] < 1.0
-    assert policies["full"]["recall@10"] >= policies["semantic"]["recall@10"]
+    # top-b: full over the semantic top B of each query, B the schedule's (never below k).
+    expected = top_b_budgets(schedule, 10, [candidates] * n_questions)
+    assert expected == [40] * 5 + [20] * 5 + [10] * 5
+    top_b_rows = results["per_query"]["top-b"]
+    assert [r["t"] for r in top_b_rows] == list(range(n_questions))
+    assert [r["scorer_calls"] for r in top_b_rows] == expected
+    assert policies["top-b"]["scorer_calls"] == sum(expected)
+    # A perfect judge: reranking more of the semantic order finds more of the evidence.
+    recall = {name: entry["recall@10"] for name, entry in policies.items()}
+    assert recall["semantic"] <= recall["top-b"] <= recall["full"]
+    assert recall["full"] > recall["semantic"]
+    assert results["derived"]["earm_minus_top-b"]["scorer_calls"] == (
+        policies["earm"]["scorer_calls"] - policies["top-b"]["scorer_calls"]
+    )
     assert results["settings"]["judge_model"]["stats"]["unknown"] == 0
     assert (tmp_path / "RESULTS.json").stat().st_size > 0
     assert (tmp_path / "plot.png").read_bytes()[:4] == b"\x89PNG"
     table = format_markdown(results)
     assert "| earm |" in table and "observed − semantic" in table
+    assert f"| top-b | {pct(recall['top-b'])} |" in table and "| earm − top-b |" in table
 
 
-def small_replay(**options: Any) -> LocomoConfig:
-    """A few questions of conv-26 over 30 candidates, per-query rows kept; ``options`` the
-    rest of the run's configuration."""
-    return LocomoConfig(data_dir=LOCOMO_DIR, conversations=("conv-26",), candidates=30,
-                        per_query=True, progress=False, **options)
-
-
-@pytest.mark.skipif(not LOCOMO_DIR.is_dir(), reason=f"LoCoMo data not found at {LOCOMO_DIR}")
-def test_locomo_judge_gives_the_same_recall_through_chat_and_rerank(tmp_path: Path) -> None:
+@needs_locomo
+def test_locomo_judge_gives_the_same_recall_through_chat_and_rerank(postgres_server: str) -> None:
     def run(protocol: str) -> dict[str, Any]:
-        return run_locomo(small_replay(
-            max_sessions=2, max_questions=6, ks=(5, 10), policies=("observed", "earm"),
-            schedule="0:1.0,2:0.5", judge_protocol=protocol, seed=7,
+        return run_locomo(LocomoConfig(
+            data_dir=LOCOMO_DIR, conversations=("conv-26",), max_sessions=2, max_questions=6,
+            candidates=30, ks=(5, 10), policies=("observed", "earm"), schedule="0:1.0,2:0.5",
+            judge_protocol=protocol, seed=7, per_query=True, progress=False,
+            database_server=postgres_server,
         ))
 
     chat, rerank = run("chat"), run("rerank")
@@ -432,9 +484,11 @@ def test_repeat_rounds_reask_every_question_half_verbatim_half_rephrased() -> No
     assert askings(conv, LocomoConfig(data_dir=Path("."))) == stream[: len(questions)]
 
 
-@pytest.mark.skipif(not LOCOMO_DIR.is_dir(), reason=f"LoCoMo data not found at {LOCOMO_DIR}")
-def test_locomo_repeat_smoke_reuses_for_earm_and_keeps_full_stateless(tmp_path: Path) -> None:
-    n_questions, candidates, repeat = 10, 40, 2
+@needs_locomo
+def test_locomo_repeat_smoke_reuses_for_earm_and_keeps_full_and_top_b_stateless(
+    postgres_server: str,
+) -> None:
+    n_questions, candidates, repeat, schedule = 10, 40, 2, "0:1.0,5:0.5,10:0.25"
     config = LocomoConfig(
         data_dir=LOCOMO_DIR,
         conversations=("conv-26",),
@@ -442,52 +496,84 @@ def test_locomo_repeat_smoke_reuses_for_earm_and_keeps_full_stateless(tmp_path: 
         max_questions=n_questions,
         candidates=candidates,
         ks=(10,),
-        policies=("earm", "full"),
-        schedule="0:1.0,5:0.5,10:0.25",
+        policies=("earm", "top-b", "full"),
+        schedule=schedule,
         judge_miss=0.0,
         judge_false=0.0,
         judge_noise=0.0,
         repeat=repeat,
+        # One scorer request per asking (the chat judge answers one per pair, with the same
+        # scores: test_locomo_judge_gives_the_same_recall_through_chat_and_rerank).
+        judge_protocol="rerank",
+        per_query=True,
         progress=False,
+        database_server=postgres_server,
     )
     results = run_locomo(config)
     # The policy tables are the plain stream's.
     assert results["policies"]["full"]["queries"] == n_questions
     assert results["policies"]["full"]["scorer_calls"] == n_questions * candidates
-    rounds = results["repeat"]["earm"]["rounds"]
+    repeated = results["repeat"]
+    assert list(repeated) == ["earm", "top-b", "top-b+cache", "full"]
+    rounds = repeated["earm"]["rounds"]
     assert set(rounds) == {"0", "1", "2"} and set(rounds["0"]) == {"plain"}
     assert set(rounds["1"]) == set(rounds["2"]) == {"verbatim", "rephrased"}
     # full is stateless: every asking scores every candidate, nothing reused.
-    full = results["repeat"]["full"]
+    full = repeated["full"]
     assert full["scorer_calls"] == (1 + repeat) * n_questions * candidates
     assert full["reused"] == 0
     # earm re-asks verbatim from experience: more reused each round, and cheaper than full.
     assert 0 < rounds["1"]["verbatim"]["reused"] < rounds["2"]["verbatim"]["reused"]
     assert rounds["1"]["rephrased"]["reused"] == 0
-    assert results["repeat"]["earm"]["calls_vs_full"] < 1.0
+    assert repeated["earm"]["calls_vs_full"] < 1.0
+    # top-b is stateless too: every asking, a verbatim re-ask included, pays its whole B.
+    budgets = top_b_budgets(schedule, 10, [candidates] * (1 + repeat) * n_questions)
+    top_b_rows = results["per_query"]["top-b"]
+    assert [r["scorer_calls"] for r in top_b_rows] == budgets
+    assert repeated["top-b"]["scorer_calls"] == sum(budgets) and repeated["top-b"]["reused"] == 0
+    # Behind an exact-match cache a verbatim re-ask costs nothing, a rephrased one all its B,
+    # and the ranking, hence recall, is top-b's.
+    top_b, cached = repeated["top-b"]["rounds"], repeated["top-b+cache"]["rounds"]
+    for round_ in ("1", "2"):
+        assert top_b[round_]["verbatim"]["scorer_calls"] == 10 * n_questions // 2
+        assert cached[round_]["verbatim"]["scorer_calls"] == 0
+        assert cached[round_]["verbatim"]["reused"] == top_b[round_]["verbatim"]["scorer_calls"]
+        assert cached[round_]["rephrased"]["scorer_calls"] == (
+            top_b[round_]["rephrased"]["scorer_calls"]
+        )
+    for round_, kinds in top_b.items():
+        for kind, entry in kinds.items():
+            assert cached[round_][kind]["recall@10"] == entry["recall@10"]
+    derived_rows = results["repeat_derived"]["earm_minus_top-b+cache"]
+    assert derived_rows["1"]["verbatim"]["scorer_calls"] == rounds["1"]["verbatim"]["scorer_calls"]
     assert results["settings"]["judge_model"]["stats"]["unknown"] == 0
-    assert "--repeat: per round and kind" in format_markdown(results)
+    table = format_markdown(results)
+    assert "--repeat: per round and kind" in table
+    assert "| top-b | 1 | verbatim |" in table and "| top-b+cache | 1 | verbatim |" in table
+    assert "| earm − top-b+cache | 1 | rephrased |" in table
 
 
-@pytest.mark.skipif(not LOCOMO_DIR.is_dir(), reason=f"LoCoMo data not found at {LOCOMO_DIR}")
-def test_locomo_shift_replays_conversations_into_one_namespace(tmp_path: Path) -> None:
-    per_conversation = 6
+@needs_locomo
+def test_locomo_shift_replays_conversations_into_one_namespace(postgres_server: str) -> None:
+    per_conversation, candidates, schedule = 6, 30, "0:1.0,3:0.5,6:0.2"
     config = LocomoConfig(
         data_dir=LOCOMO_DIR,
         conversations=("conv-26", "conv-30"),
         max_sessions=2,
         max_questions=per_conversation,
-        candidates=30,
+        candidates=candidates,
         ks=(10,),
-        policies=("semantic", "earm"),
-        schedule="0:1.0,3:0.5,6:0.2",
+        policies=("semantic", "earm", "top-b"),
+        schedule=schedule,
         shift=True,
         shift_window=2,
+        judge_protocol="rerank",  # as in the repeat smoke: one scorer request per asking
         per_query=True,
         progress=False,
+        database_server=postgres_server,
     )
     results = run_locomo(config)
-    for policy in ("semantic", "earm"):
+    for policy in ("semantic", "earm", "top-b"):
         rows = results["per_query"][policy]
         # One namespace: the query index runs on across the conversations.
         assert [r["t"] for r in rows] == list(range(2 * per_conversation))
@@ -502,9 +588,19 @@ def test_locomo_shift_replays_conversations_into_one_namespace(tmp_path: Path) -
     # The second conversation starts at stage 2 of the schedule: its first query scores 20%
     # of the candidates, which now include the first conversation's turns.
     assert earm_rows[per_conversation]["budget"] == 6
+    # top-b's B follows the same schedule over the namespace's memories so far, never below k.
+    turns = [results["dataset"]["per_conversation"][c]["turns"] for c in ("conv-26", "conv-30")]
+    stored = [turns[0]] * per_conversation + [turns[0] + turns[1]] * per_conversation
+    budgets = top_b_budgets(schedule, 10, [min(candidates, n) for n in stored])
+    assert [r["scorer_calls"] for r in results["per_query"]["top-b"]] == budgets
+    assert budgets[per_conversation] == 10  # 20% of 30 is 6, below k
+    assert results["shift"]["top-b"]["segments"]["1"]["scorer_calls"] == sum(
+        budgets[per_conversation:]
+    )
     assert results["policies"]["semantic"]["recall@10"] > 0  # scoped evidence ids resolve
     assert results["settings"]["judge_model"]["stats"]["unknown"] == 0
-    assert "after each shift" in format_markdown(results)
+    table = format_markdown(results)
+    assert "after each shift" in table and "| top-b |" in table.split("### --shift")[1]
 
 
 def test_estimated_share_counts_the_top_k_scored_by_the_completion_model() -> None:

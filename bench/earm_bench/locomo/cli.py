@@ -9,8 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from earm_bench.common.cli import add_command, config_from_args, csv, quiet
-from earm_bench.common.http import POLICIES
-from earm_bench.locomo.config import LocomoConfig
+from earm_bench.locomo.config import POLICIES, LocomoConfig
 from earm_bench.locomo.report import format_markdown
 from earm_bench.locomo.run import run_locomo
 
@@ -29,7 +28,8 @@ def _add_replay_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data", required=True, type=Path,
                         help="directory of LoCoMo conversation files (<sample_id>.json)")
     parser.add_argument("--policies", type=csv(str), default=POLICIES,
-                        help="comma-separated subset of semantic,observed,earm,full (default all)")
+                        help="comma-separated subset of semantic,observed,earm,top-b,full "
+                             "(default all)")
     parser.add_argument("--k", dest="ks", type=csv(int), default=(10, 20),
                         help="cut-offs K, comma-separated (default 10,20)")
     parser.add_argument("--candidates", type=int, default=200,
@@ -86,7 +86,12 @@ def _add_service_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--scorer-concurrency", type=int, default=32,
                         help="the in-process service's scorer concurrency (default 32)")
     parser.add_argument("--database-url", default=None,
-                        help="Postgres for the in-process service (default: embedded, temporary)")
+                        help="one Postgres database for every policy's in-process service "
+                             "(default: an embedded, temporary Postgres per policy)")
+    parser.add_argument("--database-server", default=None,
+                        help="a running Postgres (the URL of a database on it, with the right "
+                             "to create databases): a fresh database there per policy, dropped "
+                             "afterwards, instead of an embedded Postgres per policy")
 
 
 def _add_output_flags(parser: argparse.ArgumentParser) -> None:
@@ -109,7 +114,8 @@ def add_locomo_parser(
 
     parser = add_command(
         subparsers, "locomo",
-        "LoCoMo replay: recall@K and scorer calls of semantic/observed/earm/full", locomo.__doc__,
+        "LoCoMo replay: recall@K and scorer calls of semantic/observed/earm/top-b/full",
+        locomo.__doc__,
     )
     _add_replay_flags(parser)
     _add_judge_flags(parser)

@@ -3,13 +3,27 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from earm_bench.common.http import POLICIES
 from earm_bench.locomo.data import DEFAULT_CATEGORIES
+from service.settings import DEFAULT_BUDGET_SCHEDULE, BudgetSchedule
 
 ADVERSARIAL = 5
+
+#: The comparator a user would pick instead of earm: the service's ``full`` over the semantic
+#: top B alone, B the budget earm's schedule gives that query, stateless (its own service, with
+#: no reuse of earlier askings' cells). A policy of the bench, not of the service.
+TOP_B = "top-b"
+
+#: The policies of the replay (the service's and top-b) in the order the reports compare them:
+#: from no scorer call to a scorer call for every candidate.
+POLICIES: tuple[str, ...] = ("semantic", "observed", "earm", TOP_B, "full")
+
+#: Policies whose service never reuses an earlier asking's cells (EARM_REUSE_OBSERVATIONS=false):
+#: every asking pays for what it ranks, as a peer's reranker does.
+STATELESS_POLICIES = frozenset({TOP_B, "full"})
 
 
 @dataclass
@@ -39,7 +53,10 @@ class LocomoConfig:
     # verbatim, half rephrased by a template).
     repeat: int = 0
     scorer_concurrency: int = 32
-    database_url: str | None = None  # None: embedded Postgres in a temporary directory
+    database_url: str | None = None  # one database shared by every policy's service
+    # A running Postgres (a URL of a database on it, with the right to create databases): each
+    # policy's service gets a fresh database there instead of an embedded Postgres of its own.
+    database_server: str | None = None
     request_timeout_s: float = 600.0
     rolling_window: int = 25
     per_query: bool = False
@@ -70,6 +87,22 @@ class LocomoConfig:
             raise ValueError("--shift and --repeat are separate streams: choose one")
         if self.judge_protocol not in ("chat", "rerank"):
             raise ValueError("--judge-protocol must be 'chat' or 'rerank'")
+        if self.database_server and (self.database_url or self.url):
+            raise ValueError("--database-server is for in-process services with a database "
+                             "each: not with --database-url or --url")
+        _ = self.budget_schedule  # a bad --schedule fails here, before any service starts
+
+    @cached_property
+    def budget_schedule(self) -> BudgetSchedule:
+        """The budget schedule: ``--schedule``, else the service's default. With ``--url`` the
+        service's own may differ; top-b's budgets follow this one."""
+        return BudgetSchedule.parse(self.schedule or DEFAULT_BUDGET_SCHEDULE)
+
+    @property
+    def shared_service(self) -> bool:
+        """Whether the policies share one database (``--url``, ``--database-url``): each
+        replays in namespaces of its own then, named with the run id."""
+        return bool(self.url or self.database_url)
 
     @property
     def categories(self) -> tuple[int, ...]:
@@ -82,6 +115,7 @@ class LocomoConfig:
         for key in ("data_dir", "out", "plot"):
             out[key] = None if out[key] is None else str(out[key])
         out["database_url"] = "external" if self.database_url else None
+        out["database_server"] = "external" if self.database_server else None
         out["policies"] = list(self.policies)
         out["ks"] = list(self.ks)
         out["conversations"] = list(self.conversations) if self.conversations else None

@@ -8,7 +8,7 @@ service reported (stage, budget, scorer calls, timings). Everything else here ag
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from earm_bench.common.stats import percentile
@@ -26,8 +26,9 @@ class QueryRecord:
     query_index: int  # per-namespace index t reported by the service
     category: int
     evidence: tuple[str, ...]
-    ranked: tuple[str, ...]  # external ids, rank 1 first
+    ranked: tuple[str, ...]  # external ids, rank 1 first (top-b: all its B candidates)
     sources: tuple[str, ...] = ()  # score source per ranked item
+    text: str = ""  # the query text sent (on --repeat, a rephrasing of the question's)
     stage: int = 0
     budget: int = 0
     scorer_calls: int = 0
@@ -200,6 +201,23 @@ def repeat_rounds(records: Sequence[QueryRecord], ks: Sequence[int]) -> dict[str
     return out
 
 
+def behind_exact_cache(records: Sequence[QueryRecord]) -> list[QueryRecord]:
+    """The records of a stateless reranker behind an exact-match score cache of (query text,
+    memory) pairs, one cache per conversation (its namespace): the judge scores a pair the same
+    every time, so rankings and recall stay as they are, and an asking pays only for the pairs
+    no earlier asking of the same text scored (those taken from the cache count as reused).
+    ``ranked`` must hold every candidate an asking scored (top-b's records do)."""
+    scored: dict[str, set[tuple[str, str]]] = {}
+    out: list[QueryRecord] = []
+    for rec in records:
+        cache = scored.setdefault(rec.sample_id, set())
+        pairs = {(rec.text, memory) for memory in rec.ranked}
+        hits = len(pairs & cache)
+        cache |= pairs
+        out.append(replace(rec, scorer_calls=rec.scorer_calls - hits, reused=hits))
+    return out
+
+
 def _diff(a: Any, b: Any) -> float | None:
     if isinstance(a, (int, float)) and isinstance(b, (int, float)):
         return float(a) - float(b)
@@ -209,9 +227,11 @@ def _diff(a: Any, b: Any) -> float | None:
 def difference(
     minuend: Mapping[str, Any], subtrahend: Mapping[str, Any], ks: Sequence[int]
 ) -> dict[str, Any]:
-    """``minuend − subtrahend`` on recall@K/hit@K, overall and per category."""
+    """``minuend − subtrahend`` on recall@K/hit@K, overall and per category, and on scorer
+    calls."""
     names = [f"{m}@{k}" for k in ks for m in ("recall", "hit")]
     out: dict[str, Any] = {n: _diff(minuend.get(n), subtrahend.get(n)) for n in names}
+    out["scorer_calls"] = _calls_diff(minuend, subtrahend)
     cats_a = minuend.get("by_category", {})
     cats_b = subtrahend.get("by_category", {})
     out["by_category"] = {
@@ -222,11 +242,18 @@ def difference(
     return out
 
 
-#: Derived rows as in the paper: (name, minuend policy, subtrahend policy).
+def _calls_diff(minuend: Mapping[str, Any], subtrahend: Mapping[str, Any]) -> int | None:
+    a, b = minuend.get("scorer_calls"), subtrahend.get("scorer_calls")
+    return int(a) - int(b) if isinstance(a, int) and isinstance(b, int) else None
+
+
+#: Derived rows as in the paper, and earm against what a user would run instead (top-b):
+#: (name, minuend policy, subtrahend policy).
 DERIVED_ROWS: tuple[tuple[str, str, str], ...] = (
     ("observed_minus_semantic", "observed", "semantic"),
     ("earm_minus_observed", "earm", "observed"),
     ("earm_minus_semantic", "earm", "semantic"),
+    ("earm_minus_top-b", "earm", "top-b"),
     ("full_minus_earm", "full", "earm"),
 )
 
@@ -238,6 +265,22 @@ def derived(policies: Mapping[str, Mapping[str, Any]], ks: Sequence[int]) -> dic
         for name, a, b in DERIVED_ROWS
         if a in policies and b in policies
     }
+
+
+def repeat_differences(
+    rounds_a: Mapping[str, Any], rounds_b: Mapping[str, Any], ks: Sequence[int]
+) -> dict[str, Any]:
+    """``a − b`` on recall@K and scorer calls, per round and kind of two :func:`repeat_rounds`
+    tables."""
+    out: dict[str, Any] = {}
+    for round_, kinds in rounds_a.items():
+        for kind, a in kinds.items():
+            b = rounds_b.get(round_, {}).get(kind)
+            if b is not None:
+                out.setdefault(round_, {})[kind] = {
+                    f"recall@{k}": _diff(a.get(f"recall@{k}"), b.get(f"recall@{k}")) for k in ks
+                } | {"scorer_calls": _calls_diff(a, b)}
+    return out
 
 
 def per_query_recall_series(

@@ -13,7 +13,8 @@ from earm_bench.locomo import metrics
 from earm_bench.locomo.metrics import QueryRecord
 from earm_bench.locomo.report import pct
 
-COLORS = {"semantic": "#7f7f7f", "observed": "#1f77b4", "earm": "#d62728", "full": "#2ca02c"}
+COLORS = {"semantic": "#7f7f7f", "observed": "#1f77b4", "earm": "#d62728", "top-b": "#9467bd",
+          "full": "#2ca02c"}
 Records = dict[str, list[QueryRecord]]
 
 

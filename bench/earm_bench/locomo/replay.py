@@ -1,21 +1,19 @@
-"""The replay of ``earm bench locomo``: the service it runs through, and every conversation's
-questions through ``POST /retrieve``, one namespace per (conversation, policy)."""
+"""The replay of ``earm bench locomo``: every conversation's questions through
+``POST /retrieve``, one namespace per (conversation, policy)."""
 
 from __future__ import annotations
 
 import logging
 import random
 import time
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import httpx
 
 from earm_bench.common.http import check
-from earm_bench.common.processes import in_process_service
-from earm_bench.locomo.config import LocomoConfig
+from earm_bench.locomo.config import TOP_B, LocomoConfig
 from earm_bench.locomo.data import Conversation, Question
 from earm_bench.locomo.judge import RunningJudge
 from earm_bench.locomo.metrics import QueryRecord
@@ -26,43 +24,6 @@ INGEST_CHUNK = 500
 
 #: How ``--repeat`` rephrases a question: templates that wrap its text.
 REPHRASINGS = ("Remind me: {q}", "{q} Do you remember?", "Quick question: {q}")
-
-
-@contextmanager
-def service_for(
-    config: LocomoConfig, judge: RunningJudge, policies: Sequence[str]
-) -> Iterator[tuple[str, dict[str, Any]]]:
-    """The base URL of the service to use and a description of its settings. A service of
-    ``full`` alone is stateless full reranking, as peers do: every asking scores every
-    candidate (no reuse of earlier askings' observations)."""
-    if config.url:
-        if config.schedule:
-            logger.warning("--schedule is ignored with --url: the service's schedule applies")
-        yield config.url.rstrip("/"), {"url": config.url, "external": True}
-        return
-    from service.settings import DEFAULT_BUDGET_SCHEDULE
-
-    options: dict[str, Any] = {
-        "database_url": config.database_url,
-        "embedder": "local",
-        "scorer_concurrency": config.scorer_concurrency,
-        "budget_schedule": config.schedule or DEFAULT_BUDGET_SCHEDULE,
-        "max_candidates": max(config.candidates, 1000),
-        "max_k": max(100, max(config.ks)),
-        # Refits inside the request that makes them due: the replay is then exactly
-        # reproducible (a background refit lands after a timing-dependent number of queries).
-        "refit_in_background": False,
-        "reuse_observations": tuple(policies) != ("full",),
-        **judge.service_settings(),
-    }
-    logger.info("starting the service")
-    with in_process_service(**options) as service:
-        logger.info("service listening on %s", service.url)
-        described = service.settings.model_dump(
-            mode="json",
-            exclude={"scorer_api_key", "embedder_api_key", "data_dir", "database_url"},
-        )
-        yield service.url, described | {"external": False}
 
 
 def ingest(client: httpx.Client, namespace: str, memories: Sequence[dict[str, Any]]) -> int:
@@ -100,6 +61,21 @@ def retrieve(
     return check(response), elapsed_ms
 
 
+def retrieve_options(
+    config: LocomoConfig, policy: str, query_index: int, memories: int
+) -> tuple[str, int, int]:
+    """The service's policy, k and candidates of the ``query_index``-th asking of a namespace
+    holding ``memories`` memories under a policy of the bench. top-b is the service's ``full``
+    over the semantic top B, B the budget the schedule gives that query for its candidates
+    (never below k, so it still returns k), all B returned: the pairs it scored."""
+    k = max(config.ks)
+    if policy != TOP_B:
+        return policy, k, config.candidates
+    n_candidates = min(config.candidates, memories)
+    budget = max(k, config.budget_schedule.budget_for_query(query_index, n_candidates))
+    return "full", budget, budget
+
+
 def to_record(asking: Asking, reply: dict[str, Any], client_ms: float) -> QueryRecord:
     """A :class:`QueryRecord` from an asking and the service's answer."""
     question = asking.question
@@ -111,6 +87,7 @@ def to_record(asking: Asking, reply: dict[str, Any], client_ms: float) -> QueryR
         query_index=int(reply.get("query_index", 0)),
         category=question.category,
         evidence=question.evidence,
+        text=asking.text,
         ranked=tuple(str(m.get("external_id")) for m in memories),
         sources=tuple(str(m.get("source")) for m in memories),
         stage=int(reply.get("stage") or 0),
@@ -127,7 +104,6 @@ def to_record(asking: Asking, reply: dict[str, Any], client_ms: float) -> QueryR
     )
 
 
-
 def replay(
     config: LocomoConfig,
     base_url: str,
@@ -138,7 +114,6 @@ def replay(
     bar: Any,
 ) -> dict[str, list[QueryRecord]]:
     """Replay every conversation under the given policies; records per policy."""
-    k = max(config.ks)
     streams = {c.sample_id: askings(c, config) for c in conversations}
     records: dict[str, list[QueryRecord]] = {p: [] for p in policies}
     with httpx.Client(base_url=base_url, timeout=config.request_timeout_s) as client:
@@ -148,7 +123,7 @@ def replay(
             memories = conv.memories()
             for policy in policies:
                 namespace = namespace_for(
-                    conv.sample_id, policy, run_id if config.url or config.database_url else None
+                    conv.sample_id, policy, run_id if config.shared_service else None
                 )
                 bar.set_postfix_str(f"{conv.sample_id} {policy} ingest")
                 started = time.perf_counter()
@@ -156,10 +131,12 @@ def replay(
                 logger.info("%s: ingested %d turns (%d new) in %.1f s", namespace, len(memories),
                             created, time.perf_counter() - started)
                 bar.set_postfix_str(f"{conv.sample_id} {policy}")
-                for asking in streams[conv.sample_id]:
+                for query_index, asking in enumerate(streams[conv.sample_id]):
+                    service_policy, k, candidates = retrieve_options(
+                        config, policy, query_index, created
+                    )
                     reply, client_ms = retrieve(
-                        client, namespace, asking.text, policy, k, config.candidates,
-                        config.seed,
+                        client, namespace, asking.text, service_policy, k, candidates, config.seed
                     )
                     records[policy].append(to_record(asking, reply, client_ms))
                     bar.update(1)

@@ -22,6 +22,16 @@ def _ms(value: Any) -> str:
     return f"{value:.0f}" if isinstance(value, (int, float)) else "–"
 
 
+def _calls(value: Any, signed: bool = False) -> str:
+    if not isinstance(value, int):
+        return "–"
+    return f"{value:+,}" if signed else f"{value:,}"
+
+
+def _row_name(name: str) -> str:
+    return name.replace("_minus_", " − ")
+
+
 def _quality_names(ks: Sequence[int]) -> list[str]:
     return [f"{m}@{k}" for m in ("recall", "hit") for k in ks]
 
@@ -45,7 +55,7 @@ def _title(results: dict[str, Any]) -> str:
 def _policy_row(name: str, p: dict[str, Any], ks: Sequence[int]) -> list[str]:
     latency = p.get("latency_ms", {})
     return [name, *(pct(p.get(n)) for n in _quality_names(ks)),
-            f"{p.get('scorer_calls', 0):,}", pct(p.get("calls_vs_full")),
+            _calls(p.get("scorer_calls", 0)), pct(p.get("calls_vs_full")),
             pct(p.get(f"estimated_share@{ks[0]}")), _ms(latency.get("p50")),
             _ms(latency.get("p95")), _ms(latency.get("p50_excl_scorer")),
             str(p.get("degraded", 0))]
@@ -102,14 +112,16 @@ def _derived(derived: dict[str, Any], ks: Sequence[int], cats: list[str]) -> lis
     if not derived:
         return []
     names, k0 = _quality_names(ks), ks[0]
-    head = ["row", *names, *(f"recall@{k0} cat {c}" for c in cats)]
+    head = ["row", *names, *(f"recall@{k0} cat {c}" for c in cats), "scorer calls"]
     rows = [
-        [name.replace("_minus_", " − "), *(pct(d.get(n), signed=True) for n in names),
+        [_row_name(name), *(pct(d.get(n), signed=True) for n in names),
          *(pct(d.get("by_category", {}).get(c, {}).get(f"recall@{k0}"), signed=True)
-           for c in cats)]
+           for c in cats),
+         _calls(d.get("scorer_calls"), signed=True)]
         for name, d in derived.items()
     ]
-    return ["", "### derived rows (percentage points)", "", *table(head, rows)]
+    return ["", "### derived rows (percentage points; scorer calls: the difference)", "",
+            *table(head, rows)]
 
 
 def _adversarial(adversarial: dict[str, Any] | None, ks: Sequence[int]) -> list[str]:
@@ -132,16 +144,31 @@ def _repeat(repeat: dict[str, Any] | None, ks: Sequence[int]) -> list[str]:
         [policy, round_, kind, str(q.get("n")), *(pct(q.get(f"recall@{k}")) for k in ks),
          pct((entry.get("recall_vs_full") or {}).get(round_, {}).get(kind, {})
               .get(f"recall@{k0}")),
-         f"{q.get('scorer_calls', 0):,}", f"{q.get('reused', 0):,}"]
+         _calls(q.get("scorer_calls", 0)), _calls(q.get("reused", 0))]
         for policy, entry in repeat.items()
         for round_, kinds in entry["rounds"].items()
         for kind, q in kinds.items()
     ]
-    totals = [[policy, f"{entry['scorer_calls']:,}", pct(entry.get("calls_vs_full")),
-               f"{entry['reused']:,}"] for policy, entry in repeat.items()]
+    totals = [[policy, _calls(entry["scorer_calls"]), pct(entry.get("calls_vs_full")),
+               _calls(entry["reused"])] for policy, entry in repeat.items()]
     return ["", "### --repeat: per round and kind of asking (round 0 = the plain stream, %)", "",
             *table(head, rows), "", "whole stream, all rounds:", "",
             *table(["policy", "scorer calls", "% of full", "reused cells"], totals)]
+
+
+def _repeat_derived(derived: dict[str, Any] | None, ks: Sequence[int]) -> list[str]:
+    if not derived:
+        return []
+    head = ["row", "round", "kind", *(f"recall@{k}" for k in ks), "scorer calls"]
+    rows = [
+        [_row_name(name), round_, kind, *(pct(d.get(f"recall@{k}"), signed=True) for k in ks),
+         _calls(d.get("scorer_calls"), signed=True)]
+        for name, rounds in derived.items()
+        for round_, kinds in rounds.items()
+        for kind, d in kinds.items()
+    ]
+    return ["", "### --repeat: derived rows per round and kind (percentage points; scorer "
+            "calls: the difference)", "", *table(head, rows)]
 
 
 def _shift(shift: dict[str, Any] | None, ks: Sequence[int]) -> list[str]:
@@ -151,7 +178,7 @@ def _shift(shift: dict[str, Any] | None, ks: Sequence[int]) -> list[str]:
     segments = sorted({s for p in shift.values() for s in p.get("segments", {})}, key=int)
 
     def cell(entry: dict[str, Any]) -> str:
-        return f"{pct(entry.get(f'recall@{k0}'))} ({entry.get('scorer_calls', 0):,})"
+        return f"{pct(entry.get(f'recall@{k0}'))} ({_calls(entry.get('scorer_calls', 0))})"
 
     first = next(iter(shift.values()))["segments"]
     head = ["policy", *(f"segment {s} {first.get(s, {}).get('sample_id', '')} "
@@ -178,6 +205,7 @@ def format_markdown(results: dict[str, Any]) -> str:
         *_derived(results.get("derived", {}), ks, cats),
         *_adversarial(results.get("adversarial"), ks),
         *_repeat(results.get("repeat"), ks),
+        *_repeat_derived(results.get("repeat_derived"), ks),
         *_shift(results.get("shift"), ks),
     ]
     return "\n".join(lines) + "\n"

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from earm_bench.locomo import metrics
-from earm_bench.locomo.config import ADVERSARIAL, LocomoConfig
+from earm_bench.locomo.config import ADVERSARIAL, TOP_B, LocomoConfig
 from earm_bench.locomo.data import CATEGORY_NAMES, DEFAULT_CATEGORIES, Conversation
 from earm_bench.locomo.metrics import QueryRecord
 from earm_bench.locomo.replay import question_stream
@@ -74,7 +74,8 @@ def build_results(
             for policy, recs in plain.items()
         }
     if config.repeat:
-        out["repeat"] = repeat_results(records, config.ks)
+        out["repeat"] = repeat_results(with_score_cache(records), config.ks)
+        out["repeat_derived"] = repeat_derived(out["repeat"], config.ks)
     if config.per_query:
         out["per_query"] = {
             policy: [per_query_row(r, config.ks) for r in recs] for policy, recs in records.items()
@@ -105,6 +106,36 @@ def per_query_row(record: QueryRecord, ks: Sequence[int]) -> dict[str, Any]:
 def plain_stream(records: dict[str, list[QueryRecord]]) -> dict[str, list[QueryRecord]]:
     """Each policy's records of the plain stream (round 0), without the --repeat rounds."""
     return {policy: [r for r in recs if r.round == 0] for policy, recs in records.items()}
+
+
+#: top-b behind an exact-match score cache of (query text, memory) pairs, derived from top-b's
+#: run: the nearest thing a peer ships for a recurring need.
+TOP_B_CACHE = f"{TOP_B}+cache"
+
+#: The repeat stream's derived rows: (name, minuend policy, subtrahend policy).
+REPEAT_DERIVED_ROWS: tuple[tuple[str, str, str], ...] = (
+    (f"earm_minus_{TOP_B}", "earm", TOP_B),
+    (f"earm_minus_{TOP_B_CACHE}", "earm", TOP_B_CACHE),
+)
+
+
+def with_score_cache(records: dict[str, list[QueryRecord]]) -> dict[str, list[QueryRecord]]:
+    """The records with top-b+cache's (next to top-b's) when top-b was run."""
+    out: dict[str, list[QueryRecord]] = {}
+    for policy, recs in records.items():
+        out[policy] = recs
+        if policy == TOP_B:
+            out[TOP_B_CACHE] = metrics.behind_exact_cache(recs)
+    return out
+
+
+def repeat_derived(repeat: dict[str, Any], ks: Sequence[int]) -> dict[str, Any]:
+    """The repeat stream's derived rows for which both policies were run."""
+    return {
+        name: metrics.repeat_differences(repeat[a]["rounds"], repeat[b]["rounds"], ks)
+        for name, a, b in REPEAT_DERIVED_ROWS
+        if a in repeat and b in repeat
+    }
 
 
 def repeat_results(records: dict[str, list[QueryRecord]], ks: Sequence[int]) -> dict[str, Any]:

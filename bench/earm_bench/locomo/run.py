@@ -14,8 +14,9 @@ from earm_bench.locomo.data import load_conversations
 from earm_bench.locomo.judge import JudgeKind, JudgeProtocol, NoiseModel, start_judge
 from earm_bench.locomo.metrics import QueryRecord
 from earm_bench.locomo.plot import plot_results
-from earm_bench.locomo.replay import askings, replay, service_for
+from earm_bench.locomo.replay import askings, replay
 from earm_bench.locomo.results import build_results, plain_stream
+from earm_bench.locomo.services import service_for
 from earm_bench.locomo.shift import replay_shift
 
 logger = logging.getLogger(__name__)
@@ -35,13 +36,10 @@ def run_locomo(config: LocomoConfig) -> dict[str, Any]:
     judge_kind = cast(JudgeKind, config.judge)  # LocomoConfig.__post_init__ checked it
     total = sum(len(askings(c, config)) for c in conversations) * len(config.policies)
     records: dict[str, list[QueryRecord]] = {}
-    shared_service = bool(config.url or config.database_url)
-    if shared_service and config.repeat and "full" in config.policies:
-        logger.warning("with a shared service, full reuses earlier askings' observations too: "
-                       "its --repeat rounds are not stateless full reranking")
-    # One service (and empty database) per policy in-process, so policies never share
-    # experience yet replay identical namespaces; one shared service otherwise.
-    policy_groups = [config.policies] if shared_service else [(p,) for p in config.policies]
+    # One service per policy in-process (each on an empty database of its own, or all on
+    # --database-url's in namespaces of their own), so policies never share experience and the
+    # stateless ones run with no reuse; the running service at --url otherwise.
+    policy_groups = [config.policies] if config.url else [(p,) for p in config.policies]
     protocol = cast(JudgeProtocol, config.judge_protocol)
     replay_stream = replay_shift if config.shift else replay
     with start_judge(

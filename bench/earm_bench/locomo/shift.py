@@ -24,7 +24,14 @@ from earm_bench.locomo.config import LocomoConfig
 from earm_bench.locomo.data import Conversation, Question
 from earm_bench.locomo.judge import RunningJudge
 from earm_bench.locomo.metrics import QueryRecord
-from earm_bench.locomo.replay import Asking, ingest, question_stream, retrieve, to_record
+from earm_bench.locomo.replay import (
+    Asking,
+    ingest,
+    question_stream,
+    retrieve,
+    retrieve_options,
+    to_record,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -68,22 +75,26 @@ def replay_shift(
     bar: Any,
 ) -> dict[str, list[QueryRecord]]:
     """Replay the conversations in order into one namespace per policy; records per policy."""
-    k = max(config.ks)
     records: dict[str, list[QueryRecord]] = {p: [] for p in policies}
-    shared = config.url or config.database_url
     with httpx.Client(base_url=base_url, timeout=config.request_timeout_s) as client:
         for policy in policies:
-            namespace = shift_namespace(policy, run_id if shared else None)
+            namespace = shift_namespace(policy, run_id if config.shared_service else None)
+            stored = 0  # memories in the namespace: every segment's so far
             for segment, conv in enumerate(conversations):
                 if judge.oracle is not None:
                     judge.oracle.set_active([conv.sample_id])
                 created = ingest(client, namespace, segment_memories(conv))
+                stored += created
                 logger.info("%s: segment %d (%s) ingested %d turns", namespace, segment,
                             conv.sample_id, created)
                 bar.set_postfix_str(f"shift {policy} {conv.sample_id}")
                 for position, question in enumerate(question_stream(conv, config)):
+                    # the namespace's query index runs on across the segments
+                    service_policy, k, candidates = retrieve_options(
+                        config, policy, len(records[policy]), stored
+                    )
                     reply, client_ms = retrieve(
-                        client, namespace, question.question, policy, k, config.candidates,
+                        client, namespace, question.question, service_policy, k, candidates,
                         config.seed,
                     )
                     records[policy].append(
