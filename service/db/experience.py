@@ -14,7 +14,7 @@ import numpy as np
 import psycopg.sql
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from service.db.codecs import cosine_similarities, factor_matrix, parse_binary_copy
+from service.db.codecs import cosine_similarities, factor_matrix, parse_binary_copy, real_values
 from service.db.engine import driver_connection
 from service.db.model_state import content_sql
 from service.db.statements import execute, fetch_all, fetch_value
@@ -86,8 +86,10 @@ async def record_feedback(
             "query_id": query_id,
             "namespace": namespace,
             "memory_ids": [int(m) for m in memory_ids],
-            "scores": [float(s) for s in scores],
-            "similarities": [float(c) for c in similarities],
+            # Bound for real columns: a score such as 5e-324 is valid feedback, but a non-zero
+            # float8 that rounds to zero in float32 is an underflow error in Postgres.
+            "scores": real_values(scores).tolist(),
+            "similarities": real_values(similarities).tolist(),
         },
     )
     await memory_observations_changed(session, memory_ids)

@@ -18,7 +18,7 @@ import numpy as np
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from service.completion import QueryParameters
-from service.db.codecs import Float8Rows, array_literal, as_real
+from service.db.codecs import Float8Rows, array_literal, as_real, real_values
 from service.db.engine import driver_connection
 from service.db.model_state import OnlineUpdate, online_update_statement
 from service.db.namespaces import STATE_SQL
@@ -197,6 +197,9 @@ async def record_query(
 
 
 def _record_parameters(retrieve: RecordedRetrieve) -> dict[str, Any]:
+    """The statement's parameters. Every float bound for a ``real`` column goes through
+    :func:`~service.db.codecs.real_values` here: a score such as 1e-50 is a valid relevance, but
+    a non-zero float8 that rounds to zero in float32 is an underflow error in Postgres."""
     query, spending, errors = retrieve.query, retrieve.spending, retrieve.prequential_errors
     return {
         "namespace": retrieve.namespace,
@@ -215,10 +218,12 @@ def _record_parameters(retrieve: RecordedRetrieve) -> dict[str, Any]:
         "returned_count": retrieve.returned,
         "returned_estimated": retrieve.returned_estimated,
         "memory_ids": array_literal(retrieve.observed.memory_ids),
-        "scores": array_literal(retrieve.observed.scores),
-        "similarities": array_literal(retrieve.observed.similarities),
+        "scores": array_literal(real_values(retrieve.observed.scores)),
+        "similarities": array_literal(real_values(retrieve.observed.similarities)),
         "anchor_kinds": array_literal(retrieve.observed.anchor_kinds),
-        "exploration_share": retrieve.exploration_share,
+        "exploration_share": None
+        if retrieve.exploration_share is None
+        else float(real_values(np.float64(retrieve.exploration_share))),
         "family_key": retrieve.family_key,
         "reused_ids": array_literal(retrieve.reused.memory_ids),
         "saved_calls": retrieve.reused.saved_calls,
@@ -230,12 +235,12 @@ def _trace_parameters(trace: QueryTrace) -> dict[str, Any]:
     return {
         "stage": trace.stage,
         "timings": json.dumps(trace.timings),
-        # Number arrays as one literal (ids) or in binary (floats, sent as float8 and rounded
-        # to real by the server, as a float8 parameter's value is): never element by element.
+        # Number arrays as one literal (ids) or in binary (floats, already float32 values, sent
+        # as float8 and cast to real by the server): never element by element.
         "trace_memory_ids": array_literal(trace.memory_ids),
-        "trace_similarities": Float8Rows.of(trace.similarities),
-        "trace_estimates": Float8Rows.of(trace.estimates),
-        "trace_scores": Float8Rows.of(trace.scores),
+        "trace_similarities": Float8Rows.of(real_values(trace.similarities)),
+        "trace_estimates": Float8Rows.of(real_values(trace.estimates)),
+        "trace_scores": Float8Rows.of(real_values(trace.scores)),
         "trace_sources": list(trace.sources),
         "trace_origins": list(trace.origins),
         "trace_anchors": array_literal(trace.anchors),
