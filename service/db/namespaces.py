@@ -61,10 +61,22 @@ def state_from_row(row: Sequence[Any] | None, namespace: str) -> NamespaceState:
 
 
 _ENSURE_SQL = "INSERT INTO namespaces (name) VALUES (%(namespace)s) ON CONFLICT DO NOTHING"
+_HOLD_SQL = "SELECT name FROM namespaces WHERE name = %(namespace)s FOR KEY SHARE"
 
 
-async def ensure_namespace(session: AsyncSession, namespace: str) -> None:
-    await execute(session, _ENSURE_SQL, {"namespace": namespace})
+async def hold_namespace(session: AsyncSession, namespace: str) -> None:
+    """Create the namespace if it does not exist, and hold its row until the transaction ends.
+
+    FOR KEY SHARE, what a memory's foreign key takes anyway: it queues an erase (FOR UPDATE)
+    behind this transaction, but neither other ingests nor the model-state writers. An erase
+    that commits between the two statements deleted the row this one saw (the lock then finds
+    none), so the namespace is created again; an erase under way when the INSERT runs makes it
+    wait, then insert."""
+    parameters = {"namespace": namespace}
+    while True:
+        await execute(session, _ENSURE_SQL, parameters)
+        if await fetch_value(session, _HOLD_SQL, parameters) is not None:
+            return
 
 
 _TRY_LOCK_REFIT_SQL = "SELECT pg_try_advisory_lock(hashtextextended(%(key)s, 0))"

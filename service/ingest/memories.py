@@ -17,7 +17,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from service.db import memories as memory_table
 from service.db.models import MAX_BIGINT
-from service.db.namespaces import ensure_namespace, namespace_state
+from service.db.namespaces import hold_namespace, namespace_state
 from service.errors import IndexingBacklog, InvalidInput, NotFound
 from service.ingest.edits import update_memory, update_stored
 from service.ingest.records import (
@@ -64,32 +64,49 @@ async def ingest(
     With ``on_conflict="update"``, a stored external id whose item differs is updated to it.
 
     Existing external ids are looked up first so a retried batch costs no embedder calls; no
-    database connection is held while the embedder works. An external id repeated within the
+    database connection is held while the embedder works. The writes happen under the
+    namespace's row lock (:func:`~service.db.namespaces.hold_namespace`), so a concurrent
+    erase of the namespace comes wholly before the batch (which then creates it afresh) or
+    after it. An external id repeated within the
     batch is one memory, so its items must be the same.
     A batch that would create memories while ``max_unindexed`` (> 0) of the namespace's wait
     for the HNSW index is refused whole (:func:`_check_backlog`).
     """
     _check_repeated_external_ids(items)
     external_ids = [item.external_id for item in items if item.external_id is not None]
-    known: dict[str, int] = {}
-    if external_ids:
-        known = await memory_table.ids_by_external_id(session, namespace, external_ids)
-    pending, new_external_ids = _pending(items, known)
-    if pending and max_unindexed > 0:
-        await _check_backlog(session, namespace, max_unindexed)
-    to_store = [items[p] for p in pending]
-    if any(item.embedding is None for item in to_store):
-        # The embedder may take seconds (long texts, other ingests ahead): this transaction has
-        # only read so far, so it ends rather than hold a pooled connection retrieves need.
-        await session.commit()
-
-    vectors = await vectors_for(embedder, embedding_dim, to_store, pending)
-    await ensure_namespace(session, namespace)
+    vectors: dict[int, np.ndarray] = {}  # request position -> the vector to store
+    while True:
+        # Under the namespace's row lock, so an erase waits for this transaction and cannot
+        # take a memory it looked up (whose id it would acknowledge) or the row its inserts
+        # reference.
+        await hold_namespace(session, namespace)
+        known: dict[str, int] = {}
+        if external_ids:
+            known = await memory_table.ids_by_external_id(session, namespace, external_ids)
+        pending, new_external_ids = _pending(items, known)
+        without_vector = [p for p in pending if p not in vectors]
+        if without_vector and max_unindexed > 0:
+            await _check_backlog(session, namespace, max_unindexed)
+        needs_embedder = any(items[p].embedding is None for p in without_vector)
+        if needs_embedder:
+            # The embedder may take seconds (long texts, other ingests ahead): the transaction
+            # ends (with its lock, and the namespace it may have created for a batch the
+            # embedder could yet fail) rather than hold a pooled connection retrieves need.
+            # The lookup is then redone under the lock: an erase may have taken what it found.
+            await session.rollback()
+        embedded = await vectors_for(
+            embedder, embedding_dim, [items[p] for p in without_vector], without_vector
+        )
+        vectors.update(zip(without_vector, embedded, strict=True))
+        if not needs_embedder:
+            break
 
     created = 0
     anonymous_ids: dict[int, int] = {}  # request position -> id
     if pending:
-        inserted = await _insert(session, embedder, namespace, items, pending, vectors)
+        inserted = await _insert(
+            session, embedder, namespace, items, pending, [vectors[p] for p in pending]
+        )
         created = len(inserted)
         known.update({ext: mid for mid, ext in inserted if ext is not None})
         anonymous_ids = _anonymous_ids(items, pending, inserted)
