@@ -21,6 +21,7 @@ from service.db.codecs import (
     binary_copy,
     copy_in,
     real_array_literals,
+    real_values,
 )
 from service.db.engine import driver_connection
 from service.db.namespaces import namespace_state
@@ -374,7 +375,8 @@ async def _reset_after_refit(
             "at": refitted_at,
             "content_slope": prior.slope if len(prior.weights) else None,
             "content_weights": (
-                "[" + ",".join(repr(float(x)) for x in prior.weights) + "]"
+                # float32 values (what the vector stores), as every value bound for it is
+                "[" + ",".join(map(repr, real_values(prior.weights).tolist())) + "]"
                 if len(prior.weights)
                 else None
             ),

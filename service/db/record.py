@@ -22,7 +22,6 @@ from service.db.codecs import Float8Rows, array_literal, as_real, real_values
 from service.db.engine import driver_connection
 from service.db.model_state import OnlineUpdate, online_update_statement
 from service.db.namespaces import STATE_SQL
-from service.errors import NotFound
 
 #: The origin of an observation the scorer made for the query (``scores.source``, as
 #: _RECORD_SQL writes it).
@@ -171,7 +170,7 @@ _LOCK_SQL = STATE_SQL + " FOR NO KEY UPDATE"
 
 async def record_query(
     session: AsyncSession, retrieve: RecordedRetrieve, update: OnlineUpdate | None
-) -> RecordedQuery:
+) -> RecordedQuery | None:
     """Record a retrieve and its observations, write the online ``update`` of the memory rows
     it observed, and commit: one round trip for all (pipelined).
 
@@ -179,7 +178,8 @@ async def record_query(
     rolled-back request leaves no gap; and in a statement of its own, so the record's snapshot,
     taken once the lock is held, sees every delete of the namespace's memories (a delete takes
     the same lock, :func:`service.ingest.memories.delete_memory`): observations of memories
-    deleted since the search are left out, the query is recorded all the same.
+    deleted since the search are left out, the query is recorded all the same. None, and
+    nothing recorded, when ``DELETE /namespaces`` erased the namespace since the search.
     """
     namespace = retrieve.namespace
     conn = await driver_connection(session)
@@ -190,8 +190,8 @@ async def record_query(
             await conn.execute(*online_update_statement(namespace, update))
         await conn.commit()
     row = await cursor.fetchone()
-    if row is None:  # DELETE /namespaces erased it since the search
-        raise NotFound(f"namespace {namespace!r} was erased while the query ran")
+    if row is None:
+        return None
     query_id, query_index, since_refit = row
     return RecordedQuery(int(query_id), int(query_index), int(since_refit))
 
@@ -223,7 +223,7 @@ def _record_parameters(retrieve: RecordedRetrieve) -> dict[str, Any]:
         "anchor_kinds": array_literal(retrieve.observed.anchor_kinds),
         "exploration_share": None
         if retrieve.exploration_share is None
-        else float(real_values(np.float64(retrieve.exploration_share))),
+        else float(real_values(np.asarray(retrieve.exploration_share))),
         "family_key": retrieve.family_key,
         "reused_ids": array_literal(retrieve.reused.memory_ids),
         "saved_calls": retrieve.reused.saved_calls,

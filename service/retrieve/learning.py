@@ -63,11 +63,11 @@ class Learner:
 
     async def record_and_learn(
         self, retrieve: RecordedRetrieve, state: NamespaceState, stored: StoredRows
-    ) -> RecordedQuery:
+    ) -> RecordedQuery | None:
         """Record the retrieve and its observations, update the observed memory rows online
         (from ``stored``, :meth:`read_rows` of them, and the namespace ``state`` the query
         searched with), and commit, all before the response, so the next query learns from
-        this one."""
+        this one. None when the namespace was erased since the search: nothing recorded."""
         update = None
         observed = retrieve.observed
         if retrieve.query is not None and len(observed.memory_ids):
@@ -78,6 +78,8 @@ class Learner:
             )
         async with self.sessions() as session:
             recorded = await record_query(session, retrieve, update)
+        if recorded is None:
+            return None
         if self.settings.background_work and refit_due(
             recorded.queries_since_refit, recorded.query_index + 1, self.settings.refit_every
         ):

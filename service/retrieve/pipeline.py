@@ -172,9 +172,13 @@ class RetrievalPipeline:
             await rows.result(),
         )
         watch.lap("record_ms", since)
+        if recorded is None:
+            # DELETE /namespaces erased the namespace while this ran: answer as a retrieve
+            # after the erase does (no memories, nothing recorded), with the calls it made.
+            memories = []
         return RetrieveResult(
-            query_id=recorded.query_id,
-            query_index=recorded.query_index,
+            query_id=None if recorded is None else recorded.query_id,
+            query_index=None if recorded is None else recorded.query_index,
             policy=request.policy,
             stage=stage,
             budget=found.budget.budget,
