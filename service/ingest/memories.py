@@ -64,43 +64,17 @@ async def ingest(
     With ``on_conflict="update"``, a stored external id whose item differs is updated to it.
 
     Existing external ids are looked up first so a retried batch costs no embedder calls; no
-    database connection is held while the embedder works. The writes happen under the
-    namespace's row lock (:func:`~service.db.namespaces.hold_namespace`), so a concurrent
-    erase of the namespace comes wholly before the batch (which then creates it afresh) or
-    after it. An external id repeated within the
-    batch is one memory, so its items must be the same.
+    database connection is held while the embedder works. The lookup and the writes happen
+    under the namespace's row lock (:func:`~service.db.namespaces.hold_namespace`), so an erase
+    of the namespace comes wholly before the batch (which then creates it afresh) or after it.
+    An external id repeated within the batch is one memory, so its items must be the same.
     A batch that would create memories while ``max_unindexed`` (> 0) of the namespace's wait
     for the HNSW index is refused whole (:func:`_check_backlog`).
     """
     _check_repeated_external_ids(items)
-    external_ids = [item.external_id for item in items if item.external_id is not None]
-    vectors: dict[int, np.ndarray] = {}  # request position -> the vector to store
-    while True:
-        # Under the namespace's row lock, so an erase waits for this transaction and cannot
-        # take a memory it looked up (whose id it would acknowledge) or the row its inserts
-        # reference.
-        await hold_namespace(session, namespace)
-        known: dict[str, int] = {}
-        if external_ids:
-            known = await memory_table.ids_by_external_id(session, namespace, external_ids)
-        pending, new_external_ids = _pending(items, known)
-        without_vector = [p for p in pending if p not in vectors]
-        if without_vector and max_unindexed > 0:
-            await _check_backlog(session, namespace, max_unindexed)
-        needs_embedder = any(items[p].embedding is None for p in without_vector)
-        if needs_embedder:
-            # The embedder may take seconds (long texts, other ingests ahead): the transaction
-            # ends (with its lock, and the namespace it may have created for a batch the
-            # embedder could yet fail) rather than hold a pooled connection retrieves need.
-            # The lookup is then redone under the lock: an erase may have taken what it found.
-            await session.rollback()
-        embedded = await vectors_for(
-            embedder, embedding_dim, [items[p] for p in without_vector], without_vector
-        )
-        vectors.update(zip(without_vector, embedded, strict=True))
-        if not needs_embedder:
-            break
-
+    known, pending, new_external_ids, vectors = await _look_up_and_embed(
+        session, embedder, embedding_dim, namespace, items, max_unindexed
+    )
     created = 0
     anonymous_ids: dict[int, int] = {}  # request position -> id
     if pending:
@@ -127,6 +101,47 @@ async def ingest(
     return IngestResult(
         ids=[int(i) for i in ids], created=created, existing=len(items) - created, updated=updated
     )
+
+
+async def _look_up_and_embed(
+    session: AsyncSession,
+    embedder: Embedder | None,
+    embedding_dim: int,
+    namespace: str,
+    items: Sequence[NewMemory],
+    max_unindexed: int,
+) -> tuple[dict[str, int], list[int], set[str], dict[int, np.ndarray]]:
+    """Under the namespace's row lock, held on return: the stored ids of the batch's external
+    ids, the positions to insert (:func:`_pending`), their new external ids, and the vector of
+    each position to insert (the client's, checked, or the embedder's)."""
+    external_ids = [item.external_id for item in items if item.external_id is not None]
+    vectors: dict[int, np.ndarray] = {}  # request position -> the vector to store
+    while True:
+        # Under the namespace's row lock, so an erase waits for this transaction and cannot
+        # take a memory it looked up (whose id it would acknowledge) or the row its inserts
+        # reference.
+        await hold_namespace(session, namespace)
+        known: dict[str, int] = {}
+        if external_ids:
+            known = await memory_table.ids_by_external_id(session, namespace, external_ids)
+        pending, new_external_ids = _pending(items, known)
+        without_vector = [p for p in pending if p not in vectors]
+        if without_vector and max_unindexed > 0:
+            await _check_backlog(session, namespace, max_unindexed)
+        needs_embedder = any(items[p].embedding is None for p in without_vector)
+        if needs_embedder:
+            # The embedder may take seconds (long texts, other ingests ahead): the transaction
+            # ends (with its lock, and the namespace it may have created for a batch the
+            # embedder could yet fail) rather than hold a pooled connection retrieves need.
+            # The lookup is then redone under the lock: an erase may have taken what it found.
+            await session.rollback()
+        embedded = await vectors_for(
+            embedder, embedding_dim, [items[p] for p in without_vector], without_vector
+        )
+        vectors.update(zip(without_vector, embedded, strict=True))
+        if not needs_embedder:
+            return known, pending, new_external_ids, vectors
+
 
 
 async def _check_backlog(session: AsyncSession, namespace: str, max_unindexed: int) -> None:
