@@ -5,7 +5,7 @@ the EARM paper's one round (``paper``). Pure numpy, no I/O.
 Round 1 scores the head: the most similar unobserved candidates, a fixed share of the budget
 (a query judges its own head itself; the head is also what its parameters are folded in from).
 Round 2 spends the rest on the unobserved candidates the completion estimates highest (with
-this query folded in from round 1, paraphrase evidence included), except an exploring share
+this query folded in from round one, paraphrase evidence included), except an exploring share
 drawn uniformly from the rest. At most two sequential rounds per retrieve.
 
 Why the exploring share is learned and not fixed: exploring pays only where a memory found
@@ -14,7 +14,7 @@ that is a property of the namespace's traffic. Each anchor is valued by what it 
 the scorer rated it relevant, plus, if it was the first anchor of the recent queries to find
 that memory relevant, one for every later estimate-chosen anchor that found it relevant again
 (the discovery paid off later). The exploring anchors are compared with the exploiting anchors they
-displace (the lower half of round 2's exploiting picks) over the namespace's recent queries,
+displace (the lower half of round two's exploiting picks) over the namespace's recent queries,
 and the share rises from its floor only as far as the evidence says exploring is worth more.
 
 The ranking's part of the rule (:func:`confident_order`, for ``rerank.rank_candidates``): an
@@ -31,9 +31,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-#: Anchor kinds, stored with each observation: the head round; round 2's exploiting picks by
+#: Anchor kinds, stored with each observation: the head round; round two's exploiting picks by
 #: estimate, upper half (EXPLOIT) and lower half (MARGINAL, what exploring displaces first);
-#: round 2's exploring picks. The paper's rule has a head and exploring picks only.
+#: round two's exploring picks. The paper's rule has a head and exploring picks only.
 HEAD, EXPLOIT, MARGINAL, EXPLORE = 0, 1, 2, 3
 #: Why an anchor of each kind was scored, as ``GET /queries/{id}`` says.
 REASONS = {HEAD: "head", EXPLOIT: "estimate", MARGINAL: "estimate", EXPLORE: "explore"}
@@ -49,8 +49,8 @@ def anchor_seed(namespace: str, query_index: int, seed: int) -> int:
 class AnchorRule:
     """The rule's parameters (the settings)."""
 
-    head_share: float = 2 / 3  # of the budget, scored in round 1
-    floor: float = 0.1  # least exploring share of round 2: keeps the tail observed
+    head_share: float = 2 / 3  # of the budget, scored in round one
+    floor: float = 0.1  # least exploring share of round two: keeps the tail observed
     ceiling: float = 0.5  # largest: the exploiting picks stay measured too
     # How many standard errors exploring must be ahead before it gets half of the way from
     # floor to ceiling: without evidence, the rule exploits.
@@ -176,7 +176,7 @@ def _first_finds(history: AnchorHistory, found: np.ndarray) -> np.ndarray:
 
 
 def exploring_share(history: AnchorHistory, rule: AnchorRule) -> float:
-    """The exploring share of round 2 for the next query, from ``history`` (its queries < t):
+    """The exploring share of round two for the next query, from ``history`` (its queries < t):
     floor + (ceiling − floor) · Φ(z − evidence), z the standardised difference between the
     mean value of the exploring anchors and of the marginal exploiting ones (Welch; each arm
     starts from one anchor of value 0, so an arm without anchors counts as worthless)."""
@@ -217,12 +217,12 @@ def confident_order(
     return order
 
 
-# --- the plan of a retrieve: round 1 now, round 2 from round 1's scores -----------------------
+# --- the plan of a retrieve: round one now, round two from round one's scores ---------------------
 
 
 @dataclass(frozen=True)
 class AnchorPlan:
-    """What a retrieve scores: round 1 at once, then, once its scores are in, ``second_size``
+    """What a retrieve scores: round one at once, then, once its scores are in, ``second_size``
     anchors chosen by :func:`second_round` with the exploring ``share`` (None: no choice was
     left to make, nothing explores) seeded by ``seed``."""
 

@@ -200,7 +200,7 @@ class RetrievalPipeline:
         found: FoundCandidates,
         rows: _RowReads,
     ) -> ScoredAnchors:
-        """The anchors' scores: round 1, then round 2 chosen from round 1's (the rows each
+        """The anchors' scores: round one, then round two chosen from round one's (the rows each
         round's record updates are read while the scorer works on it)."""
         plan, candidates = found.plan, found.candidates
         rows.start(plan.first)

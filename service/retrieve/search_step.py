@@ -68,8 +68,8 @@ class FoundCandidates:
     family_key: bytes | None  # None: a semantic retrieve (it observes nothing, joins no family)
     reused: Reused  # candidates observed for the query's family
     neighbours: NeighbourEvidence | None  # paraphrase transfer (None: off)
-    plan: AnchorPlan  # the anchors to score (none of them reused): round 1, then round 2's size
-    # round 1's embeddings, for a scorer that reads embeddings (else 0 columns)
+    plan: AnchorPlan  # the anchors to score (none of them reused): round one, then round two's size
+    # round one's embeddings, for a scorer that reads embeddings (else 0 columns)
     anchor_embeddings: np.ndarray
 
     @property

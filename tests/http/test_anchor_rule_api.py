@@ -15,7 +15,7 @@ from service.settings import Settings
 from service.testing import LoopbackServer, rerank_app
 
 MEMORIES = 30
-CANDIDATES, BUDGET = 30, 15  # the head: ⌈2/3 · 15⌉ = 10; round 2: 5
+CANDIDATES, BUDGET = 30, 15  # the head: ⌈2/3 · 15⌉ = 10; round two: 5
 
 
 def ingest(client: TestClient) -> None:
@@ -80,7 +80,7 @@ def test_the_default_rule_scores_the_head_then_the_highest_estimates_in_a_second
     share = result["exploration_share"]
     assert found["exploration_share"] == pytest.approx(share)
     assert 0.1 <= share <= 0.5
-    # round(share · 5) of round 2 were drawn to explore, the rest chosen by estimate
+    # round(share · 5) of round two were drawn to explore, the rest chosen by estimate
     assert sum(reasons[t] == "explore" for t in second) == round(share * 5)
 
 

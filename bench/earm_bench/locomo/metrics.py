@@ -39,7 +39,7 @@ class QueryRecord:
     score_ms: float = 0.0
     client_ms: float = 0.0
     # --repeat: 0 is the plain stream; rounds 1..R re-ask the questions "verbatim" or
-    # "rephrased" (round 0's kind is "plain")
+    # "rephrased" (the plain stream's kind is "plain")
     round: int = 0
     kind: str = "plain"
     extra: dict[str, Any] = field(default_factory=dict, compare=False)

@@ -48,7 +48,7 @@ def build_results(
     conversations: Sequence[Conversation],
 ) -> dict[str, Any]:
     """The RESULTS dict (without settings) from the replay records. The policy tables cover
-    the plain stream (round 0); ``repeat`` the rounds of ``--repeat``."""
+    the plain stream; ``repeat`` the rounds of ``--repeat``."""
     plain = plain_stream(records)
     policies: dict[str, Any] = {}
     for policy, recs in plain.items():
@@ -104,7 +104,7 @@ def per_query_row(record: QueryRecord, ks: Sequence[int]) -> dict[str, Any]:
 
 
 def plain_stream(records: dict[str, list[QueryRecord]]) -> dict[str, list[QueryRecord]]:
-    """Each policy's records of the plain stream (round 0), without the --repeat rounds."""
+    """Each policy's records of the plain stream, without the --repeat rounds."""
     return {policy: [r for r in recs if r.round == 0] for policy, recs in records.items()}
 
 
