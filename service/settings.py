@@ -120,7 +120,7 @@ class Settings(BaseSettings):
     scorer_base_url: str | None = Field(default=None, validate_default=True)
     scorer_model: str = "gpt-4o-mini"
     scorer_api_key: SecretStr | None = None
-    scorer_concurrency: int = Field(default=16, ge=1, le=1024)
+    scorer_concurrency: int = Field(default=256, ge=1, le=1024)
     scorer_timeout_s: float = Field(default=10.0, gt=0)
     scorer_max_retries: int = Field(default=2, ge=0, le=10)
     # Documents per /rerank request (rerank, tei); a retrieve's batches run concurrently.

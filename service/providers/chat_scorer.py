@@ -177,7 +177,7 @@ class OpenAIChatScorer(HTTPScorer):
         base_url: str,
         model: str,
         api_key: str | None = None,
-        concurrency: int = 16,
+        concurrency: int = 256,
         timeout_s: float = 10.0,
         max_retries: int = 2,
         *,

@@ -62,7 +62,7 @@ class RerankScorer(HTTPScorer):
         model: str,
         protocol: RerankProtocol = "rerank",
         api_key: str | None = None,
-        concurrency: int = 16,
+        concurrency: int = 256,
         timeout_s: float = 10.0,
         max_retries: int = 2,
         *,

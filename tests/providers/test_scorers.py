@@ -4,6 +4,7 @@ chat-completions server."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
 import re
@@ -301,6 +302,82 @@ def test_openai_scorer_gives_up_when_retry_after_exceeds_the_time_budget(
     assert asyncio.run(score_with(make_scorer(server.url, timeout_s=1.0), "q", ["m"])) == [None]
     assert time.perf_counter() - started < 0.5
     assert app.state.calls == 1
+
+
+def test_a_429_backs_off_the_whole_backend_not_one_request(serve: Serve) -> None:
+    """After a 429 whose Retry-After outlasts the deadline, a later call of the same scorer
+    sends nothing until the wait is over: its pairs fail at once."""
+
+    def reply(prompt: str) -> str:
+        if app.state.calls == 1:
+            raise HTTPFault(429, "rate limited", headers={"Retry-After": "30"})
+        return "0.5"
+
+    app = chat_completions_app(reply)
+    server = serve(app)
+
+    async def two_calls() -> tuple[list[float | None], list[float | None]]:
+        scorer = make_scorer(server.url, timeout_s=1.0)
+        try:
+            embeddings = np.zeros((3, DIM))
+            first = await scorer.score("q1", QUERY_EMBEDDING, ["m"], embeddings[:1])
+            later = await scorer.score("q2", QUERY_EMBEDDING, ["a", "b", "c"], embeddings)
+            return first.values, later.values
+        finally:
+            await scorer.aclose()
+
+    assert asyncio.run(two_calls()) == ([None], [None, None, None])
+    assert app.state.calls == 1  # the later call sent nothing into the backoff
+
+
+class Gate:
+    """A chat reply that holds every request until ``expected`` have arrived (each waits at
+    most ``wait_s``): requests sent in waves instead of at once are held a ``wait_s`` per wave
+    and the server never sees them all in flight."""
+
+    def __init__(self, expected: int, wait_s: float = 2.0) -> None:
+        self.expected, self.wait_s = expected, wait_s
+        self.arrived = 0
+        self.all_in: asyncio.Event | None = None
+
+    async def reply(self, prompt: str) -> str:
+        if self.all_in is None:  # created in the stand-in's event loop
+            self.all_in = asyncio.Event()
+        self.arrived += 1
+        if self.arrived >= self.expected:
+            self.all_in.set()
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(self.wait_s):
+                await self.all_in.wait()
+        return "0.5"
+
+
+@pytest.mark.parametrize("pairs", [35, 200])
+def test_openai_scorer_sends_a_calls_pairs_at_once_by_default(serve: Serve, pairs: int) -> None:
+    """A retrieve's anchors cost one round of the backend's latency: a last-stage budget (35)
+    and a first-stage one (all 200 candidates) alike."""
+    gate = Gate(pairs)
+    app = chat_completions_app(gate.reply)
+    server = serve(app)
+    scorer = OpenAIChatScorer(base_url=server.url + "/v1", model="judge", timeout_s=20.0)
+    scores = asyncio.run(score_with(scorer, "q", [f"m{i}" for i in range(pairs)]))
+    assert scores == [0.5] * pairs
+    assert app.state.max_in_flight == pairs
+
+
+def test_openai_scorer_opens_connections_as_calls_need_them(serve: Serve) -> None:
+    server = serve(chat_completions_app(lambda prompt: "0.5"))
+
+    async def idle_then_one_pair() -> tuple[int, int]:
+        scorer = OpenAIChatScorer(base_url=server.url + "/v1", model="judge")
+        try:
+            idle = scorer._slots_opened
+            await scorer.score("q", QUERY_EMBEDDING, ["m"], np.zeros((1, DIM)))
+            return idle, scorer._slots_opened
+        finally:
+            await scorer.aclose()
+
+    assert asyncio.run(idle_then_one_pair()) == (0, 1)
 
 
 def test_openai_scorer_times_out_slow_server_and_returns_promptly(
