@@ -15,7 +15,8 @@ which may be a coroutine function and may raise :class:`HTTPFault` to answer wit
   log-probabilities); :func:`embeddings_app`: ``POST /v1/embeddings``; :func:`rerank_app`:
   ``POST /rerank`` in the Cohere/vLLM or the text-embeddings-inference shape, whose request and
   response shapes are :func:`rerank_request` and :func:`rerank_response` (at
-  :data:`RERANK_PATHS`). Each app counts its requests on ``app.state`` (``calls``,
+  :data:`RERANK_PATHS`); :class:`GatedEmbed`, an embeddings callback that holds chosen texts
+  until the test lets them through. Each app counts its requests on ``app.state`` (``calls``,
   ``in_flight``, ``max_in_flight``, ``last_request``);
 - :func:`free_port`, :func:`wait_ready` and :func:`interrupt`: start, await and stop an
   ``earm serve`` or ``earm worker`` process.
@@ -33,7 +34,7 @@ Typical use::
 """
 
 from service.testing.chat import ReplyFn, chat_completions_app
-from service.testing.embeddings import EmbedFn, embeddings_app
+from service.testing.embeddings import EmbedFn, GatedEmbed, embeddings_app
 from service.testing.processes import free_port, interrupt, wait_ready
 from service.testing.rerank import (
     RERANK_PATHS,
@@ -47,6 +48,7 @@ from service.testing.server import HTTPFault, LoopbackServer
 __all__ = [
     "RERANK_PATHS",
     "EmbedFn",
+    "GatedEmbed",
     "HTTPFault",
     "LoopbackServer",
     "RerankFn",

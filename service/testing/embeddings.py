@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import threading
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -53,3 +55,27 @@ def embeddings_app(
         return await answer_post(app, request, answer)
 
     return app
+
+
+class GatedEmbed:
+    """An ``embed`` callback for :func:`embeddings_app` that holds every request with a text
+    starting with ``held_prefix`` until :attr:`opened` is set (at most ``wait_s``), and answers
+    the others at once: a test holds an ingest inside its embedding while it checks what else
+    the service does meanwhile. :attr:`arrived` is released once per held request. Vectors come
+    from ``vector(text)``."""
+
+    def __init__(
+        self, vector: Callable[[str], Any], held_prefix: str = "held:", wait_s: float = 60.0
+    ) -> None:
+        self.vector = vector
+        self.held_prefix = held_prefix
+        self.wait_s = wait_s
+        self.opened = threading.Event()
+        self.arrived = threading.Semaphore(0)
+
+    async def __call__(self, texts: list[str]) -> list[Any]:
+        if any(text.startswith(self.held_prefix) for text in texts):
+            self.arrived.release()
+            # In a worker thread: the stand-in's own event loop keeps answering other requests.
+            await asyncio.to_thread(self.opened.wait, self.wait_s)
+        return [self.vector(text) for text in texts]

@@ -5,8 +5,6 @@ texts at a gate until the test opens it; nothing is timed."""
 
 from __future__ import annotations
 
-import asyncio
-import threading
 import zlib
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -17,7 +15,7 @@ import pytest
 
 from service.http.app import create_app
 from service.settings import Settings
-from service.testing import LoopbackServer, embeddings_app
+from service.testing import GatedEmbed, LoopbackServer, embeddings_app
 
 DIM = 384  # the test database's dimension
 #: Texts the embedder holds at the gate: those of the held ingests.
@@ -31,31 +29,15 @@ def vector(text: str) -> list[float]:
     return np.random.default_rng(zlib.crc32(text.encode())).normal(size=DIM).tolist()
 
 
-class GatedEmbedder:
-    """The stand-in's embed callback: texts starting with :data:`HELD` wait for ``opened``
-    (each held request counted by ``arrived``), the others are answered at once."""
-
-    def __init__(self) -> None:
-        self.opened = threading.Event()
-        self.arrived = threading.Semaphore(0)
-
-    async def __call__(self, texts: list[str]) -> list[list[float]]:
-        if any(text.startswith(HELD) for text in texts):
-            self.arrived.release()
-            # In a worker thread: the stand-in's own event loop keeps answering other requests.
-            await asyncio.to_thread(self.opened.wait, WAIT_S)
-        return [vector(text) for text in texts]
-
-
 @pytest.fixture
-def gate() -> Iterator[GatedEmbedder]:
-    embedder = GatedEmbedder()
+def gate() -> Iterator[GatedEmbed]:
+    embedder = GatedEmbed(vector, HELD, WAIT_S)
     yield embedder
     embedder.opened.set()  # never leave a held request behind
 
 
 def test_retrieves_are_answered_while_ingests_wait_for_the_embedder(
-    clean_database: str, gate: GatedEmbedder
+    clean_database: str, gate: GatedEmbed
 ) -> None:
     with LoopbackServer(embeddings_app(gate)) as embeddings:
         settings = Settings(

@@ -4,7 +4,6 @@ the erase took), never a 500; and an ingest never acknowledges a memory the eras
 
 from __future__ import annotations
 
-import asyncio
 import threading
 import time
 import zlib
@@ -18,7 +17,7 @@ import pytest
 
 from service.http.app import create_app
 from service.settings import Settings
-from service.testing import LoopbackServer, chat_completions_app, embeddings_app
+from service.testing import GatedEmbed, LoopbackServer, chat_completions_app, embeddings_app
 
 DIM = 384
 NAMESPACE = "raced"
@@ -31,29 +30,15 @@ def vector(text: str) -> list[float]:
     return np.random.default_rng(zlib.crc32(text.encode())).normal(size=DIM).tolist()
 
 
-class GatedEmbedder:
-    """Texts starting with :data:`HELD` wait for ``opened``; the others are answered at once."""
-
-    def __init__(self) -> None:
-        self.opened = threading.Event()
-        self.arrived = threading.Event()
-
-    async def __call__(self, texts: list[str]) -> list[list[float]]:
-        if any(text.startswith(HELD) for text in texts):
-            self.arrived.set()
-            await asyncio.to_thread(self.opened.wait, WAIT_S)
-        return [vector(text) for text in texts]
-
-
 @pytest.fixture
-def gate() -> Iterator[GatedEmbedder]:
-    embedder = GatedEmbedder()
+def gate() -> Iterator[GatedEmbed]:
+    embedder = GatedEmbed(vector, HELD, WAIT_S)
     yield embedder
     embedder.opened.set()
 
 
 @pytest.fixture
-def service_url(clean_database: str, gate: GatedEmbedder) -> Iterator[str]:
+def service_url(clean_database: str, gate: GatedEmbed) -> Iterator[str]:
     """A service whose embedder is the gated stand-in and whose scorer answers 0.5."""
 
     async def judge(prompt: str) -> str:
@@ -79,7 +64,7 @@ def service_url(clean_database: str, gate: GatedEmbedder) -> Iterator[str]:
 
 
 def test_an_ingest_that_embedded_across_an_erase_acknowledges_only_stored_memories(
-    service_url: str, gate: GatedEmbedder
+    service_url: str, gate: GatedEmbed
 ) -> None:
     kept = {"external_id": "kept", "text": "kept", "embedding": vector("kept")}
     with httpx.Client(base_url=service_url, timeout=WAIT_S) as http, ThreadPoolExecutor(1) as pool:
@@ -91,7 +76,7 @@ def test_an_ingest_that_embedded_across_an_erase_acknowledges_only_stored_memori
         ingest = pool.submit(
             http.post, "/memories", json={"namespace": NAMESPACE, "memories": batch}
         )
-        assert gate.arrived.wait(WAIT_S), "the ingest never reached the embedder"
+        assert gate.arrived.acquire(timeout=WAIT_S), "the ingest never reached the embedder"
         erased = http.delete(f"/namespaces/{NAMESPACE}")
         assert erased.status_code == 200, erased.text
         assert erased.json()["memories"] == 1
