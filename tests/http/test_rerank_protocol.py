@@ -398,3 +398,18 @@ def test_the_cohere_sdk_reranks_through_earm(earm: Earm) -> None:
     assert len(answer.results) == 3 and answer.results[0].index == 2
     assert answer.results[0].relevance_score >= answer.results[1].relevance_score
     assert answer.meta.earm["query_id"] == 1  # an extra field the SDK keeps as it came
+
+
+def test_langchain_coheres_reranker_compresses_documents_through_earm(earm: Earm) -> None:
+    langchain_cohere = pytest.importorskip("langchain_cohere")
+    from langchain_core.documents import Document
+
+    key = "earm_langchain-cohere-key-0123456789abcdefgh"
+    client = earm(api_keys=f"{key}=tour")
+    reranker = langchain_cohere.CohereRerank(
+        base_url=str(client.base_url), cohere_api_key=key, model="earm/tour", top_n=2
+    )
+    documents = [Document(page_content=text, metadata={"n": i}) for i, text in enumerate(DOCUMENTS)]
+    compressed = reranker.compress_documents(documents, QUERY)
+    assert [d.metadata["n"] for d in compressed][:1] == [2] and len(compressed) == 2
+    assert compressed[0].metadata["relevance_score"] >= compressed[1].metadata["relevance_score"]

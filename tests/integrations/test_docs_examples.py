@@ -32,6 +32,7 @@ PAGE = REPO / "docs" / "integrations.md"
 PRINTS = {
     "client": ("recorded 1 replaced 1", "404 not_found"),
     "cohere": ("1.0 Alice is allergic to peanuts.", "query 1 memories [2, 3]"),
+    "langchain-cohere": ("Melanie is planning a camping trip.",),
     "langchain": ("Caroline went to a support group on 7 May.",),
     "langgraph": ("['I am allergic to peanuts.']",),
     "llamaindex": ("Melanie is planning a camping trip.",),
