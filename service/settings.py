@@ -265,6 +265,12 @@ class Settings(BaseSettings):
         default="default",
         description="Namespace of the MCP tools when a call names none (/mcp and `earm mcp`).",
     )
+    rerank_namespace: str | None = Field(
+        default=None,
+        description="Namespace of the rerank protocol's calls (/v1/rerank, /v2/rerank, "
+        "/rerank) that name none, neither by a model `earm/<namespace>` nor by the "
+        "X-Earm-Namespace header. Unset: such calls are refused (422).",
+    )
     url: str = Field(
         default="http://127.0.0.1:8000",
         description="The earm service `earm mcp` talks to (its --url flag overrides it).",
@@ -314,10 +320,10 @@ class Settings(BaseSettings):
         # Python's and uvicorn's levels are case-insensitive names; so is the setting.
         return level.upper() if isinstance(level, str) else level
 
-    @field_validator("mcp_default_namespace")
+    @field_validator("mcp_default_namespace", "rerank_namespace")
     @classmethod
-    def _namespace_name(cls, namespace: str) -> str:
-        return namespace_name(namespace)
+    def _namespace_name(cls, namespace: str | None) -> str | None:
+        return None if namespace is None else namespace_name(namespace)
 
     @field_validator("embedder_base_url", "scorer_base_url")
     @classmethod

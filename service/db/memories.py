@@ -68,6 +68,38 @@ async def ids_by_external_id(
     return {external_id: memory_id for external_id, memory_id in rows}
 
 
+# One index probe per text (ix_memories_namespace_text_md5, migration 0015); the text itself is
+# compared too, so a digest collision joins nothing. Of several memories with one text (ingested
+# twice through /memories), the oldest is the text's memory.
+_IDS_BY_TEXT_SQL = """
+    SELECT t.doc, m.id FROM unnest(%(texts)s::text[]) AS t(doc)
+    JOIN LATERAL (
+        SELECT id FROM memories
+        WHERE namespace = %(namespace)s AND md5(text) = md5(t.doc) AND text = t.doc
+        ORDER BY id LIMIT 1
+    ) m ON true
+"""
+# Held until the transaction ends: concurrent first sights of a text in one namespace store it
+# once (the lookup is redone under it). A key apart from the refit's session lock.
+_LOCK_TEXTS_SQL = "SELECT pg_advisory_xact_lock(hashtextextended('texts:' || %(namespace)s, 0))"
+
+
+async def ids_by_text(
+    session: AsyncSession, namespace: str, texts: Sequence[str]
+) -> dict[str, int]:
+    """The id of the namespace's memory with each of these texts (those that exist)."""
+    rows = await fetch_all(
+        session, _IDS_BY_TEXT_SQL, {"namespace": namespace, "texts": list(texts)}
+    )
+    return {text: memory_id for text, memory_id in rows}
+
+
+async def lock_texts(session: AsyncSession, namespace: str) -> None:
+    """Serialise the storing of new texts as memories of the namespace, until the transaction
+    ends."""
+    await execute(session, _LOCK_TEXTS_SQL, {"namespace": namespace})
+
+
 # The vectors go in pgvector's binary format and the rows as a few arrays, with no per-value
 # text formatting or parsing.
 _INSERT_SQL = """

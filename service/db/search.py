@@ -104,6 +104,25 @@ def _candidate_sql(exact: bool, filtered: bool) -> str:
 _INDEXED_CANDIDATES_SQL = {filtered: _candidate_sql(False, filtered) for filtered in (False, True)}
 _EXACT_CANDIDATES_SQL = {filtered: _candidate_sql(True, filtered) for filtered in (False, True)}
 
+# Candidates the caller gave (the rerank protocol's documents): the namespace's memories of
+# ``%(ids)s`` in the given order, which stands for the semantic ranking, with the same columns
+# (``key`` is the position, ``from_index`` unused). An id of another namespace, or deleted
+# since, is no candidate.
+_GIVEN_CANDIDATES_SQL = f"""
+    WITH c AS MATERIALIZED (
+        SELECT {_CANDIDATE_COLUMNS}, g.ord AS key, 0 AS from_index
+        FROM unnest(%(ids)s::bigint[]) WITH ORDINALITY AS g(memory_id, ord)
+        JOIN memories ON memories.id = g.memory_id AND memories.namespace = %(namespace)s
+    )
+    SELECT c.id, c.external_id, c.text, c.occurred_at, c.metadata_json, c.distance,
+           c.content_score, c.from_index, f.bias, f.factors, f.observation_count
+    FROM c LEFT JOIN LATERAL (
+        SELECT bias, factors, observation_count FROM memory_factors
+        WHERE memory_id = c.id LIMIT 1
+    ) f ON true
+    ORDER BY c.key
+"""
+
 
 # plan_cache_mode: the candidate query is prepared (psycopg prepares a statement from its
 # 5th execution on a connection), and Postgres may then switch to a generic plan, which does
@@ -219,7 +238,8 @@ class CandidateSearch:
     to ``embedding`` (their model rows of ``rank``) among those whose metadata contain
     ``filters``; the observations of the query's family (given a ``family_key``; only its
     feedback with ``family_feedback_only``) and of its nearest other queries (given
-    ``neighbours``); and the anchors of its latest queries (given ``anchors``)."""
+    ``neighbours``); and the anchors of its latest queries (given ``anchors``). With
+    ``memory_ids``, those memories are the candidates, in that order."""
 
     namespace: str
     embedding: np.ndarray
@@ -230,6 +250,9 @@ class CandidateSearch:
     neighbours: NeighbourSearch | None = None
     family_feedback_only: bool = False
     anchors: AnchorWindow | None = None
+    # The candidates themselves, in their semantic order, instead of a search (``limit`` and
+    # ``filters`` then unused).
+    memory_ids: Sequence[int] | None = None
 
 
 async def search(
@@ -243,7 +266,8 @@ async def search(
     pgvector's HNSW scan yields at most ``hnsw.ef_search`` rows, and a namespace filter can
     leave fewer, so ef_search is raised to ``limit`` and iterative scanning is enabled for this
     transaction; if the index still yields too few (or the namespace has fewer indexed
-    memories than ``limit``), an exact scan of the namespace answers.
+    memories than ``limit``), an exact scan of the namespace answers. Given ``memory_ids``,
+    no search: those are the candidates, indexed or not.
     """
     conn = await driver_connection(session)
     params = _search_parameters(query)
@@ -259,8 +283,11 @@ async def search(
         anchor_cursor = (
             await conn.execute(_RECENT_ANCHORS_SQL, params) if query.anchors is not None else None
         )
-        await conn.execute(_SEARCH_SETTINGS_SQL, params)
-        candidates_cursor = await conn.execute(_INDEXED_CANDIDATES_SQL[filtered], params)
+        if query.memory_ids is not None:
+            candidates_cursor = await conn.execute(_GIVEN_CANDIDATES_SQL, params)
+        else:
+            await conn.execute(_SEARCH_SETTINGS_SQL, params)
+            candidates_cursor = await conn.execute(_INDEXED_CANDIDATES_SQL[filtered], params)
         await conn.commit()
     state = state_from_row(await state_cursor.fetchone(), query.namespace)
     past = _past(
@@ -269,7 +296,8 @@ async def search(
         await anchor_cursor.fetchall() if anchor_cursor is not None else [],
     )
     rows = await candidates_cursor.fetchall()
-    if not rows or rows[0][7] < query.limit:  # row[7]: from_index, rows the HNSW index yielded
+    # row[7]: from_index, rows the HNSW index yielded
+    if query.memory_ids is None and (not rows or rows[0][7] < query.limit):
         async with conn.pipeline():
             exact_cursor = await conn.execute(_EXACT_CANDIDATES_SQL[filtered], params)
             await conn.commit()
@@ -296,6 +324,8 @@ def _search_parameters(query: CandidateSearch) -> dict[str, Any]:
         params["anchor_min_score"] = query.anchors.min_score
     if query.filters is not None:
         params["filters"] = Jsonb(query.filters)
+    if query.memory_ids is not None:
+        params["ids"] = [int(m) for m in query.memory_ids]
     return params
 
 

@@ -15,7 +15,7 @@ from service.http.deps import Components, authenticate
 from service.http.docs import install_offline_docs
 from service.http.error_handlers import install_error_handlers
 from service.http.middleware import BodyLimits, RequestObservabilityMiddleware
-from service.http.routes import health, memories, namespaces, queries, retrieve, stats
+from service.http.routes import health, memories, namespaces, queries, rerank, retrieve, stats
 from service.ingest.indexer import BackgroundIndexer
 from service.integrations import mount_mcp
 from service.metrics import Metrics
@@ -55,6 +55,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(memories.router)
     app.include_router(namespaces.router)
     app.include_router(retrieve.router)
+    app.include_router(rerank.router)
     app.include_router(queries.router)
     app.include_router(stats.router)
     mount_mcp(app, settings)

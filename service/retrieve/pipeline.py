@@ -110,9 +110,11 @@ class RetrievalPipeline:
 
     def _check_limits(self, request: RetrieveRequest) -> None:
         settings = self.settings
-        if not 1 <= request.k <= settings.max_k:
-            raise LimitExceeded(f"k={request.k} is outside 1..{settings.max_k}")
         candidates = request.semantic_candidates(settings.default_candidates)
+        # Given candidates are all answered (a reranker scores every document it is sent).
+        max_k = settings.max_k if request.given is None else candidates
+        if not 1 <= request.k <= max_k:
+            raise LimitExceeded(f"k={request.k} is outside 1..{max_k}")
         if not 1 <= candidates <= settings.max_candidates:
             raise LimitExceeded(f"candidates={candidates} is outside 1..{settings.max_candidates}")
         if request.budget is not None and not 0 <= request.budget <= candidates:

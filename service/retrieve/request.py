@@ -26,9 +26,15 @@ class RetrieveRequest:
     seed: int = 0
     order: Order = "chronological"
     filters: dict[str, Any] | None = None
+    # Memories of the namespace that are the candidates, the first the most relevant by the
+    # caller's own first stage, instead of a semantic search (the rerank protocol); their
+    # order is the semantic ranking the budget and the anchors work from.
+    given: tuple[int, ...] | None = None
 
     def semantic_candidates(self, default: int) -> int:
         """The semantic candidates (N) asked for; ``default``: the deployment's."""
+        if self.given is not None:
+            return len(self.given)
         return default if self.candidates is None else self.candidates
 
 

@@ -156,6 +156,7 @@ class SearchStep:
             paraphrases,
             family_feedback_only=not self.settings.reuse_observations,
             anchors=_ANCHOR_WINDOW if self._learns_anchors(request) else None,
+            memory_ids=request.given,
         )
 
     def _learns_anchors(self, request: RetrieveRequest) -> bool:

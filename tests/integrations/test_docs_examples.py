@@ -31,6 +31,8 @@ PAGE = REPO / "docs" / "integrations.md"
 #: What each Python example prints when it works.
 PRINTS = {
     "client": ("recorded 1 replaced 1", "404 not_found"),
+    "cohere": ("1.0 Alice is allergic to peanuts.", "query 1 memories [2, 3]"),
+    "langchain-cohere": ("Melanie is planning a camping trip.",),
     "langchain": ("Caroline went to a support group on 7 May.",),
     "langgraph": ("['I am allergic to peanuts.']",),
     "llamaindex": ("Melanie is planning a camping trip.",),

@@ -1,0 +1,163 @@
+"""Reranking documents the caller gives (the rerank protocol, docs/api.md "Rerank protocol"):
+each document is a memory of the namespace, found or stored by its text
+(:mod:`service.ingest.documents`), and the documents, in the caller's order, are the candidates
+of one retrieve through the whole pipeline (budget, anchors, a family's reuse, paraphrase
+evidence, completion, the record). No HTTP here."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+
+from service.errors import EmbedderUnavailable, EmbeddingRequired, InvalidInput, LimitExceeded
+from service.ingest.documents import document_ids
+from service.retrieve.pipeline import RetrievalPipeline
+from service.retrieve.request import RetrievedMemory, RetrieveRequest, RetrieveResult
+from service.retrieve.rerank import ESTIMATED
+
+
+@dataclass(frozen=True)
+class RerankRequest:
+    namespace: str
+    query: str
+    documents: Sequence[str]  # the caller's order: its own first stage's ranking
+
+
+@dataclass(frozen=True)
+class RerankedDocument:
+    index: int  # the document's position in the request
+    memory_id: int | None  # None: the call degraded before the document was stored
+    relevance: float  # in [0, 1], never above the relevance of the document ranked before it
+
+
+@dataclass(frozen=True)
+class RerankResult:
+    namespace: str
+    query_id: int | None  # None: nothing was recorded (degraded before the retrieve)
+    budget: int
+    scorer_calls: int
+    reused: int
+    estimated: int  # documents ranked by the completion model's estimate, not a score
+    degraded: bool
+    documents: list[RerankedDocument]  # every index, best first
+    stored: int  # memories created for documents not seen before
+    timings: dict[str, float]
+    # The retrieve the documents went through (None: degraded before it), for the metrics.
+    retrieve: RetrieveResult | None
+
+
+async def rerank_documents(pipeline: RetrievalPipeline, request: RerankRequest) -> RerankResult:
+    """Every document of ``request`` ranked, with a relevance in [0, 1]. Refused before anything
+    is stored when a limit is exceeded or no embedder is configured; an embedder that fails
+    degrades the answer to the caller's order (nothing recorded), as a failing scorer degrades
+    a retrieve."""
+    _check(pipeline, request)
+    start = time.perf_counter()
+    try:
+        documents = await document_ids(
+            pipeline.sessions, pipeline.embedder, request.namespace, request.documents
+        )
+        documents_ms = _ms_since(start)
+        ids = [documents.ids[text] for text in request.documents]
+        result = await pipeline.retrieve(
+            RetrieveRequest(
+                namespace=request.namespace,
+                query=request.query,
+                k=len(set(ids)),
+                order="relevance",
+                given=tuple(dict.fromkeys(ids)),
+            )
+        )
+    except EmbedderUnavailable:
+        return _in_caller_order(request, _ms_since(start))
+    timings = {"documents_ms": documents_ms} | asdict(result.timings)
+    timings["total_ms"] = _ms_since(start)
+    ranked = _ranked(ids, result.memories)
+    return RerankResult(
+        namespace=request.namespace,
+        query_id=result.query_id,
+        budget=result.budget,
+        scorer_calls=result.scorer_calls,
+        reused=result.reused,
+        estimated=sum(1 for _, source in ranked if source == ESTIMATED),
+        degraded=result.degraded,
+        documents=[document for document, _ in ranked],
+        stored=documents.stored,
+        timings=timings,
+        retrieve=result,
+    )
+
+
+def _check(pipeline: RetrievalPipeline, request: RerankRequest) -> None:
+    settings = pipeline.settings
+    if pipeline.embedder is None:
+        raise EmbeddingRequired(
+            "the rerank protocol stores each new document as a memory with its embedding, and "
+            "this deployment has no embedder (EARM_EMBEDDER=none): configure one "
+            "(EARM_EMBEDDER=local or openai)"
+        )
+    if not request.documents:
+        raise InvalidInput("no documents to rerank")
+    if len(request.documents) > settings.max_candidates:
+        raise LimitExceeded(
+            f"{len(request.documents)} documents; the limit is "
+            f"EARM_MAX_CANDIDATES={settings.max_candidates}"
+        )
+    for index, text in enumerate(request.documents):
+        if len(text) > settings.max_text_chars:
+            raise LimitExceeded(
+                f"documents[{index}] has {len(text)} characters; the limit is "
+                f"EARM_MAX_TEXT_CHARS={settings.max_text_chars}"
+            )
+    if len(request.query) > settings.max_text_chars:
+        raise LimitExceeded(
+            f"query has {len(request.query)} characters; the limit is "
+            f"EARM_MAX_TEXT_CHARS={settings.max_text_chars}"
+        )
+
+
+def _ranked(
+    ids: Sequence[int], memories: Sequence[RetrievedMemory]
+) -> list[tuple[RerankedDocument, str | None]]:
+    """Every index of the request, best first, with the source of its score: a memory's
+    indexes (a repeated text) together, in request order. The relevance is the score capped
+    by the one ranked before it: under the anchor rule an unscored candidate below the scored
+    ones may be estimated above a low observed score, and rerank clients read the list as
+    sorted. A document the retrieve did not answer (deleted, or its namespace erased, while the
+    call ran) comes last, at 0."""
+    indexes: dict[int, list[int]] = {}
+    for index, memory_id in enumerate(ids):
+        indexes.setdefault(memory_id, []).append(index)
+    ranked: list[tuple[RerankedDocument, str | None]] = []
+    ceiling = 1.0
+    for memory in memories:
+        ceiling = min(ceiling, max(0.0, memory.score))
+        for index in indexes.pop(memory.id, []):
+            ranked.append((RerankedDocument(index, memory.id, ceiling), memory.source))
+    for index in sorted(i for rest in indexes.values() for i in rest):
+        ranked.append((RerankedDocument(index, ids[index], 0.0), None))
+    return ranked
+
+
+def _in_caller_order(request: RerankRequest, total_ms: float) -> RerankResult:
+    """The answer when the embedder failed: the caller's own ranking, relevance falling from 1
+    by position, nothing stored or recorded."""
+    n = len(request.documents)
+    return RerankResult(
+        namespace=request.namespace,
+        query_id=None,
+        budget=0,
+        scorer_calls=0,
+        reused=0,
+        estimated=0,
+        degraded=True,
+        documents=[RerankedDocument(i, None, (n - i) / n) for i in range(n)],
+        stored=0,
+        timings={"total_ms": total_ms},
+        retrieve=None,
+    )
+
+
+def _ms_since(start: float) -> float:
+    return round((time.perf_counter() - start) * 1000, 3)
