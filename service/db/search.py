@@ -84,8 +84,14 @@ def _scan(exact: bool, where: str, target: str, limit: str) -> str:
 def _candidate_sql(exact: bool, filtered: bool) -> str:
     """The top-``limit`` candidates by cosine to the query with their model parameters."""
     where = "namespace = %(namespace)s" + (" AND metadata @> %(filters)s" if filtered else "")
+    return _with_model_rows(_scan(exact, where, "%(query)b", "%(limit)s"), "c.key, c.id")
+
+
+def _with_model_rows(candidates: str, order: str) -> str:
+    """The ``candidates`` statement's rows (``_CANDIDATE_COLUMNS``, ``key``, ``from_index``)
+    with their memory's model row, ordered by ``order``."""
     return f"""
-        WITH c AS MATERIALIZED ({_scan(exact, where, "%(query)b", "%(limit)s")})
+        WITH c AS MATERIALIZED ({candidates})
         -- One primary-key probe per candidate. A plain join (or a LATERAL subquery the
         -- planner can pull up into one) let it hash the whole memory_factors table, a cost
         -- that grew with the namespace's history; LIMIT 1 keeps the subquery a subquery.
@@ -95,7 +101,7 @@ def _candidate_sql(exact: bool, filtered: bool) -> str:
             SELECT bias, factors, observation_count FROM memory_factors
             WHERE memory_id = c.id LIMIT 1
         ) f ON true
-        ORDER BY c.key, c.id
+        ORDER BY {order}
     """
 
 
@@ -108,20 +114,14 @@ _EXACT_CANDIDATES_SQL = {filtered: _candidate_sql(True, filtered) for filtered i
 # ``%(ids)s`` in the given order, which stands for the semantic ranking, with the same columns
 # (``key`` is the position, ``from_index`` unused). An id of another namespace, or deleted
 # since, is no candidate.
-_GIVEN_CANDIDATES_SQL = f"""
-    WITH c AS MATERIALIZED (
-        SELECT {_CANDIDATE_COLUMNS}, g.ord AS key, 0 AS from_index
-        FROM unnest(%(ids)s::bigint[]) WITH ORDINALITY AS g(memory_id, ord)
-        JOIN memories ON memories.id = g.memory_id AND memories.namespace = %(namespace)s
-    )
-    SELECT c.id, c.external_id, c.text, c.occurred_at, c.metadata_json, c.distance,
-           c.content_score, c.from_index, f.bias, f.factors, f.observation_count
-    FROM c LEFT JOIN LATERAL (
-        SELECT bias, factors, observation_count FROM memory_factors
-        WHERE memory_id = c.id LIMIT 1
-    ) f ON true
-    ORDER BY c.key
-"""
+_GIVEN_CANDIDATES_SQL = _with_model_rows(
+    f"""
+    SELECT {_CANDIDATE_COLUMNS}, g.ord AS key, 0 AS from_index
+    FROM unnest(%(ids)s::bigint[]) WITH ORDINALITY AS g(memory_id, ord)
+    JOIN memories ON memories.id = g.memory_id AND memories.namespace = %(namespace)s
+    """,
+    "c.key",
+)
 
 
 # plan_cache_mode: the candidate query is prepared (psycopg prepares a statement from its

@@ -34,7 +34,7 @@ Typical use::
 """
 
 from service.testing.chat import ReplyFn, chat_completions_app
-from service.testing.embeddings import EmbedFn, GatedEmbed, embeddings_app
+from service.testing.embeddings import EmbedFn, GatedEmbed, embeddings_app, text_vector
 from service.testing.processes import free_port, interrupt, wait_ready
 from service.testing.rerank import (
     RERANK_PATHS,
@@ -60,5 +60,6 @@ __all__ = [
     "rerank_app",
     "rerank_request",
     "rerank_response",
+    "text_vector",
     "wait_ready",
 ]

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import zlib
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import numpy as np
 from fastapi import FastAPI, Request
 
 from service.testing.stand_in import BadRequest, answer_post, maybe_await, openai_app
@@ -57,25 +59,30 @@ def embeddings_app(
     return app
 
 
+def text_vector(text: str, dim: int) -> list[float]:
+    """A vector of ``dim`` numbers determined by ``text`` (normal, seeded by its CRC-32): the same
+    text, the same vector, in every run."""
+    vector: list[float] = np.random.default_rng(zlib.crc32(text.encode())).normal(size=dim).tolist()
+    return vector
+
+
 class GatedEmbed:
     """An ``embed`` callback for :func:`embeddings_app` that holds every request with a text
     starting with ``held_prefix`` until :attr:`opened` is set (at most ``wait_s``), and answers
     the others at once: a test holds an ingest inside its embedding while it checks what else
-    the service does meanwhile. :attr:`arrived` is released once per held request. Vectors come
-    from ``vector(text)``."""
+    the service does meanwhile. :attr:`arrived` is released once per held request. Vectors are
+    :func:`text_vector` of ``dim`` numbers."""
 
-    def __init__(
-        self, vector: Callable[[str], Any], held_prefix: str = "held:", wait_s: float = 60.0
-    ) -> None:
-        self.vector = vector
+    def __init__(self, dim: int, held_prefix: str = "held:", wait_s: float = 60.0) -> None:
+        self.dim = dim
         self.held_prefix = held_prefix
         self.wait_s = wait_s
         self.opened = threading.Event()
         self.arrived = threading.Semaphore(0)
 
-    async def __call__(self, texts: list[str]) -> list[Any]:
+    async def __call__(self, texts: list[str]) -> list[list[float]]:
         if any(text.startswith(self.held_prefix) for text in texts):
             self.arrived.release()
             # In a worker thread: the stand-in's own event loop keeps answering other requests.
             await asyncio.to_thread(self.opened.wait, self.wait_s)
-        return [self.vector(text) for text in texts]
+        return [text_vector(text, self.dim) for text in texts]

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import pytest
 
 from service.cli import main as earm
+from service.testing import GatedEmbed
 
 #: Creates an API key for comma-separated namespace patterns with `earm keys create` against
 #: the test database (the first key turns key enforcement on); returns the key.
@@ -26,3 +27,12 @@ def create_api_key(
         return capsys.readouterr().out.strip()
 
     return create
+
+
+@pytest.fixture
+def gate() -> Iterator[GatedEmbed]:
+    """An embeddings callback that holds texts starting with "held:" until the test opens it,
+    with vectors of the test database's dimension (384)."""
+    embedder = GatedEmbed(dim=384)
+    yield embedder
+    embedder.opened.set()  # never leave a held request behind

@@ -5,17 +5,13 @@ texts at a gate until the test opens it; nothing is timed."""
 
 from __future__ import annotations
 
-import zlib
-from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 
 import httpx
-import numpy as np
-import pytest
 
 from service.http.app import create_app
 from service.settings import Settings
-from service.testing import GatedEmbed, LoopbackServer, embeddings_app
+from service.testing import GatedEmbed, LoopbackServer, embeddings_app, text_vector
 
 DIM = 384  # the test database's dimension
 #: Texts the embedder holds at the gate: those of the held ingests.
@@ -26,14 +22,8 @@ WAIT_S = 60  # a bound on what a broken service makes the test wait, not a laten
 
 
 def vector(text: str) -> list[float]:
-    return np.random.default_rng(zlib.crc32(text.encode())).normal(size=DIM).tolist()
+    return text_vector(text, DIM)
 
-
-@pytest.fixture
-def gate() -> Iterator[GatedEmbed]:
-    embedder = GatedEmbed(vector, HELD, WAIT_S)
-    yield embedder
-    embedder.opened.set()  # never leave a held request behind
 
 
 def test_retrieves_are_answered_while_ingests_wait_for_the_embedder(

@@ -6,35 +6,33 @@ from __future__ import annotations
 
 import threading
 import time
-import zlib
 from collections import Counter
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
-import numpy as np
 import pytest
 
 from service.http.app import create_app
 from service.settings import Settings
-from service.testing import GatedEmbed, LoopbackServer, chat_completions_app, embeddings_app
+from service.testing import (
+    GatedEmbed,
+    LoopbackServer,
+    chat_completions_app,
+    embeddings_app,
+    text_vector,
+)
 
 DIM = 384
 NAMESPACE = "raced"
-HELD = "held:"  # texts the gated embedder holds until the test opens the gate
+HELD = "held:"  # texts the `gate` fixture holds until the test opens it
 WAIT_S = 60  # a bound on what a broken service makes the test wait, not a latency target
 RACE_S = 3.0  # how long the clients race the eraser
 
 
 def vector(text: str) -> list[float]:
-    return np.random.default_rng(zlib.crc32(text.encode())).normal(size=DIM).tolist()
+    return text_vector(text, DIM)
 
-
-@pytest.fixture
-def gate() -> Iterator[GatedEmbed]:
-    embedder = GatedEmbed(vector, HELD, WAIT_S)
-    yield embedder
-    embedder.opened.set()
 
 
 @pytest.fixture
