@@ -33,6 +33,7 @@ from pydantic import TypeAdapter
 from service.db.namespaces import ErasedNamespace
 from service.db.stats import NamespaceStats
 from service.db.traces import QueryTraceResult, TracedCandidate
+from service.http.rerank_schemas import CohereRerankOut
 from service.http.schemas import NamespaceReportOut, StatsListOut
 from service.ingest.memories import (
     IngestResult,
@@ -46,6 +47,7 @@ from service.retrieve.pipeline import RetrieveResult
 
 __all__ = [
     "AsyncEarmClient",
+    "CohereRerankOut",
     "EarmAPIError",
     "EarmClient",
     "ErasedNamespace",
@@ -140,6 +142,13 @@ def _retrieve_body(namespace: str, query: str, options: Mapping[str, Any]) -> di
             value = [float(x) for x in value]  # numpy arrays too
         body[name] = value
     return body
+
+
+def _rerank_body(
+    namespace: str, query: str, documents: Sequence[str], top_n: int | None
+) -> dict[str, Any]:
+    # The model names the namespace: the one form every rerank client can send.
+    return {"model": f"earm/{namespace}", "query": query, "documents": [*documents], "top_n": top_n}
 
 
 def _ingest_body(
@@ -251,6 +260,13 @@ class EarmClient:
             RetrieveResult, "POST", "/retrieve", json=_retrieve_body(namespace, query, options)
         )
 
+    def rerank(
+        self, namespace: str, query: str, documents: Sequence[str], top_n: int | None = None
+    ) -> CohereRerankOut:
+        """``POST /v1/rerank``: results best first; ``meta.earm`` has the query and memories."""
+        body = _rerank_body(namespace, query, documents, top_n)
+        return self._parse(CohereRerankOut, "POST", "/v1/rerank", json=body)
+
     def feedback(self, namespace: str, query_id: int, scores: ScoresInput) -> FeedbackResult:
         """``POST /feedback``: scores in [0, 1] for memories of a past query (by id or
         external_id); each replaces the pair's earlier observation."""
@@ -338,6 +354,12 @@ class AsyncEarmClient:
         return await self._parse(
             RetrieveResult, "POST", "/retrieve", json=_retrieve_body(namespace, query, options)
         )
+
+    async def rerank(
+        self, namespace: str, query: str, documents: Sequence[str], top_n: int | None = None
+    ) -> CohereRerankOut:
+        body = _rerank_body(namespace, query, documents, top_n)
+        return await self._parse(CohereRerankOut, "POST", "/v1/rerank", json=body)
 
     async def feedback(self, namespace: str, query_id: int, scores: ScoresInput) -> FeedbackResult:
         body = {"namespace": namespace, "query_id": query_id, "scores": _scores_body(scores)}

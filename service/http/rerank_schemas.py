@@ -37,6 +37,8 @@ class CohereRerankIn(StrictModel):
     return_documents: StrictBool = False
     # Accepted and ignored: the upstream reranker and its limits are earm's configuration.
     max_tokens_per_doc: Annotated[int | None, Field(ge=1), JSON_NUMBER] = None
+    # Cohere v1's name for it: the cohere SDK's v1 Client (Mem0's reranker) always sends it.
+    max_chunks_per_doc: Annotated[int | None, Field(ge=1), JSON_NUMBER] = None
     relevant_spans: dict[str, Any] | None = None
     priority: Annotated[int | None, JSON_NUMBER] = None
 

@@ -1,5 +1,5 @@
 """What the LangChain, LangGraph and LlamaIndex integrations share: their clients of one earm
-service, and how a retrieved memory is described to a framework."""
+service, and how a retrieved or reranked memory is described to a framework."""
 
 from __future__ import annotations
 
@@ -7,7 +7,13 @@ import asyncio
 import threading
 from typing import Any, Literal
 
-from service.client import DEFAULT_TIMEOUT_S, AsyncEarmClient, EarmClient, RetrieveResult
+from service.client import (
+    DEFAULT_TIMEOUT_S,
+    AsyncEarmClient,
+    CohereRerankOut,
+    EarmClient,
+    RetrieveResult,
+)
 
 DEFAULT_URL = "http://127.0.0.1:8000"
 #: The retrieval policies of ``POST /retrieve``.
@@ -72,4 +78,25 @@ def retrieved(result: RetrieveResult, namespace: str) -> list[tuple[str, dict[st
             },
         )
         for memory in result.memories
+    ]
+
+
+#: Metadata keys a reranker adapter adds to a document: earm's bookkeeping, for ``/feedback``.
+RERANK_KEYS = ("relevance_score", "query_id", "memory_id")
+
+
+def reranked(answer: CohereRerankOut) -> list[tuple[int, dict[str, Any]]]:
+    """(index of the caller's document, the metadata earm adds to it) of each result of a
+    ``/v1/rerank`` answer, best first."""
+    earm = answer.meta.earm
+    return [
+        (
+            result.index,
+            {
+                "relevance_score": result.relevance_score,
+                "query_id": earm.query_id,
+                "memory_id": memory_id,
+            },
+        )
+        for result, memory_id in zip(answer.results, earm.memory_ids, strict=True)
     ]

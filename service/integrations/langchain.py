@@ -1,29 +1,33 @@
-"""earm for LangChain and LangGraph (``earm[langchain]``): EarmRetriever and EarmStore.
+"""earm for LangChain and LangGraph (``earm[langchain]``): EarmRetriever, EarmRerank, EarmStore.
 
 ``EarmRetriever`` is a LangChain ``BaseRetriever`` (``invoke``/``ainvoke``, natively async) over
-``POST /retrieve``; ``EarmStore`` is a LangGraph ``BaseStore``, so a LangGraph agent's long-term
-memory (``graph.compile(store=EarmStore(...))``) lives in earm and its searches learn from earm's
-reranking. Both talk to a running earm over its HTTP API with :mod:`service.client`. The store
+``POST /retrieve``; ``EarmRerank`` is a ``BaseDocumentCompressor`` over ``POST /v1/rerank``, for
+a stack that keeps its own store and wants earm in its reranker's slot; ``EarmStore`` is a
+LangGraph ``BaseStore``, so a LangGraph agent's long-term memory
+(``graph.compile(store=EarmStore(...))``) lives in earm and its searches learn from earm's
+reranking. All talk to a running earm over its HTTP API with :mod:`service.client`. The store
 is :mod:`service.integrations.langgraph_store`, exported here too.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, Literal
 
 from langchain_core.callbacks import (
     AsyncCallbackManagerForRetrieverRun,
     CallbackManagerForRetrieverRun,
+    Callbacks,
 )
-from langchain_core.documents import Document
+from langchain_core.documents import BaseDocumentCompressor, Document
 from langchain_core.retrievers import BaseRetriever
 from pydantic import PrivateAttr, SecretStr
 
-from service.client import DEFAULT_TIMEOUT_S
-from service.integrations._clients import DEFAULT_URL, EarmClients, Policy, retrieved
+from service.client import DEFAULT_TIMEOUT_S, CohereRerankOut
+from service.integrations._clients import DEFAULT_URL, EarmClients, Policy, reranked, retrieved
 from service.integrations.langgraph_store import EarmStore
 
-__all__ = ["EarmRetriever", "EarmStore"]
+__all__ = ["EarmRerank", "EarmRetriever", "EarmStore"]
 
 
 class EarmRetriever(BaseRetriever):
@@ -84,3 +88,59 @@ class EarmRetriever(BaseRetriever):
     ) -> list[Document]:
         earm = self._clients.for_running_loop()
         return self._documents(await earm.retrieve(self.namespace, query, **self._options()))
+
+
+class EarmRerank(BaseDocumentCompressor):
+    """The caller's documents reordered by earm's relevance to a query, best first (``top_n``
+    of them; None: all), e.g. as a ``ContextualCompressionRetriever``'s compressor::
+
+        reranker = EarmRerank(url="http://127.0.0.1:8000", namespace="agent-42", top_n=3)
+        for doc in reranker.compress_documents(documents, "Is Alice allergic to peanuts?"):
+            print(doc.metadata["relevance_score"], doc.page_content)
+
+    Each returned ``Document`` is a copy of the caller's with ``relevance_score`` (as
+    ``CohereRerank`` puts it), ``query_id`` and ``memory_id`` added to its metadata, so
+    ``POST /feedback`` can grade the call. earm learns in ``namespace``.
+    """
+
+    url: str = DEFAULT_URL
+    api_key: SecretStr | None = None
+    namespace: str
+    top_n: int | None = None
+    timeout: float = DEFAULT_TIMEOUT_S
+
+    _clients: EarmClients = PrivateAttr()
+
+    def model_post_init(self, context: Any) -> None:
+        key = self.api_key.get_secret_value() if self.api_key else None
+        self._clients = EarmClients(self.url, key, self.timeout)
+
+    @staticmethod
+    def _reordered(documents: Sequence[Document], answer: CohereRerankOut) -> list[Document]:
+        return [
+            Document(
+                page_content=documents[index].page_content,
+                metadata={**documents[index].metadata, **earm},
+                id=documents[index].id,
+            )
+            for index, earm in reranked(answer)
+        ]
+
+    def compress_documents(
+        self, documents: Sequence[Document], query: str, callbacks: Callbacks | None = None
+    ) -> Sequence[Document]:
+        if not documents:  # earm refuses a call without documents; there is nothing to rank
+            return []
+        texts = [document.page_content for document in documents]
+        answer = self._clients.sync().rerank(self.namespace, query, texts, self.top_n)
+        return self._reordered(documents, answer)
+
+    async def acompress_documents(
+        self, documents: Sequence[Document], query: str, callbacks: Callbacks | None = None
+    ) -> Sequence[Document]:
+        if not documents:
+            return []
+        texts = [document.page_content for document in documents]
+        earm = self._clients.for_running_loop()
+        answer = await earm.rerank(self.namespace, query, texts, self.top_n)
+        return self._reordered(documents, answer)
