@@ -55,7 +55,7 @@ def judged_settings(
     return judge_settings(
         judge[1],
         embedder="local",
-        scorer_timeout_s=2.0,
+        scorer_timeout_s=10.0,  # a loaded CI machine, not a latency bound
         budget_schedule="0:1.0,4:0.2",
         refit_every=5,
         rank=4,
