@@ -95,13 +95,22 @@ def rerank_namespace(model: str | None, header: str | None, settings: Settings) 
     )
 
 
+#: What every rerank route depends on, passed on as one value.
+_Deps = tuple[ComponentsDep, PrincipalDep, MetricsDep]
+
+
 async def _rerank(
     request: Request,
-    components: ComponentsDep,
-    principal: PrincipalDep,
-    metrics: MetricsDep,
-    rerank: RerankRequest,
+    deps: _Deps,
+    model: str | None,
+    header: str | None,
+    query: str,
+    documents: list[str],
 ) -> RerankResult:
+    """The documents reranked in the namespace that ``model`` or ``header`` (or the setting)
+    names, whichever protocol shape asked."""
+    components, principal, metrics = deps
+    rerank = RerankRequest(rerank_namespace(model, header, components.settings), query, documents)
     annotate(request, namespace=rerank.namespace, documents=len(rerank.documents))
     require_namespace(principal, rerank.namespace)
     result = await rerank_documents(components.pipeline, rerank)
@@ -161,35 +170,18 @@ def _tei_answer(body: TeiRerankIn, result: RerankResult) -> list[TeiRankOut]:
 
 
 async def _cohere(
-    request: Request,
-    response: Response,
-    body: CohereRerankIn,
-    deps: tuple[ComponentsDep, PrincipalDep, MetricsDep],
-    header: str | None,
+    request: Request, response: Response, body: CohereRerankIn, deps: _Deps, header: str | None
 ) -> CohereRerankOut:
-    components, principal, metrics = deps
-    namespace = rerank_namespace(body.model, header, components.settings)
-    result = await _rerank(
-        request, components, principal, metrics,
-        RerankRequest(namespace, body.query, body.texts()),
-    )
+    result = await _rerank(request, deps, body.model, header, body.query, body.texts())
     answer = _cohere_answer(body, result)
     _set_earm_header(response, answer.meta.earm)
     return answer
 
 
 async def _tei(
-    request: Request,
-    response: Response,
-    body: TeiRerankIn,
-    deps: tuple[ComponentsDep, PrincipalDep, MetricsDep],
-    header: str | None,
+    request: Request, response: Response, body: TeiRerankIn, deps: _Deps, header: str | None
 ) -> list[TeiRankOut]:
-    components, principal, metrics = deps
-    namespace = rerank_namespace(None, header, components.settings)
-    result = await _rerank(
-        request, components, principal, metrics, RerankRequest(namespace, body.query, body.texts)
-    )
+    result = await _rerank(request, deps, None, header, body.query, body.texts)
     _set_earm_header(response, _earm(result, None))
     return _tei_answer(body, result)
 
