@@ -27,6 +27,9 @@ from service.providers.scorers import Outcome, ScorerObserver, Scores, notify
 
 logger = logging.getLogger(__name__)
 
+#: How long an idle scorer connection is kept (below the common 5 s server keep-alive).
+KEEPALIVE_S = 4.0
+
 __all__ = ["FailureLog", "HTTPScorer", "RequestFailed", "ScoringRequest"]
 
 #: While a backend is down every retrieve fails its calls: at most one warning per this many
@@ -269,7 +272,12 @@ class HTTPScorer:
         return httpx.AsyncClient(
             verify=self._tls,
             timeout=self.timeout_s,
-            limits=httpx.Limits(max_connections=1, max_keepalive_connections=1),
+            # Idle connections expire before the 5 s keep-alive of uvicorn-served backends
+            # (vLLM, TEI's router, most stand-ins) closes them: with equal timers a request
+            # sent on a connection the server is closing fails and is retried.
+            limits=httpx.Limits(
+                max_connections=1, max_keepalive_connections=1, keepalive_expiry=KEEPALIVE_S
+            ),
         )
 
     def _retire(self, client: httpx.AsyncClient) -> None:
