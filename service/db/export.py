@@ -42,8 +42,9 @@ from service.db.statements import execute, fetch_all, fetch_value
 class RecordKind:
     """One kind of record of the file: the table it comes from, its columns as the file names
     them (every column but the namespace and, for ``score_history``, its id, which nothing
-    references), and the order rows are read in (ids ascending: import gives new ids in the
-    same order, so whatever depends on id order stays the same)."""
+    references), and the order rows are read in (ids ascending, and import gives new ids in
+    the same order, so whatever depends on id order stays the same; observations, which have
+    no id, in their physical order: see ``_select_sql``)."""
 
     name: str
     table: str
@@ -85,7 +86,8 @@ OBSERVATION = RecordKind(
     "observation", "scores",
     ("query_id", "memory_id", "score", "similarity", "source", "anchor_kind", "created_at",
      "retired_at"),
-    "query_id, memory_id",
+    # The order the source's scans read them in (see _select_sql).
+    "ctid",
 )
 REPLACED_OBSERVATION = RecordKind(
     "replaced_observation", "score_history",
@@ -104,7 +106,13 @@ RECORD_KINDS = (NAMESPACE, MEMORY, QUERY, OBSERVATION, REPLACED_OBSERVATION, MOD
 def _select_sql(kind: RecordKind) -> str:
     """One JSON object per row, built by Postgres: numbers in their shortest exact form (a
     ``real`` reads back as the same float32, a ``float8`` as the same float64), vectors and
-    ``bytea`` as their text forms, which the import's casts read back as they were."""
+    ``bytea`` as their text forms, which the import's casts read back as they were.
+
+    Observations come in their physical order, which is the order the refit and the feedback
+    re-solve read them in (no ORDER BY: they sum the cells in scan order, so the order decides
+    the last bit of the model). Inserted in that order into a table that appends them (a new
+    deployment's), they are scanned in the same order, and the import refits to the same bits.
+    """
     pairs = ", ".join(f"'{column}', {column}" for column in kind.columns)
     return (
         f"SELECT json_build_object('kind', '{kind.name}', {pairs})::text FROM {kind.table} "
