@@ -113,10 +113,7 @@ async def import_namespace(
     header = _check_header(reader.header(), deployment)
     namespace = _target_name(as_name or header["namespace"])
     if await export.namespace_exists(session, namespace):
-        raise ImportRefused(
-            f"namespace {namespace!r} already exists here: erase it first "
-            f"(DELETE /namespaces/{namespace}) or import with --as NEWNAME"
-        )
+        raise _exists(namespace)
     writer = _Writer(session, namespace)
     try:
         trailer = await writer.write_all(reader.records())
@@ -130,6 +127,13 @@ async def import_namespace(
             f"the file's trailer counts {trailer}, but it holds {writer.counts.records}"
         )
     return Imported(namespace, writer.counts)
+
+
+def _exists(namespace: str) -> ImportRefused:
+    return ImportRefused(
+        f"namespace {namespace!r} already exists here: erase it first "
+        f"(DELETE /namespaces/{namespace}) or import with --as NEWNAME"
+    )
 
 
 def _target_name(name: Any) -> str:
@@ -188,8 +192,8 @@ class _Reader:
         return header
 
     def records(self) -> Iterator[dict[str, Any]]:
-        """Each record up to the trailer, which ends the iteration (its the last one); a file
-        that ends before it is truncated."""
+        """Each record up to the trailer, which ends the iteration (nothing may follow it); a
+        file that ends before it is truncated."""
         while (record := self._next()) is not None:
             yield record
             if record.get("kind") == END:
@@ -211,12 +215,13 @@ class _Writer:
         self._batch: list[dict[str, Any]] = []
 
     async def write_all(self, records: Iterator[dict[str, Any]]) -> dict[str, Any]:
-        """Write every record; the trailer's counts."""
+        """Write every record; the trailer's counts (the reader ends with the trailer)."""
+        trailer: dict[str, Any] = {}
         for record in records:
             name = record.get("kind")
             if name == END:
-                await self._flush()
-                return _trailer_counts(record)
+                trailer = record
+                continue
             kind = _KINDS.get(name) if isinstance(name, str) else None
             if kind is None:
                 raise ImportRefused(f"unknown record kind {name!r}")
@@ -225,7 +230,8 @@ class _Writer:
             self._batch.append(record)
             if len(self._batch) >= BATCH_SIZE:
                 await self._flush()
-        raise AssertionError("the reader ends with the trailer or raises")  # pragma: no cover
+        await self._flush()
+        return _trailer_counts(trailer)
 
     async def _switch_to(self, kind: RecordKind) -> None:
         index = RECORD_KINDS.index(kind)
@@ -247,6 +253,8 @@ class _Writer:
         written = await export.insert_records(
             self.session, kind, self.namespace, json.dumps(self._batch)
         )
+        if kind is export.NAMESPACE and not written:
+            raise _exists(self.namespace)  # created since the check, by an ingest or an import
         self.counts.records[kind.name] += written
         self._batch = []
 

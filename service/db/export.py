@@ -156,6 +156,8 @@ def _insert_sql(kind: RecordKind) -> str:
     return (
         f"INSERT INTO {kind.table} ({', '.join(columns)}) SELECT {', '.join(values)} "
         f"FROM json_populate_recordset(NULL::{kind.table}, %(records)s::json)"
+        # A namespace created since the import checked it is not overwritten (none inserted).
+        + (" ON CONFLICT DO NOTHING" if kind is NAMESPACE else "")
     )
 
 

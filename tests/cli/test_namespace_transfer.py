@@ -252,6 +252,11 @@ def with_bad_last_memory(file: str) -> str:
     return "".join(lines)
 
 
+def memory_before_namespace(file: str) -> str:
+    header, namespace, memory, *rest = file.splitlines(keepends=True)
+    return "".join([header, memory, namespace, *rest])
+
+
 @pytest.mark.parametrize(
     ("change", "env", "hints"),
     [
@@ -266,6 +271,10 @@ def with_bad_last_memory(file: str) -> str:
         pytest.param(lambda f: f[: len(f) // 2], {}, ("not JSON",), id="cut-mid-line"),
         pytest.param(with_bad_last_memory, {}, ("malformed file", "dimensions"),
                      id="a-bad-record-after-valid-ones"),
+        pytest.param(lambda f: f + f.splitlines(keepends=True)[2], {}, ("follows the trailer",),
+                     id="a-record-after-the-trailer"),
+        pytest.param(memory_before_namespace, {}, ("memory record out of order",),
+                     id="records-out-of-order"),
         pytest.param(lambda f: "{}\n", {}, ("not an earm namespace file",), id="not-a-file"),
     ],
 )
