@@ -42,3 +42,16 @@ def database_url(postgres_server: str) -> str:
     url = create_database(postgres_server, "earm_test")
     migrate.upgrade_to_head(url, 384)
     return url
+
+
+@pytest.fixture(scope="session")
+def migrated_database(postgres_server: str) -> Callable[[str], str]:
+    """Factory of databases migrated to head, by name, for a module-scoped fixture that needs
+    a database of its own (``database_url`` is shared, and emptied before each test)."""
+
+    def create(name: str) -> str:
+        url = create_database(postgres_server, name)
+        migrate.upgrade_to_head(url, 384)
+        return url
+
+    return create

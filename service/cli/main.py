@@ -1,4 +1,4 @@
-"""The ``earm`` command: serve, worker, migrate, keys, mcp, and the commands of installed
+"""The ``earm`` command: serve, worker, migrate, keys, namespace, mcp, and the commands of installed
 distributions (``bench``: service/cli/plugins.py)."""
 
 from __future__ import annotations
@@ -18,11 +18,11 @@ from service.settings import Settings
 
 #: Commands whose output is their result: what they log while starting (Alembic, the embedded
 #: Postgres) is shown only with EARM_LOG_LEVEL=DEBUG (warnings and errors always).
-RESULT_COMMANDS = frozenset({"keys", "migrate"})
+RESULT_COMMANDS = frozenset({"keys", "migrate", "namespace"})
 #: The product's own commands, which take the settings. Any other comes from an installed
 #: distribution and is loaded only for a command line that names none of these, so that
 #: `earm serve` loads no benchmark code.
-BUILTIN_COMMANDS = frozenset({"serve", "worker", "migrate", "keys", "mcp"})
+BUILTIN_COMMANDS = frozenset({"serve", "worker", "migrate", "keys", "namespace", "mcp"})
 
 
 def _serve(args: argparse.Namespace, settings: Settings) -> int:
@@ -135,6 +135,9 @@ def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
     from service.cli.keys import add_keys_parser
 
     add_keys_parser(commands)
+    from service.cli.namespace import add_namespace_parser
+
+    add_namespace_parser(commands)
     from service.cli.mcp import add_mcp_parser
 
     add_mcp_parser(commands)

@@ -1,7 +1,7 @@
 """The vectors of new or edited memories: a client's own, checked against the namespace's
 dimension, or the embedder's, for all the texts of a batch in one bulk call (which never holds
 up a retrieve's query: :meth:`~service.providers.embedders.Embedder.embed`); and the embedding
-model recorded with each ("client" for a client's vector)."""
+model recorded with each (``CLIENT_MODEL_ID`` for a client's vector)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from service.ingest.records import NewMemory
-from service.providers.embedders import Embedder, check_embedding, embed_texts
+from service.providers.embedders import CLIENT_MODEL_ID, Embedder, check_embedding, embed_texts
 
 
 def model_ids(
@@ -18,7 +18,9 @@ def model_ids(
 ) -> list[str]:
     """The embedding model of each pending item's vector."""
     return [
-        "client" if items[p].embedding is not None else (embedder.model_id if embedder else "")
+        CLIENT_MODEL_ID
+        if items[p].embedding is not None
+        else (embedder.model_id if embedder else "")
         for p in pending
     ]
 

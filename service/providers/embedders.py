@@ -24,7 +24,13 @@ from service.errors import (
     InvalidInput,
 )
 
-__all__ = ["Embedder", "EmbedderError", "check_embedding", "embed_texts", "l2_normalise"]
+__all__ = [
+    "CLIENT_MODEL_ID", "Embedder", "EmbedderError", "check_embedding", "embed_texts",
+    "l2_normalise",
+]
+
+#: The model id stored with a vector the client sent (whose model earm does not know).
+CLIENT_MODEL_ID = "client"
 
 
 

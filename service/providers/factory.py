@@ -6,9 +6,9 @@ from pydantic import SecretStr
 
 from service.errors import ConfigurationError
 from service.providers.chat_scorer import USER_PROMPT, OpenAIChatScorer, check_template
-from service.providers.embedders import Embedder
-from service.providers.local_embedder import LOCAL_DIM, LocalEmbedder
-from service.providers.openai_embedder import OpenAIEmbedder
+from service.providers.embedders import CLIENT_MODEL_ID, Embedder
+from service.providers.local_embedder import LOCAL_DIM, LOCAL_MODEL_ID, LocalEmbedder
+from service.providers.openai_embedder import OpenAIEmbedder, openai_model_id
 from service.providers.rerank_scorer import RerankScorer
 from service.providers.scorers import LocalScorer, RelevanceScorer, ScorerObserver
 from service.settings import Settings, missing_base_url
@@ -41,6 +41,16 @@ def build_embedder(settings: Settings) -> Embedder | None:
             max_retries=settings.embedder_max_retries,
         )
     raise ConfigurationError(f"unknown embedder {kind!r}; expected 'local', 'openai' or 'none'")
+
+
+def embedding_model_id(settings: Settings) -> str:
+    """The model id the deployment's embedder stores with its vectors (``CLIENT_MODEL_ID`` for
+    ``EARM_EMBEDDER=none``: clients send their own), without building the embedder."""
+    if settings.embedder == "local":
+        return LOCAL_MODEL_ID
+    if settings.embedder == "openai":
+        return openai_model_id(settings.embedder_model)
+    return CLIENT_MODEL_ID
 
 
 def build_scorer(settings: Settings, observer: ScorerObserver | None = None) -> RelevanceScorer:

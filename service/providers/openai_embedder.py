@@ -30,6 +30,11 @@ def _error_message(response: httpx.Response) -> str:
     return response.reason_phrase or ""
 
 
+def openai_model_id(model: str) -> str:
+    """The id stored with vectors of the endpoint's ``model``."""
+    return f"openai:{model}"
+
+
 class OpenAIEmbedder:
     """Any OpenAI-compatible ``POST {base_url}/embeddings`` (OpenAI, vLLM, Ollama, TEI, …).
 
@@ -63,7 +68,7 @@ class OpenAIEmbedder:
             raise ValueError("dim must be >= 1")
         self.url = base_url.rstrip("/") + "/embeddings"
         self.model = model
-        self.model_id = f"openai:{model}"
+        self.model_id = openai_model_id(model)
         self.dim = dim
         self.timeout_s = timeout_s
         self.batch_size = batch_size
