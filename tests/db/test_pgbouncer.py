@@ -232,7 +232,8 @@ def test_core_flows_of_concurrent_agents_run_on_shared_server_connections(
             "AND last_refit_at IS NOT NULL AND content_slope IS NOT NULL"
         )).scalar_one()
         advisory = conn.execute(text(
-            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'"
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND database = "
+            "(SELECT oid FROM pg_database WHERE datname = current_database())"
         )).scalar_one()
     engine.dispose()
     assert refits == len(NAMESPACES)  # every agent's third query refitted its namespace
