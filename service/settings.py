@@ -64,6 +64,13 @@ class Settings(BaseSettings):
         description="Data directory of the embedded Postgres (persists across restarts).",
     )
     db_pool_size: int = Field(default=10, ge=1, le=200)
+    db_prepared_statements: bool = Field(
+        default=True,
+        description="Let psycopg prepare a statement on a connection from its 5th execution "
+        "there. False behind a transaction-pooling pooler that does not track prepared "
+        "statements (PgBouncer before 1.21, or without max_prepared_statements): the next "
+        "transaction may run on a server connection that lacks the statement.",
+    )
     index_batch_size: int = Field(
         default=200,
         ge=1,

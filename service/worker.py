@@ -6,7 +6,7 @@ else, against the same database as the API processes (`earm serve --no-backgroun
 - the indexer drains the unindexed backlog; its batches take rows ``FOR NO KEY UPDATE SKIP
   LOCKED``, so several workers share the backlog;
 - every ``EARM_WORKER_POLL_INTERVAL_S`` it refits the namespaces whose query count made a
-  refit due (the API processes only count); a namespace's refit holds its advisory lock, so
+  refit due (the API processes only count); a namespace's refit holds its refit lock, so
   with several workers one refits it and the others skip it.
 
 Nothing here is the only copy of anything: a killed worker leaves unindexed rows (searchable by

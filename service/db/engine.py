@@ -170,11 +170,15 @@ class Database:
 PING_AFTER_IDLE_S = 1.0
 
 
-def create_engine(url: str, pool_size: int) -> AsyncEngine:
+def create_engine(url: str, pool_size: int, prepared_statements: bool = True) -> AsyncEngine:
+    """The engine over ``url``: ``pool_size`` connections plus as many overflow. Without
+    ``prepared_statements`` psycopg never prepares one (``prepare_threshold=None``), for a
+    transaction-pooling pooler that does not track them."""
     engine = create_async_engine(
         sqlalchemy_url(url),
         pool_size=pool_size,
         max_overflow=pool_size,
+        connect_args={} if prepared_statements else {"prepare_threshold": None},
     )
     event.listen(engine.sync_engine, "connect", _register_adapters)
     event.listen(engine.sync_engine, "checkin", _mark_idle)
@@ -247,7 +251,7 @@ async def open_database(settings: Settings) -> AsyncIterator[Database]:
         embedded = EmbeddedPostgres(settings.data_dir)
         url = await asyncio.to_thread(embedded.start)
         await asyncio.to_thread(migrate.upgrade_to_head, url, settings.embedding_dim)
-    engine = create_engine(url, settings.db_pool_size)
+    engine = create_engine(url, settings.db_pool_size, settings.db_prepared_statements)
     try:
         await check_schema(engine, settings.embedding_dim)
         yield Database(engine, async_sessionmaker(engine, expire_on_commit=False), url, embedded)

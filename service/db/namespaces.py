@@ -79,20 +79,21 @@ async def hold_namespace(session: AsyncSession, namespace: str) -> None:
             return
 
 
-_TRY_LOCK_REFIT_SQL = "SELECT pg_try_advisory_lock(hashtextextended(%(key)s, 0))"
-_UNLOCK_REFIT_SQL = "SELECT pg_advisory_unlock(hashtextextended(%(key)s, 0))"
+# Transaction-level: a pooler in transaction mode hands each transaction to any server
+# connection, where a session-level lock would stay behind when the transaction ends. The
+# refit's transaction is idle while the fit runs, which the server must not take for an
+# abandoned one: its idle timeout is lifted for this transaction only.
+_TRY_LOCK_REFIT_SQL = (
+    "SELECT pg_try_advisory_xact_lock(hashtextextended(%(key)s, 0)), "
+    "set_config('idle_in_transaction_session_timeout', '0', true)"
+)
 
 
 async def try_lock_namespace_refit(session: AsyncSession, namespace: str) -> bool:
-    """Only one process refits a namespace at a time; the others skip. A session-level lock,
-    held across the read, the fit and the write transactions; release with
-    :func:`unlock_namespace_refit`."""
+    """Only one process refits a namespace at a time; the others skip. Held until the
+    session's transaction ends (commit or rollback): the refit reads, fits and writes in it."""
     locked = await fetch_value(session, _TRY_LOCK_REFIT_SQL, {"key": _refit_lock_key(namespace)})
     return bool(locked)
-
-
-async def unlock_namespace_refit(session: AsyncSession, namespace: str) -> None:
-    await execute(session, _UNLOCK_REFIT_SQL, {"key": _refit_lock_key(namespace)})
 
 
 def _refit_lock_key(namespace: str) -> str:

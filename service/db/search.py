@@ -381,10 +381,11 @@ _EMBEDDINGS_SQL = (
 
 
 async def memory_embeddings(
-    session: AsyncSession, memory_ids: np.ndarray, dim: int
+    session: AsyncSession, memory_ids: np.ndarray, dim: int, commit: bool = True
 ) -> np.ndarray:
     """Embeddings (float32, in the order of ``memory_ids``), fetched in binary format, in a
-    read-only transaction of their own (committed in the same round trip)."""
+    read-only transaction of their own (committed in the same round trip); with
+    ``commit=False``, in the session's transaction, which stays open."""
     if len(memory_ids) == 0:
         return np.zeros((0, dim), dtype=np.float32)
     conn = await driver_connection(session)
@@ -392,7 +393,8 @@ async def memory_embeddings(
         cursor = await conn.execute(
             _EMBEDDINGS_SQL, {"ids": [int(m) for m in memory_ids]}, binary=True
         )
-        await conn.commit()
+        if commit:
+            await conn.commit()
     embeddings = np.zeros((len(memory_ids), dim), dtype=np.float32)
     for i, (vector,) in enumerate(await cursor.fetchall()):
         if vector is not None:  # None: deleted since the search, by a concurrent request

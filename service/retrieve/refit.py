@@ -14,7 +14,7 @@ from service.completion import fit_model
 from service.db import experience, model_state
 from service.db.experience import NamespaceObservations
 from service.db.model_state import RefittedModel
-from service.db.namespaces import try_lock_namespace_refit, unlock_namespace_refit
+from service.db.namespaces import try_lock_namespace_refit
 from service.db.search import memory_embeddings
 from service.retrieve.online import RefitCells, refit_statistics
 from service.settings import Settings
@@ -28,41 +28,39 @@ async def refit_namespace(
     """Refit the namespace's model; False when another process holds the refit lock (it will
     do the work).
 
-    The lock is a session-level advisory lock, so every statement of the refit must run on
-    the connection that took it: a session commits by handing its connection back to the
-    pool, and the unlock would then run on another connection, leaking the lock (and
-    silently disabling later refits of the namespace). Hence one pinned connection.
+    The lock is transaction-level, so it holds behind a transaction-pooling pooler too (a
+    session-level one stays behind on whichever server connection took it): the read of the
+    observations, the fit and the write run in the one transaction that took it, on one
+    connection. Until the write that transaction holds no snapshot between its statements
+    (READ COMMITTED) and no transaction id, so the fit holds back neither vacuum nor a writer.
     """
-    engine = sessions.kw["bind"]
-    async with engine.connect() as connection, sessions(bind=connection) as session:
+    async with sessions() as session:
+        read_from = await model_state.refit_horizon(session, namespace)
+        await session.commit()  # the horizon's row lock only orders the read after edits
         if not await try_lock_namespace_refit(session, namespace):
-            return False
-        try:
-            await _refit_locked(session, settings, namespace)
-        finally:
-            await session.rollback()  # a failed write must not hide its error in the unlock
-            await unlock_namespace_refit(session, namespace)
-            await session.commit()
+            return False  # leaving the session rolls the lock's transaction back
+        await _refit_locked(session, settings, namespace, read_from)
     return True
 
 
-async def _refit_locked(session: AsyncSession, settings: Settings, namespace: str) -> None:
-    read_from = await model_state.refit_horizon(session, namespace)
-    await session.commit()  # the lock only orders the read after edits under way
+async def _refit_locked(
+    session: AsyncSession, settings: Settings, namespace: str, read_from: datetime
+) -> None:
     observations = await experience.namespace_observations(session, namespace)
     # Sorting up to millions of ids: off the event loop, and once for the fetch and the fit.
     memory_ids, memory_idx = await asyncio.to_thread(
         np.unique, observations.memory_ids, return_inverse=True
     )
-    # The fetch commits: no transaction stays open during the fit.
-    embeddings = await memory_embeddings(session, memory_ids, settings.embedding_dim)
+    embeddings = await memory_embeddings(
+        session, memory_ids, settings.embedding_dim, commit=False
+    )
     fitted = await asyncio.to_thread(
         _fit, settings, observations, memory_ids, memory_idx, embeddings
     )
     await model_state.replace_model(
         session, namespace, fitted, refitted_at=datetime.now(UTC), read_from=read_from
     )
-    await session.commit()
+    await session.commit()  # the model, and the end of the lock
     log.info(
         "refitted namespace %r", namespace,
         extra={"namespace": namespace, "observations": len(observations.scores)},

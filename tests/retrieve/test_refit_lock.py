@@ -1,6 +1,6 @@
-"""The refit's advisory lock is released on the connection that took it, so refits keep
-running: a leaked lock (unlocking on another pooled connection) would make every later refit
-of the namespace return False forever. And background refits finish before shutdown."""
+"""The refit's advisory lock ends with the refit's transaction, so refits keep running: a
+leaked lock (one left on a pooled connection) would make every later refit of the namespace
+return False forever. And background refits finish before shutdown."""
 
 from __future__ import annotations
 
