@@ -278,6 +278,14 @@ class Settings(BaseSettings):
         "/rerank) that name none, neither by a model `earm/<namespace>` nor by the "
         "X-Earm-Namespace header. Unset: such calls are refused (422).",
     )
+    rerank_document_ttl_s: float = Field(
+        default=30 * 86400.0,
+        ge=0,
+        description="Retention of the memories the rerank protocol stores for documents: one "
+        "that no call has named for this long and that was never observed (no scorer score, "
+        "no feedback) is deleted by the background maintenance (earm serve, earm worker). "
+        "Memories ingested through /memories never expire. 0: documents are kept forever.",
+    )
     url: str = Field(
         default="http://127.0.0.1:8000",
         description="The earm service `earm mcp` talks to (its --url flag overrides it).",

@@ -1,7 +1,8 @@
 """`earm worker`: the background work of a deployment, apart from the processes that answer
 requests, so refits and indexing neither compete with requests for a process's CPU nor scale
-with the number of API processes. A worker runs the HNSW indexer and the full refits, nothing
-else, against the same database as the API processes (`earm serve --no-background-work`):
+with the number of API processes. A worker runs the HNSW indexer (and, in its loop, the expiry
+of the rerank protocol's unused documents) and the full refits, nothing else, against the same
+database as the API processes (`earm serve --no-background-work`):
 
 - the indexer drains the unindexed backlog; its batches take rows ``FOR NO KEY UPDATE SKIP
   LOCKED``, so several workers share the backlog;
@@ -39,9 +40,7 @@ class Worker:
         self.sessions = sessions
         self.settings = settings
         self.learner = Learner(sessions, settings)
-        self.indexer = BackgroundIndexer(
-            sessions, settings.index_batch_size, settings.index_poll_interval_s
-        )
+        self.indexer = BackgroundIndexer.from_settings(sessions, settings)
 
     async def refit_due_namespaces(self) -> int:
         """Refit every namespace due now (skipping those another worker is refitting);

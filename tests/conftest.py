@@ -14,7 +14,8 @@ from service.http.app import create_app
 from service.settings import Settings
 
 TABLES = (
-    "namespaces, memories, queries, scores, score_history, memory_factors, api_keys, auth_settings"
+    "namespaces, memories, queries, scores, score_history, memory_factors, rerank_documents, "
+    "api_keys, auth_settings"
 )
 
 

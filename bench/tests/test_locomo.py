@@ -17,6 +17,7 @@ from typing import Any
 import httpx
 import pytest
 
+from earm_bench.common.cli import config_from_args
 from earm_bench.locomo import (
     LocomoConfig,
     add_locomo_parser,
@@ -351,6 +352,10 @@ def test_cli_parser_registers_locomo() -> None:
     args = parser.parse_args(["locomo", "--data", "/d", "--policies", "top-b",
                               "--database-server", "postgresql://h/postgres"])
     assert args.policies == ("top-b",) and args.database_server == "postgresql://h/postgres"
+    via = config_from_args(LocomoConfig, parser.parse_args(["locomo", "--data", "/d", "--via",
+                                                           "rerank"]), data_dir=Path("/d"))
+    assert via.policies == ("semantic", "earm", "top-b", "full")
+    assert via.judge_protocol == "rerank"
     with pytest.raises(ValueError):
         LocomoConfig(data_dir=Path("/d"), policies=("bogus",))
     with pytest.raises(ValueError, match="budget schedule"):
@@ -461,6 +466,40 @@ def test_locomo_judge_gives_the_same_recall_through_chat_and_rerank(postgres_ser
         rounds = [1 if r["budget"] >= 30 else 2 for r in rerank["per_query"][policy]]
         assert rerank_entry["scorer_requests"] == sum(rounds) > rerank_entry["queries"]
     assert rerank["settings"]["judge_model"]["stats"]["unknown"] == 0
+
+
+@needs_locomo
+def test_locomo_via_rerank_puts_earm_in_the_reranker_slot_of_a_client_with_its_own_search(
+    postgres_server: str,
+) -> None:
+    """The client's own top N by cosine goes to earm's /v1/rerank (the judge behind it) and,
+    for full and top-b, to the judge directly; every document earm forwards reaches the judge
+    verbatim (no unknown pair)."""
+    n_questions, candidates, schedule = 6, 20, "0:1.0,2:0.5,4:0.25"
+    results = run_locomo(LocomoConfig(
+        data_dir=LOCOMO_DIR, conversations=("conv-26",), max_sessions=2,
+        max_questions=n_questions, candidates=candidates, ks=(5,), schedule=schedule,
+        via="rerank", judge_miss=0.0, judge_false=0.0, judge_noise=0.0, per_query=True,
+        progress=False, database_server=postgres_server,
+    ))
+    policies, rows = results["policies"], results["per_query"]
+    assert list(policies) == ["semantic", "earm", "top-b", "full"]
+    assert results["settings"]["judge_model"]["protocol"] == "rerank"
+    assert all(entry["queries"] == n_questions for entry in policies.values())
+    assert policies["semantic"]["scorer_calls"] == 0
+    assert policies["full"]["scorer_calls"] == n_questions * candidates
+    assert [r["scorer_calls"] for r in rows["top-b"]] == top_b_budgets(
+        schedule, 5, [candidates] * n_questions
+    )
+    # earm forwards its schedule's budget of each call's documents (a fresh namespace: no reuse)
+    assert [r["scorer_calls"] for r in rows["earm"]] == [r["budget"] for r in rows["earm"]]
+    assert [r["budget"] for r in rows["earm"]] == [20, 20, 10, 10, 5, 5]
+    assert policies["earm"]["degraded"] == 0
+    recall = {name: entry["recall@5"] for name, entry in policies.items()}
+    assert recall["semantic"] <= recall["full"] and recall["earm"] > recall["semantic"]
+    assert results["settings"]["judge_model"]["stats"]["unknown"] == 0
+    with pytest.raises(ValueError, match="--via rerank runs"):
+        LocomoConfig(data_dir=LOCOMO_DIR, via="rerank", policies=("observed",))
 
 
 def test_repeat_rounds_reask_every_question_half_verbatim_half_rephrased() -> None:

@@ -18,6 +18,7 @@ Alembic compares its migrations against and is not a way to query.
 - ``engine``: where the database comes from (URL or embedded Postgres), the schema check.
 - ``statements``: running one statement on the session's connection.
 - ``memories``: ingest, lookup, listing, edits, deletion and the background indexer's batches.
+- ``documents``: the rerank protocol's documents, their sightings and their expiry.
 - ``search``: a query's semantic candidates with their model parameters.
 - ``record``: what one retrieve records (the query, its observations and trace, the counters).
 - ``experience``: feedback, retired observations and the experience matrix's other reads.

@@ -70,14 +70,23 @@ async def ids_by_external_id(
 
 # One index probe per text (ix_memories_namespace_text_md5, migration 0015); the text itself is
 # compared too, so a digest collision joins nothing. Of several memories with one text (ingested
-# twice through /memories), the oldest is the text's memory.
+# twice through /memories), the oldest is the text's memory. The same statement records the
+# sighting of the rerank protocol's documents among them (rerank_documents, migration 0016), at
+# most once per ``refresh_s`` each, so most lookups write nothing.
 _IDS_BY_TEXT_SQL = """
-    SELECT t.doc, m.id FROM unnest(%(texts)s::text[]) AS t(doc)
-    JOIN LATERAL (
-        SELECT id FROM memories
-        WHERE namespace = %(namespace)s AND md5(text) = md5(t.doc) AND text = t.doc
-        ORDER BY id LIMIT 1
-    ) m ON true
+    WITH found AS MATERIALIZED (
+        SELECT t.doc, m.id FROM unnest(%(texts)s::text[]) AS t(doc)
+        JOIN LATERAL (
+            SELECT id FROM memories
+            WHERE namespace = %(namespace)s AND md5(text) = md5(t.doc) AND text = t.doc
+            ORDER BY id LIMIT 1
+        ) m ON true
+    ), seen AS (
+        UPDATE rerank_documents d SET last_seen_at = now() FROM found
+        WHERE d.memory_id = found.id
+          AND d.last_seen_at < now() - make_interval(secs => %(refresh_s)s::float8)
+    )
+    SELECT doc, id FROM found
 """
 # Held until the transaction ends: concurrent first sights of a text in one namespace store it
 # once (the lookup is redone under it). A key apart from the refit's session lock.
@@ -85,11 +94,14 @@ _LOCK_TEXTS_SQL = "SELECT pg_advisory_xact_lock(hashtextextended('texts:' || %(n
 
 
 async def ids_by_text(
-    session: AsyncSession, namespace: str, texts: Sequence[str]
+    session: AsyncSession, namespace: str, texts: Sequence[str], refresh_s: float
 ) -> dict[str, int]:
-    """The id of the namespace's memory with each of these texts (those that exist)."""
+    """The id of the namespace's memory with each of these texts (those that exist); those
+    the rerank protocol stored are marked seen now unless they were within ``refresh_s``."""
     rows = await fetch_all(
-        session, _IDS_BY_TEXT_SQL, {"namespace": namespace, "texts": list(texts)}
+        session,
+        _IDS_BY_TEXT_SQL,
+        {"namespace": namespace, "texts": list(texts), "refresh_s": refresh_s},
     )
     return {text: memory_id for text, memory_id in rows}
 
@@ -233,13 +245,18 @@ async def memories_after(
     return [MemoryRow.of(row) for row in rows]
 
 
-_DELETE_SQL = "DELETE FROM memories WHERE id = %(id)s"
+_DELETE_SQL = "DELETE FROM memories WHERE id = ANY(%(ids)s::bigint[])"
+
+
+async def delete_memories(session: AsyncSession, memory_ids: Sequence[int]) -> int:
+    """Delete memories (their observations, model parameters and rerank_documents rows go with
+    them, by FK cascade); returns how many existed. Run under their namespace's lock."""
+    return await execute(session, _DELETE_SQL, {"ids": [int(m) for m in memory_ids]})
 
 
 async def delete_memory(session: AsyncSession, memory_id: int) -> bool:
-    """Delete a memory (its observations and model parameters go with it, by FK cascade);
-    False when it does not exist."""
-    return await execute(session, _DELETE_SQL, {"id": memory_id}) != 0
+    """Delete a memory as :func:`delete_memories` does; False when it does not exist."""
+    return await delete_memories(session, [memory_id]) != 0
 
 
 #: The namespace's unindexed memories, counted up to ``%(limit)s`` from the partial index

@@ -89,6 +89,21 @@ class Memory(Base):
     content_changed_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
 
 
+class RerankDocument(Base):
+    """A memory the rerank protocol stored for a text it had not seen, and when a call last
+    named it (refreshed at most every ``retention.sighting_refresh_s``): what the documents'
+    retention rule reads. Memories ingested through ``/memories`` have no row."""
+
+    __tablename__ = "rerank_documents"
+
+    memory_id: Mapped[int] = mapped_column(
+        ForeignKey("memories.id", ondelete="CASCADE"), primary_key=True
+    )
+    last_seen_at: Mapped[datetime] = mapped_column(
+        DateTime(timezone=True), server_default=func.now()
+    )
+
+
 class Query(Base):
     __tablename__ = "queries"
 

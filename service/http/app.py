@@ -84,9 +84,7 @@ def _lifespan(
                 settings, observer=observe_all(metrics.observe_scorer_call, scorer_health)
             )
             pipeline = RetrievalPipeline(database.sessions, embedder, scorer, settings)
-            indexer = BackgroundIndexer(
-                database.sessions, settings.index_batch_size, settings.index_poll_interval_s
-            )
+            indexer = BackgroundIndexer.from_settings(database.sessions, settings)
             if settings.background_work:
                 # Started now: memories left unindexed by an earlier run are indexed first.
                 # (Otherwise `earm worker` indexes; notify() then wakes nothing.)

@@ -2,7 +2,7 @@
 namespace, identified by their text (docs/api.md "Rerank protocol"). The first time a text is
 seen it is stored (no external id, no metadata) with the configured embedder's vector; the same
 text later, or ingested through ``/memories``, is that memory, so its history counts. No HTTP
-here."""
+here. Their retention rule is :mod:`service.ingest.retention`'s."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from service.db import documents as document_table
 from service.db import memories as memory_table
 from service.db.namespaces import hold_namespace
 from service.providers.embedders import Embedder, embed_texts
@@ -28,8 +29,10 @@ async def document_ids(
     embedder: Embedder | None,
     namespace: str,
     texts: Sequence[str],
+    sighting_refresh_s: float,
 ) -> Documents:
-    """The memory id of each distinct text, storing the texts not seen yet.
+    """The memory id of each distinct text, storing the texts not seen yet, and the sighting of
+    the documents among them recorded (:func:`service.ingest.retention.sighting_refresh_s`).
 
     Known texts cost one read. New ones are embedded (a bulk call, off the event loop, with no
     connection held), then stored under the namespace's row lock, so an erase comes wholly
@@ -38,7 +41,7 @@ async def document_ids(
     memories are candidates because the caller named them, not because a search found them."""
     distinct = list(dict.fromkeys(texts))
     async with sessions() as session:
-        known = await memory_table.ids_by_text(session, namespace, distinct)
+        known = await memory_table.ids_by_text(session, namespace, distinct, sighting_refresh_s)
         await session.commit()
     new = [text for text in distinct if text not in known]
     if not new:
@@ -46,7 +49,9 @@ async def document_ids(
     vectors = await embed_texts(embedder, new, bulk=True)
     assert embedder is not None, "embed_texts refuses to embed without an embedder"
     async with sessions() as session:
-        stored, inserted = await _store_new(session, embedder.model_id, namespace, new, vectors)
+        stored, inserted = await _store_new(
+            session, embedder.model_id, namespace, new, vectors, sighting_refresh_s
+        )
         await session.commit()
     return Documents(known | stored, inserted)
 
@@ -57,12 +62,13 @@ async def _store_new(
     namespace: str,
     texts: Sequence[str],
     vectors: np.ndarray,
+    sighting_refresh_s: float,
 ) -> tuple[dict[str, int], int]:
     """Under the locks, the ids of ``texts`` (those another call stored meanwhile, and the
-    rest inserted now) and how many were inserted."""
+    rest inserted now, marked as documents) and how many were inserted."""
     await hold_namespace(session, namespace)
     await memory_table.lock_texts(session, namespace)
-    known = await memory_table.ids_by_text(session, namespace, texts)
+    known = await memory_table.ids_by_text(session, namespace, texts, sighting_refresh_s)
     positions = [i for i, text in enumerate(texts) if text not in known]
     if not positions:
         return known, 0
@@ -79,4 +85,5 @@ async def _store_new(
     # The INSERT draws identity values in the given order, so sorted ids line up with texts.
     ids = sorted(memory_id for memory_id, _ in inserted)
     new = {texts[i]: memory_id for i, memory_id in zip(positions, ids, strict=True)}
+    await document_table.record_documents(session, ids)
     return known | new, len(new)

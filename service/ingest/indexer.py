@@ -12,6 +12,10 @@ and nothing waits for the index but the index itself.
 Each batch is one short transaction that takes its rows ``FOR NO KEY UPDATE SKIP LOCKED``, so
 the indexers of several worker processes share the backlog instead of queueing on it, and an
 interrupted batch (shutdown, lost connection) just leaves its rows unindexed for the next one.
+
+The same loop is the process's other maintenance of stored memories: when the rerank protocol's
+documents expire (``EARM_RERANK_DOCUMENT_TTL_S``), it runs their sweep
+(:class:`service.ingest.retention.DocumentSweeper`) when one is due.
 """
 
 from __future__ import annotations
@@ -23,6 +27,8 @@ from contextlib import suppress
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from service.db.memories import mark_indexed
+from service.ingest.retention import DocumentSweeper
+from service.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -53,12 +59,28 @@ class BackgroundIndexer:
         sessions: async_sessionmaker[AsyncSession],
         batch_size: int,
         poll_interval_s: float,
+        sweeper: DocumentSweeper | None = None,
     ) -> None:
         self.sessions = sessions
         self.batch_size = batch_size
         self.poll_interval_s = poll_interval_s
+        self.sweeper = sweeper
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+
+    @classmethod
+    def from_settings(
+        cls, sessions: async_sessionmaker[AsyncSession], settings: Settings
+    ) -> BackgroundIndexer:
+        """The indexer of a serving process or a worker, sweeping expired documents when the
+        deployment lets them expire."""
+        ttl_s = settings.rerank_document_ttl_s
+        return cls(
+            sessions,
+            settings.index_batch_size,
+            settings.index_poll_interval_s,
+            DocumentSweeper(sessions, ttl_s) if ttl_s > 0 else None,
+        )
 
     def start(self) -> None:
         if self._task is None:
@@ -91,5 +113,7 @@ class BackgroundIndexer:
                 # The database is down or the batch failed: the rows stay unindexed (and
                 # searchable by the exact scan); try again after the interval.
                 log.warning("background indexing failed; retrying", exc_info=True)
+            if self.sweeper is not None:
+                await self.sweeper.sweep_if_due()
             with suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), timeout=self.poll_interval_s)

@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass
 
 from service.errors import EmbedderUnavailable, EmbeddingRequired, InvalidInput, LimitExceeded
 from service.ingest.documents import document_ids
+from service.ingest.retention import sighting_refresh_s
 from service.retrieve.pipeline import RetrievalPipeline
 from service.retrieve.request import RetrievedMemory, RetrieveRequest, RetrieveResult
 from service.retrieve.rerank import ESTIMATED
@@ -56,7 +57,11 @@ async def rerank_documents(pipeline: RetrievalPipeline, request: RerankRequest) 
     start = time.perf_counter()
     try:
         documents = await document_ids(
-            pipeline.sessions, pipeline.embedder, request.namespace, request.documents
+            pipeline.sessions,
+            pipeline.embedder,
+            request.namespace,
+            request.documents,
+            sighting_refresh_s(pipeline.settings.rerank_document_ttl_s),
         )
         documents_ms = _ms_since(start)
         ids = [documents.ids[text] for text in request.documents]

@@ -15,6 +15,7 @@ from service.db.engine import create_engine
 from service.ingest.documents import document_ids
 from service.providers.embedders import l2_normalise
 
+REFRESH_S = 3600.0  # how stale a document's recorded sighting may be
 TEXTS = [f"A text two calls see for the first time at once, number {i}." for i in range(6)]
 
 
@@ -45,14 +46,16 @@ def test_a_call_that_sees_texts_another_is_storing_waits_and_takes_its_memories(
         embedder = StandInEmbedder()
         try:
             # The namespace exists: creating it would queue the calls behind its creator.
-            await document_ids(sessions, embedder, "ns", ["an earlier text"])
+            await document_ids(sessions, embedder, "ns", ["an earlier text"], REFRESH_S)
             async with sessions() as storing:
                 await memory_table.lock_texts(storing, "ns")
                 inserted = await memory_table.insert_memories(
                     storing, "ns", [None] * 6, TEXTS, list(await embedder.embed(TEXTS)),
                     ["stand-in"] * 6, [None] * 6, [{}] * 6,
                 )
-                seeing = asyncio.create_task(document_ids(sessions, embedder, "ns", TEXTS))
+                seeing = asyncio.create_task(
+                    document_ids(sessions, embedder, "ns", TEXTS, REFRESH_S)
+                )
                 await asyncio.sleep(0.5)
                 assert not seeing.done(), "it waits for the text lock"
                 await storing.commit()
@@ -74,7 +77,7 @@ def test_concurrent_first_sights_agree_on_one_memory_per_text(clean_database: st
         sessions = async_sessionmaker(engine, expire_on_commit=False)
         try:
             found = await asyncio.gather(*(
-                document_ids(sessions, StandInEmbedder(), "ns", TEXTS[i:] + TEXTS[:i])
+                document_ids(sessions, StandInEmbedder(), "ns", TEXTS[i:] + TEXTS[:i], REFRESH_S)
                 for i in range(4)
             ))
             return [documents.ids for documents in found]

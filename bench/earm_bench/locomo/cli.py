@@ -50,6 +50,12 @@ def _add_replay_flags(parser: argparse.ArgumentParser) -> None:
                         help="after each conversation's stream, re-ask its questions this many "
                              "more rounds (shuffled; half verbatim, half rephrased by a "
                              "template); reported per round and kind (default 0)")
+    parser.add_argument("--via", choices=("retrieve", "rerank"), default="retrieve",
+                        help="retrieve: the service searches and ranks (POST /retrieve); "
+                             "rerank: the client embeds and searches itself, earm reranks its "
+                             "top --candidates (POST /v1/rerank) in front of the judge, against "
+                             "the judge called directly on all of them (full) or the top B "
+                             "(top-b); policies semantic,earm,top-b,full")
     parser.add_argument("--shift", action="store_true",
                         help="replay the conversations one after another into one namespace "
                              "and report recall and calls per segment")

@@ -21,6 +21,10 @@ TOP_B = "top-b"
 #: from no scorer call to a scorer call for every candidate.
 POLICIES: tuple[str, ...] = ("semantic", "observed", "earm", TOP_B, "full")
 
+#: What ``--via rerank`` replays (earm_bench.locomo.via_rerank): the client's own first stage,
+#: earm in a reranker's slot, and the judge called directly on all or the top B.
+VIA_RERANK_POLICIES: tuple[str, ...] = ("semantic", "earm", TOP_B, "full")
+
 #: Policies whose service never reuses an earlier asking's cells (EARM_REUSE_OBSERVATIONS=false):
 #: every asking pays for what it ranks, as a peer's reranker does.
 STATELESS_POLICIES = frozenset({TOP_B, "full"})
@@ -64,6 +68,9 @@ class LocomoConfig:
     shift: bool = False
     shift_window: int = 20  # the first queries of each later segment, reported "after shift"
     progress: bool | None = None  # None: show the bar when stderr is a terminal
+    # "retrieve": the service searches and ranks (POST /retrieve); "rerank": the client searches
+    # itself and earm reranks its candidates (POST /v1/rerank; earm_bench.locomo.via_rerank)
+    via: str = "retrieve"
 
     def __post_init__(self) -> None:
         self.data_dir = Path(self.data_dir)
@@ -90,7 +97,26 @@ class LocomoConfig:
         if self.database_server and (self.database_url or self.url):
             raise ValueError("--database-server is for in-process services with a database "
                              "each: not with --database-url or --url")
+        if self.via == "rerank":
+            self._check_via_rerank()
+        elif self.via != "retrieve":
+            raise ValueError("--via must be 'retrieve' or 'rerank'")
         _ = self.budget_schedule  # a bad --schedule fails here, before any service starts
+
+    def _check_via_rerank(self) -> None:
+        """``--via rerank``: the default policies become those it runs; the judge is the oracle
+        over the rerank protocol (earm's upstream, and the client's for full and top-b)."""
+        if self.policies == POLICIES:
+            self.policies = VIA_RERANK_POLICIES
+        unsupported = [p for p in self.policies if p not in VIA_RERANK_POLICIES]
+        if unsupported:
+            raise ValueError(f"--via rerank runs {', '.join(VIA_RERANK_POLICIES)}, "
+                             f"not {', '.join(unsupported)}")
+        if self.judge != "oracle":
+            raise ValueError("--via rerank calls the oracle judge directly: not --judge local")
+        if self.shift:
+            raise ValueError("--via rerank replays each conversation on its own: not --shift")
+        self.judge_protocol = "rerank"
 
     @cached_property
     def budget_schedule(self) -> BudgetSchedule:

@@ -18,6 +18,7 @@ from earm_bench.locomo.replay import askings, replay
 from earm_bench.locomo.results import build_results, plain_stream
 from earm_bench.locomo.services import service_for
 from earm_bench.locomo.shift import replay_shift
+from earm_bench.locomo.via_rerank import replay_via_rerank
 
 logger = logging.getLogger(__name__)
 
@@ -38,10 +39,14 @@ def run_locomo(config: LocomoConfig) -> dict[str, Any]:
     records: dict[str, list[QueryRecord]] = {}
     # One service per policy in-process (each on an empty database of its own, or all on
     # --database-url's in namespaces of their own), so policies never share experience and the
-    # stateless ones run with no reuse; the running service at --url otherwise.
-    policy_groups = [config.policies] if config.url else [(p,) for p in config.policies]
+    # stateless ones run with no reuse; the running service at --url otherwise. Via rerank only
+    # earm's policy calls the service (the others call the judge): one service for all.
+    one_service = config.url or config.via == "rerank"
+    policy_groups = [config.policies] if one_service else [(p,) for p in config.policies]
     protocol = cast(JudgeProtocol, config.judge_protocol)
-    replay_stream = replay_shift if config.shift else replay
+    replay_stream = (
+        replay_shift if config.shift else replay_via_rerank if config.via == "rerank" else replay
+    )
     with start_judge(
         judge_kind, conversations, noise, port=config.judge_port, protocol=protocol
     ) as judge, progress(
