@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -52,6 +52,14 @@ def start_earm(database_url: str, upstream_url: str, **overrides: Any) -> TestCl
         "rerank_document_ttl_s": 0,  # never sweeps: the test does
     }
     return TestClient(create_app(Settings(**(options | overrides), _env_file=None)))
+
+
+@pytest.fixture(scope="module")
+def database_url(migrated_database: Callable[[str], str]) -> str:
+    """A database of this module's own: the shared one is emptied per test, which a
+    module-scoped earm would outlive (an API key another test left would lock it out), and a
+    sweep must see only this module's documents."""
+    return migrated_database("earm_rerank_retention")
 
 
 @pytest.fixture(scope="module")
