@@ -5,7 +5,9 @@ tables of the load bench's synthetic 384-d memories (rows of all namespaces shuf
 heap, as interleaved ingests leave them; the schema's HNSW index built after the load, then
 ``VACUUM ANALYZE``):
 
-- **share**: ``--memories`` memories: a namespace of 50% of them, one of 1%, the rest in a third;
+- **share**: ``--memories`` memories: a namespace of 50% of them, one of 10% (``mid``, where
+  an exact scan and the index cost about the same: what ``EARM_EXACT_SCAN_BELOW`` is set by),
+  one of 1%, the rest in a fourth;
 - **tenants**: ``--tenants`` namespaces of ``--tenant-size`` memories beside one large
   namespace as big as all of them together (50% of the table).
 
@@ -59,7 +61,7 @@ class TenancyConfig:
     queries: int = 40
     candidates: int = 200
     filter_values: int = 10
-    exact_below: tuple[int, ...] = (0, 10_000)
+    exact_below: tuple[int, ...] = (0, 10_000, 50_000, 200_000)
     dim: int = 384
     topics: int = 64
     seed: int = 0
@@ -69,12 +71,14 @@ class TenancyConfig:
 @dataclass(frozen=True)
 class Layout:
     """One table: its namespaces and their sizes; ``large`` and ``small`` name the compared
-    pair (``small`` may be a prefix: each query then goes to another of those namespaces)."""
+    pair (``small`` may be a prefix: each query then goes to another of those namespaces);
+    ``mid``, a namespace timed beside them."""
 
     name: str
     sizes: dict[str, int]
     large: str
     small: str
+    mid: str | None = None
 
     @property
     def total(self) -> int:
@@ -85,9 +89,10 @@ class Layout:
 
 
 def layouts(config: TenancyConfig) -> list[Layout]:
-    large, small = config.memories // 2, max(1, config.memories // 100)
-    share = Layout("share", {"large": large, "one-percent": small,
-                             "rest": config.memories - large - small}, "large", "one-percent")
+    large, mid, small = config.memories // 2, config.memories // 10, config.memories // 100
+    share = Layout("share", {"large": large, "ten-percent": mid, "one-percent": small,
+                             "rest": config.memories - large - mid - small},
+                   "large", "one-percent", "ten-percent")
     tenants = {f"tenant-{t:04d}": config.tenant_size for t in range(config.tenants)}
     many = Layout("tenants", {"large": config.tenants * config.tenant_size} | tenants,
                   "large", "tenant-")
@@ -135,15 +140,26 @@ def _exact_ids(conn: Any, namespace: str, query: np.ndarray, limit: int,
     return {int(r[0]) for r in rows}
 
 
+def _truths(conn: Any, probes: list[Probe], limit: int) -> list[set[int]]:
+    """Each probe's exact top ``limit``, one exact scan per namespace, query and filter."""
+    exact: dict[tuple[str, int, bool], set[int]] = {}
+    for p in probes:
+        key = (p.namespace, p.number, p.filtered)
+        if key not in exact:
+            exact[key] = _exact_ids(conn, p.namespace, p.query, limit, p.filtered)
+    return [exact[(p.namespace, p.number, p.filtered)] for p in probes]
+
+
 @dataclass(frozen=True)
 class Probe:
     """One timed search: which namespace, filtered or not, under which ``exact_below``."""
 
     namespace: str
-    role: str  # "large" or "small"
+    role: str  # "large", "mid" or "small"
     filtered: bool
     exact_below: int
     query: np.ndarray
+    number: int  # of the query
 
 
 async def _timed_searches(url: str, probes: list[Probe], limit: int,
@@ -182,8 +198,10 @@ def _probes(layout: Layout, config: TenancyConfig, world: World,
         small = smalls[(q * 7919) % len(smalls)]
         for exact_below in modes:
             for filtered in (False, True):
-                probes.append(Probe(layout.large, "large", filtered, exact_below, query))
-                probes.append(Probe(small, "small", filtered, exact_below, query))
+                probes.append(Probe(layout.large, "large", filtered, exact_below, query, q))
+                probes.append(Probe(small, "small", filtered, exact_below, query, q))
+                if layout.mid is not None:
+                    probes.append(Probe(layout.mid, "mid", filtered, exact_below, query, q))
     return probes
 
 
@@ -197,7 +215,8 @@ def _cells(layout: Layout, probes: list[Probe], results: list[tuple[float, set[i
         cell["recall"].append(len(ids & truth) / len(truth) if truth else 1.0)
     rows = []
     for (filtered, exact_below, role), cell in sorted(cells.items()):
-        size = layout.sizes[layout.large if role == "large" else layout.small_names()[0]]
+        name = {"large": layout.large, "mid": layout.mid}.get(role) or layout.small_names()[0]
+        size = layout.sizes[name]
         rows.append({
             "layout": layout.name, "filtered": filtered, "exact_below": exact_below,
             "role": role, "memories": size, "share": round(size / layout.total, 4),
@@ -208,12 +227,12 @@ def _cells(layout: Layout, probes: list[Probe], results: list[tuple[float, set[i
     return rows
 
 
-def _verdicts(rows: list[dict[str, Any]], shipped: int) -> list[dict[str, Any]]:
-    """Per layout and filter, under the shipped ``exact_below``: the small namespace's search
-    p50 against the large one's, and its recall."""
+def _verdicts(rows: list[dict[str, Any]], shipped: tuple[int, int]) -> list[dict[str, Any]]:
+    """Per layout and filter, under the shipped thresholds (without a filter, with one): the
+    small namespace's search p50 against the large one's, and its recall."""
     verdicts = []
     for row in rows:
-        if row["role"] != "small" or row["exact_below"] != shipped:
+        if row["role"] != "small" or row["exact_below"] != shipped[row["filtered"]]:
             continue
         large = next(r for r in rows if r["role"] == "large" and all(
             r[k] == row[k] for k in ("layout", "filtered", "exact_below")))
@@ -228,14 +247,21 @@ def _verdicts(rows: list[dict[str, Any]], shipped: int) -> list[dict[str, Any]]:
     return verdicts
 
 
-def run_tenancy(config: TenancyConfig, shipped: int | None = None) -> dict[str, Any]:
+def shipped_thresholds() -> tuple[int, int]:
+    """``EARM_EXACT_SCAN_BELOW`` and ``EARM_EXACT_SCAN_BELOW_FILTERED`` as shipped."""
+    from service.settings import Settings
+
+    fields = Settings.model_fields
+    return (int(fields["exact_scan_below"].default),
+            int(fields["exact_scan_below_filtered"].default))
+
+
+def run_tenancy(config: TenancyConfig,
+                shipped: tuple[int, int] | None = None) -> dict[str, Any]:
     import psycopg
     from pgvector.psycopg import register_vector
 
-    from service.settings import Settings
-
-    if shipped is None:
-        shipped = int(Settings.model_fields["exact_scan_below"].default)
+    shipped = shipped or shipped_thresholds()
     limit = config.candidates
     rows: list[dict[str, Any]] = []
     builds: dict[str, float] = {}
@@ -250,9 +276,8 @@ def run_tenancy(config: TenancyConfig, shipped: int | None = None) -> dict[str, 
                                          seed=config.seed))
                 builds[layout.name] = round(_load(conn, world, layout, config), 1)
                 probes = _probes(layout, config, world,
-                                 sorted(set(config.exact_below) | {shipped}))
-                truths = [_exact_ids(conn, p.namespace, p.query, limit, p.filtered)
-                          for p in probes]
+                                 sorted(set(config.exact_below) | set(shipped)))
+                truths = _truths(conn, probes, limit)
                 results = asyncio.run(_timed_searches(url, probes, limit, warm=len(probes) // 8))
                 rows += _cells(layout, probes, results, truths)
         finally:
@@ -261,7 +286,7 @@ def run_tenancy(config: TenancyConfig, shipped: int | None = None) -> dict[str, 
             conn.execute(INDEX_SQL.format(**SCHEMA_PARAMETERS))
     return {
         "config": asdict(config) | {"database_url": "external" if config.database_url else None},
-        "shipped_exact_below": shipped,
+        "shipped_exact_below": {"unfiltered": shipped[0], "filtered": shipped[1]},
         "hnsw_build_s": builds,
         "cells": rows,
         "verdicts": _verdicts(rows, shipped),
@@ -289,7 +314,9 @@ def render_markdown(report: dict[str, Any], command: str) -> str:
         )
     lines += [
         "",
-        f"Verdicts (exact below {report['shipped_exact_below']}, the shipped default):",
+        "Verdicts (the shipped thresholds: exact below "
+        f"{report['shipped_exact_below']['unfiltered']:,} memories, "
+        f"{report['shipped_exact_below']['filtered']:,} with a filter):",
         "",
         f"| table | filter | small / large p50 ms | ratio (≤ {LATENCY_RATIO}) | "
         f"recall (≥ {MIN_RECALL}) |",
@@ -321,7 +348,8 @@ def add_tenancy_parser(
     parser.add_argument("--candidates", type=int, default=defaults.candidates)
     parser.add_argument("--filter-values", type=int, default=defaults.filter_values)
     parser.add_argument("--exact-below", type=csv(int), default=defaults.exact_below,
-                        help="EARM_EXACT_SCAN_BELOW values to compare (default 0,10000)")
+                        help="thresholds to compare, each with and without the filter "
+                        "(default 0,10000,50000,200000; the shipped ones are added)")
     parser.add_argument("--seed", type=int, default=defaults.seed)
     parser.add_argument("--database-url", default=None,
                         help="an empty scratch database (default: embedded, temporary)")

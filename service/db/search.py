@@ -164,7 +164,7 @@ class CandidateSearch:
     # ``filters`` then unused).
     memory_ids: Sequence[int] | None = None
     # A namespace with fewer memories is scanned exactly instead of through the shared HNSW
-    # index (EARM_EXACT_SCAN_BELOW); 0: always through the index first.
+    # index (EARM_EXACT_SCAN_BELOW, or _FILTERED for a filtered search); 0: the index first.
     exact_below: int = 10_000
 
 
