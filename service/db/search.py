@@ -165,7 +165,7 @@ class CandidateSearch:
     memory_ids: Sequence[int] | None = None
     # A namespace with fewer memories is scanned exactly instead of through the shared HNSW
     # index (EARM_EXACT_SCAN_BELOW, or _FILTERED for a filtered search); 0: the index first.
-    exact_below: int = 10_000
+    exact_below: int = 20_000
 
 
 async def search(
