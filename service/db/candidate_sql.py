@@ -5,11 +5,13 @@ small share of the table makes the index a poor way to its rows: an iterative sc
 other namespaces' vectors to collect ``limit`` of its own, and gives up (then an exact scan
 answers, in a second round trip) when it has fewer rows than that. Below
 ``%(exact_below)s`` memories the candidate statement therefore scans the namespace exactly,
-along ``ix_memories_namespace_id``, reading only its rows. The choice is made inside the
-statement (a capped count of the namespace's index entries, then a one-time filter on each
-branch), so it costs no round trip and is never stale. Under a metadata filter the caller
-sets a higher threshold: the index then walks past every row the filter rejects too, and its
-top-N misses some of the exact scan's (docs/performance.md has both measured).
+along a B-tree that leads with the namespace, reading only its rows. The choice is made inside
+the statement (a capped count of the namespace's index entries, then a one-time filter on each
+branch) rather than from a per-process cache of namespace sizes: it costs no round trip, is
+never stale, and keeps no state that API processes would have to agree on. Under a metadata
+filter the caller sets a higher threshold: the index then walks past every row the filter
+rejects too, and its top-N misses some of the exact scan's (docs/performance.md has both
+measured).
 """
 
 from __future__ import annotations
