@@ -86,6 +86,10 @@ class Settings(BaseSettings):
         "(503 indexing_backlog, Retry-After), so its searches do not slow down without bound. "
         "A soft limit: concurrent ingests may each pass the check. 0: no limit.",
     )
+    exact_scan_below: int = Field(default=20_000, ge=0, description="A namespace with fewer "
+        "memories is searched by an exact scan of its rows, not the shared HNSW index. 0: never.")
+    exact_scan_below_filtered: int = Field(default=50_000, ge=0, description="The same for a "
+        "search with metadata filters, where the shared index misses some of the top-N.")
     index_poll_interval_s: float = Field(
         default=2.0,
         gt=0,

@@ -16,9 +16,14 @@ import numpy as np
 from psycopg.types.json import Jsonb
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from service.db.candidate_sql import (
+    CANDIDATES_SQL,
+    EXACT_CANDIDATES_SQL,
+    GIVEN_CANDIDATES_SQL,
+    SEARCH_SETTINGS_SQL,
+)
 from service.db.codecs import cosine_similarities, factor_matrix
 from service.db.engine import driver_connection
-from service.db.model_state import content_sql
 from service.db.namespaces import STATE_SQL, NamespaceState, state_from_row
 
 
@@ -42,101 +47,6 @@ class Candidates:
 
     def __len__(self) -> int:
         return len(self.ids)
-
-
-_CANDIDATE_COLUMNS = f"""
-    id, external_id, text, occurred_at, metadata::text AS metadata_json,
-    embedding <=> %(query)b AS distance,
-    -- the weights are read once per statement (an InitPlan)
-    coalesce({content_sql(
-        "embedding", "(SELECT content_weights FROM namespaces WHERE name = %(namespace)s)"
-    )}, 0) AS content_score
-"""
-
-
-def _scan(exact: bool, where: str, target: str, limit: str) -> str:
-    """The ``limit`` memories matching ``where`` nearest (cosine) to the vector ``target``, with
-    the candidate columns, ``key`` (the distance to ``target``) and ``from_index``: on every
-    row, the rows the HNSW index yielded (before the final LIMIT), which tells the caller
-    whether the index could fill the list.
-
-    The HNSW index is partial (``WHERE indexed``, see ``service.ingest.indexer``): the index scan
-    covers the indexed rows and an exact scan the rows not indexed yet (none, once the
-    background indexer has caught up). ``exact``: one exact scan of the whole namespace."""
-    if exact:
-        # `+ 0` hides the operator from the planner, forcing an exact scan.
-        return f"""
-            SELECT {_CANDIDATE_COLUMNS}, embedding <=> {target} AS key, 0 AS from_index
-            FROM memories WHERE {where} ORDER BY (embedding <=> {target}) + 0, id LIMIT {limit}"""
-    return f"""
-        SELECT *, count(*) FILTER (WHERE indexed) OVER () AS from_index FROM (
-            (SELECT {_CANDIDATE_COLUMNS}, embedding <=> {target} AS key, true AS indexed
-             FROM memories WHERE {where} AND indexed ORDER BY embedding <=> {target}
-             LIMIT {limit})
-            UNION ALL
-            (SELECT {_CANDIDATE_COLUMNS}, embedding <=> {target} AS key, false AS indexed
-             FROM memories WHERE {where} AND NOT indexed ORDER BY embedding <=> {target}
-             LIMIT {limit})
-        ) u
-        ORDER BY key, id LIMIT {limit}"""
-
-
-def _candidate_sql(exact: bool, filtered: bool) -> str:
-    """The top-``limit`` candidates by cosine to the query with their model parameters."""
-    where = "namespace = %(namespace)s" + (" AND metadata @> %(filters)s" if filtered else "")
-    return _with_model_rows(_scan(exact, where, "%(query)b", "%(limit)s"), "c.key, c.id")
-
-
-def _with_model_rows(candidates: str, order: str) -> str:
-    """The ``candidates`` statement's rows (``_CANDIDATE_COLUMNS``, ``key``, ``from_index``)
-    with their memory's model row, ordered by ``order``."""
-    return f"""
-        WITH c AS MATERIALIZED ({candidates})
-        -- One primary-key probe per candidate. A plain join (or a LATERAL subquery the
-        -- planner can pull up into one) let it hash the whole memory_factors table, a cost
-        -- that grew with the namespace's history; LIMIT 1 keeps the subquery a subquery.
-        SELECT c.id, c.external_id, c.text, c.occurred_at, c.metadata_json, c.distance,
-               c.content_score, c.from_index, f.bias, f.factors, f.observation_count
-        FROM c LEFT JOIN LATERAL (
-            SELECT bias, factors, observation_count FROM memory_factors
-            WHERE memory_id = c.id LIMIT 1
-        ) f ON true
-        ORDER BY {order}
-    """
-
-
-# The candidate statement, filtered or not: through the HNSW index, and the exact scan that
-# answers when the index yields too few.
-_INDEXED_CANDIDATES_SQL = {filtered: _candidate_sql(False, filtered) for filtered in (False, True)}
-_EXACT_CANDIDATES_SQL = {filtered: _candidate_sql(True, filtered) for filtered in (False, True)}
-
-# Candidates the caller gave (the rerank protocol's documents): the namespace's memories of
-# ``%(ids)s`` in the given order, which stands for the semantic ranking, with the same columns
-# (``key`` is the position, ``from_index`` unused). An id of another namespace, or deleted
-# since, is no candidate.
-_GIVEN_CANDIDATES_SQL = _with_model_rows(
-    f"""
-    SELECT {_CANDIDATE_COLUMNS}, g.ord AS key, 0 AS from_index
-    FROM unnest(%(ids)s::bigint[]) WITH ORDINALITY AS g(memory_id, ord)
-    JOIN memories ON memories.id = g.memory_id AND memories.namespace = %(namespace)s
-    """,
-    "c.key",
-)
-
-
-# plan_cache_mode: the candidate query is prepared (psycopg prepares a statement from its
-# 5th execution on a connection), and Postgres may then switch to a generic plan, which does
-# not know the query vector or the limit and is slower (measured 18 vs 10 ms at 100k
-# memories). A custom plan costs ~0.2 ms of planning. The settings are transaction-local and
-# meant for the candidate query alone, so the pipeline sets them right before it: under them
-# the planner, knowing the namespace, read the paraphrase window of a namespace that is most of
-# the table by a sequential scan of `queries`, dead row versions included (2x the buffers of
-# the index scan it otherwise takes; docs/performance.md).
-_SEARCH_SETTINGS_SQL = (
-    "SELECT set_config('hnsw.ef_search', %(ef)s, true), "
-    "set_config('hnsw.iterative_scan', 'relaxed_order', true), "
-    "set_config('plan_cache_mode', 'force_custom_plan', true)"
-)
 
 
 @dataclass(frozen=True)
@@ -253,6 +163,9 @@ class CandidateSearch:
     # The candidates themselves, in their semantic order, instead of a search (``limit`` and
     # ``filters`` then unused).
     memory_ids: Sequence[int] | None = None
+    # A namespace with fewer memories is scanned exactly instead of through the shared HNSW
+    # index (EARM_EXACT_SCAN_BELOW, or _FILTERED for a filtered search); 0: the index first.
+    exact_below: int = 20_000
 
 
 async def search(
@@ -263,11 +176,13 @@ async def search(
     the reads and the COMMIT that ends this read-only transaction are pipelined. (The
     session's own commit is then a no-op: psycopg skips COMMIT on an idle connection.)
 
-    pgvector's HNSW scan yields at most ``hnsw.ef_search`` rows, and a namespace filter can
-    leave fewer, so ef_search is raised to ``limit`` and iterative scanning is enabled for this
-    transaction; if the index still yields too few (or the namespace has fewer indexed
-    memories than ``limit``), an exact scan of the namespace answers. Given ``memory_ids``,
-    no search: those are the candidates, indexed or not.
+    A namespace of fewer than ``exact_below`` memories is scanned exactly, in the same
+    statement (``service.db.candidate_sql``). A larger one goes through the HNSW index, which
+    yields at most ``hnsw.ef_search`` rows, and a namespace filter can leave fewer, so
+    ef_search is raised to ``limit`` and iterative scanning is enabled for this transaction;
+    if the index still yields too few (or the namespace has fewer indexed memories than
+    ``limit``), an exact scan of the namespace answers. Given ``memory_ids``, no search: those
+    are the candidates, indexed or not.
     """
     conn = await driver_connection(session)
     params = _search_parameters(query)
@@ -284,10 +199,10 @@ async def search(
             await conn.execute(_RECENT_ANCHORS_SQL, params) if query.anchors is not None else None
         )
         if query.memory_ids is not None:
-            candidates_cursor = await conn.execute(_GIVEN_CANDIDATES_SQL, params)
+            candidates_cursor = await conn.execute(GIVEN_CANDIDATES_SQL, params)
         else:
-            await conn.execute(_SEARCH_SETTINGS_SQL, params)
-            candidates_cursor = await conn.execute(_INDEXED_CANDIDATES_SQL[filtered], params)
+            await conn.execute(SEARCH_SETTINGS_SQL, params)
+            candidates_cursor = await conn.execute(CANDIDATES_SQL[filtered], params)
         await conn.commit()
     state = state_from_row(await state_cursor.fetchone(), query.namespace)
     past = _past(
@@ -296,10 +211,10 @@ async def search(
         await anchor_cursor.fetchall() if anchor_cursor is not None else [],
     )
     rows = await candidates_cursor.fetchall()
-    # row[7]: from_index, rows the HNSW index yielded
-    if query.memory_ids is None and (not rows or rows[0][7] < query.limit):
+    # row[7]: complete, false when the index may have missed some
+    if query.memory_ids is None and (not rows or not rows[0][7]):
         async with conn.pipeline():
-            exact_cursor = await conn.execute(_EXACT_CANDIDATES_SQL[filtered], params)
+            exact_cursor = await conn.execute(EXACT_CANDIDATES_SQL[filtered], params)
             await conn.commit()
         rows = await exact_cursor.fetchall()
     return state, _candidates(rows, query.rank), past
@@ -311,6 +226,7 @@ def _search_parameters(query: CandidateSearch) -> dict[str, Any]:
         "namespace": query.namespace,
         "query": np.asarray(query.embedding, dtype=np.float32),
         "limit": query.limit,
+        "exact_below": query.exact_below,
         "ef": str(min(1000, max(40, query.limit))),
         "family": query.family_key,
         "feedback_only": query.family_feedback_only,
@@ -353,7 +269,7 @@ def _past(
 
 def _candidates(rows: Sequence[Sequence[Any]], rank: int) -> Candidates:
     # Row layout: id, external_id, text, occurred_at, metadata_json, distance, content_score,
-    # from_index, bias, factors, observation_count.
+    # complete, bias, factors, observation_count.
     return Candidates(
         ids=np.array([r[0] for r in rows], dtype=np.int64),
         similarities=cosine_similarities([r[5] for r in rows]),

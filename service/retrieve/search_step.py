@@ -158,6 +158,11 @@ class SearchStep:
             family_feedback_only=not self.settings.reuse_observations,
             anchors=_ANCHOR_WINDOW if self._learns_anchors(request) else None,
             memory_ids=request.given,
+            exact_below=(
+                self.settings.exact_scan_below_filtered
+                if request.filters is not None
+                else self.settings.exact_scan_below
+            ),
         )
 
     def _learns_anchors(self, request: RetrieveRequest) -> bool:
