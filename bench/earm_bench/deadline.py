@@ -74,10 +74,14 @@ def _vectors(count: int, rng: np.random.Generator) -> list[list[float]]:
     return (values / np.linalg.norm(values, axis=1, keepdims=True)).tolist()  # type: ignore[no-any-return]
 
 
+PHASES = ("search_ms", "score_ms", "complete_ms", "record_ms")
+
+
 async def _client(
     http: httpx.AsyncClient, numbers: list[int], queries: list[list[float]], candidates: int
-) -> list[tuple[float, int, int]]:
-    """Retrieves one after another: (latency s, late anchors, scorer calls) of each."""
+) -> list[tuple[float, int, int, dict[str, float]]]:
+    """Retrieves one after another: (latency s, late anchors, scorer calls, the server's
+    phase timings) of each."""
     measured = []
     for number in numbers:
         began = time.perf_counter()
@@ -85,7 +89,8 @@ async def _client(
             "namespace": NAMESPACE, "query": f"question number {number}",
             "query_embedding": queries[number], "candidates": candidates, "k": 10,
         }))
-        measured.append((time.perf_counter() - began, int(body["late"]), body["scorer_calls"]))
+        measured.append((time.perf_counter() - began, int(body["late"]), body["scorer_calls"],
+                         body["timings"]))
     return measured
 
 
@@ -124,6 +129,9 @@ async def _measure(url: str, config: DeadlineConfig) -> dict[str, Any]:
     return {
         "retrieves_per_s": round(len(measured) / seconds, 2),
         "client_ms": percentiles([row[0] * 1000 for row in measured], 1),
+        # Where the tail goes: the server's own phases.
+        "server_ms": {phase: percentiles([row[3][phase] for row in measured], 1)
+                      for phase in PHASES},
         "anchors_sent": sum(row[2] for row in measured),
         "late": late,
         "late_outcomes": {k: int(v) for k, v in outcomes.items()},
@@ -184,6 +192,11 @@ def render_markdown(report: dict[str, Any], command: str) -> str:
         f"{client['n']} retrieves at {report['retrieves_per_s']} retrieves/s: client p50 / p95 "
         f"/ p99 {client['p50']} / {client['p95']} / {client['p99']} ms. {report['late']:,} "
         f"late anchors; all ended {report['settled_s']} s after the last answer.",
+        "",
+        *table(("server phase", "p50 ms", "p95 ms", "p99 ms"),
+               [(phase.removesuffix("_ms"), *(report["server_ms"][phase][f"p{q}"]
+                                               for q in (50, 95, 99)))
+                for phase in PHASES], "lrrr"),
         "",
         *table(("target", "measured", "verdict"),
                [(t["target"], t["measured"], "met" if t["met"] else "MISSED")

@@ -187,11 +187,6 @@ class LateAnchors:
         if self.observe is not None:
             self.observe(outcome, anchors)
 
-    async def wait(self) -> None:
-        """Wait for the late anchors followed so far (tests, benchmarks)."""
-        while self._tasks:
-            await asyncio.wait(list(self._tasks))
-
     async def close(self, drain_s: float) -> None:
         """At shutdown: wait at most ``drain_s`` for the late anchors in flight, then drop
         (and count) the rest; later ones are dropped at once."""

@@ -175,7 +175,7 @@ def test_shutdown_drops_and_counts_late_anchors_still_pending(
         ids = ingest(client)
         body = retrieve(client)
         assert body["late"] == len(HELD)
-        late = client.app.state.components.pipeline.late  # type: ignore[attr-defined]
+        late = client.app.state.components.pipeline.late
         assert late.pending == len(HELD)
     # The lifespan has ended: the gate never opened, so nothing late was recorded.
     assert not reply.opened.is_set()
