@@ -162,6 +162,13 @@ class Settings(BaseSettings):
         default=100.0, gt=0, description="L2 weight of the content prior's embedding weights w."
     )
     refit_every: int = Field(default=50, ge=1, description="Full refit every this many queries.")
+    refit_growth: float = Field(
+        default=0.25,
+        ge=0,
+        description="A full refit also waits until the namespace's queries have grown by this "
+        "share since the last one (from 200 queries on at the defaults), so refit work per "
+        "retrieve stays flat as history grows; 0: every EARM_REFIT_EVERY queries at any size.",
+    )
     refit_in_background: bool = Field(
         default=True,
         description="Run a due refit after the response, in a task of the serving process (a "

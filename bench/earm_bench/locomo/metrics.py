@@ -38,6 +38,9 @@ class QueryRecord:
     total_ms: float = 0.0
     score_ms: float = 0.0
     client_ms: float = 0.0
+    # mean |estimate - observed| of this query's anchors with history, predicted before it
+    # learned from them (the trace's value; earm only, None where the query has none)
+    prequential_error: float | None = None
     # --repeat: 0 is the plain stream; rounds 1..R re-ask the questions "verbatim" or
     # "rephrased" (the plain stream's kind is "plain")
     round: int = 0
@@ -182,6 +185,8 @@ def summarize_policy(
     out["by_stage"] = by_stage
     out["latency_ms"] = latency(records)
     out["degraded"] = sum(1 for r in records if r.degraded)
+    errors = [r.prequential_error for r in records if r.prequential_error is not None]
+    out["prequential_error"] = mean(errors) if errors else None
     return out
 
 

@@ -22,6 +22,10 @@ def _ms(value: Any) -> str:
     return f"{value:.0f}" if isinstance(value, (int, float)) else "–"
 
 
+def _error(value: Any) -> str:
+    return "–" if value is None else f"{value:.3f}"
+
+
 def _calls(value: Any, signed: bool = False) -> str:
     if not isinstance(value, int):
         return "–"
@@ -58,12 +62,13 @@ def _policy_row(name: str, p: dict[str, Any], ks: Sequence[int]) -> list[str]:
             _calls(p.get("scorer_calls", 0)), pct(p.get("calls_vs_full")),
             pct(p.get(f"estimated_share@{ks[0]}")), _ms(latency.get("p50")),
             _ms(latency.get("p95")), _ms(latency.get("p50_excl_scorer")),
-            str(p.get("degraded", 0))]
+            str(p.get("degraded", 0)), _error(p.get("prequential_error"))]
 
 
 def _summary(policies: Policies, ks: Sequence[int]) -> list[str]:
     head = ["policy", *_quality_names(ks), "scorer calls", "% of full",
-            f"estimated share@{ks[0]}", "p50 ms", "p95 ms", "p50 ms excl. scorer", "degraded"]
+            f"estimated share@{ks[0]}", "p50 ms", "p95 ms", "p50 ms excl. scorer", "degraded",
+            "prequential error"]
     return table(head, (_policy_row(name, p, ks) for name, p in policies.items()))
 
 
