@@ -15,10 +15,8 @@ import platformdirs
 from pydantic import Field, SecretStr, ValidationInfo, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-# Exported from here with the setting it parses.
-from service.budget_schedule import BudgetSchedule as BudgetSchedule
+from service.budget import DEFAULT_BUDGET_SCHEDULE, BudgetSchedule
 
-DEFAULT_BUDGET_SCHEDULE = "0:1.0,5:0.5,15:0.3,30:0.175"
 #: The namespace names the API accepts. Declared here, at the bottom of the dependency rule,
 #: because a setting (``mcp_default_namespace``) names a namespace too; ``service.http.schemas``
 #: builds its ``NamespaceName`` from it.

@@ -56,7 +56,7 @@ from earm_bench.locomo.metrics import (
 from earm_bench.locomo.replay import askings
 from earm_bench.locomo.report import pct
 from earm_bench.locomo.shift import summarize_shift
-from service.settings import BudgetSchedule
+from service.budget import BudgetSchedule
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 LOCOMO_DIR = Path(

@@ -185,9 +185,13 @@ def summarize_policy(
     out["by_stage"] = by_stage
     out["latency_ms"] = latency(records)
     out["degraded"] = sum(1 for r in records if r.degraded)
-    errors = [r.prequential_error for r in records if r.prequential_error is not None]
-    out["prequential_error"] = mean(errors) if errors else None
+    out["prequential_error"] = prequential_error(records)
     return out
+
+
+def prequential_error(records: Iterable[QueryRecord]) -> float | None:
+    """The mean of the queries' prequential errors (None: no query has one)."""
+    return mean(r.prequential_error for r in records if r.prequential_error is not None)
 
 
 def repeat_rounds(records: Sequence[QueryRecord], ks: Sequence[int]) -> dict[str, Any]:

@@ -155,10 +155,12 @@ def _repeat(repeat: dict[str, Any] | None, ks: Sequence[int]) -> list[str]:
         for kind, q in kinds.items()
     ]
     totals = [[policy, _calls(entry["scorer_calls"]), pct(entry.get("calls_vs_full")),
-               _calls(entry["reused"])] for policy, entry in repeat.items()]
+               _calls(entry["reused"]), _error(entry.get("prequential_error"))]
+              for policy, entry in repeat.items()]
     return ["", "### --repeat: per round and kind of asking (round 0 = the plain stream, %)", "",
             *table(head, rows), "", "whole stream, all rounds:", "",
-            *table(["policy", "scorer calls", "% of full", "reused cells"], totals)]
+            *table(["policy", "scorer calls", "% of full", "reused cells", "prequential error"],
+                   totals)]
 
 
 def _repeat_derived(derived: dict[str, Any] | None, ks: Sequence[int]) -> list[str]:

@@ -1,10 +1,12 @@
-"""The parsed ``EARM_BUDGET_SCHEDULE``: ``service.settings`` validates the setting with it and
-exports it, and the pipeline, /stats and /metrics read it from there, so every layer can reach it
-without importing upwards."""
+"""The budget schedule (``EARM_BUDGET_SCHEDULE``): the share of a query's candidates the scorer
+scores, by the namespace's query index. A leaf module: the settings validate a schedule, and
+the pipeline, ``/stats`` and ``/metrics`` read it, without importing one another."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+DEFAULT_BUDGET_SCHEDULE = "0:1.0,5:0.5,15:0.3,30:0.175"
 
 
 @dataclass(frozen=True)
