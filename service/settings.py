@@ -133,6 +133,10 @@ class Settings(BaseSettings):
     scorer_api_key: SecretStr | None = None
     scorer_concurrency: int = Field(default=256, ge=1, le=1024)
     scorer_timeout_s: float = Field(default=10.0, gt=0)
+    # Answer deadline of a retrieve's scoring (None or 0: off), below the scorer timeout, which
+    # bounds the late anchors scored after the answer; shutdown waits late_drain_s for them.
+    score_deadline_ms: float | None = Field(default=None, ge=0)
+    late_drain_s: float = Field(default=10.0, ge=0)
     scorer_max_retries: int = Field(default=2, ge=0, le=10)
     # Documents per /rerank request (rerank, tei); a retrieve's batches run concurrently.
     scorer_batch_size: int = Field(default=64, ge=1, le=4096)
@@ -339,6 +343,17 @@ class Settings(BaseSettings):
                 "candidates would be refused"
             )
         return self
+
+    @field_validator("score_deadline_ms")
+    @classmethod
+    def _deadline_below_timeout(cls, deadline: float | None, info: ValidationInfo) -> float | None:
+        timeout_s = info.data.get("scorer_timeout_s")
+        if deadline and timeout_s is not None and deadline >= timeout_s * 1000:
+            raise ValueError(
+                f"{deadline:g} ms is not below EARM_SCORER_TIMEOUT_S={timeout_s:g} s, which "
+                "bounds the scoring of late anchors: set a shorter deadline or a longer timeout"
+            )
+        return deadline or None
 
     @field_validator("log_level", mode="before")
     @classmethod

@@ -14,7 +14,13 @@ import numpy as np
 import psycopg.sql
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from service.db.codecs import cosine_similarities, factor_matrix, parse_binary_copy, real_values
+from service.db.codecs import (
+    array_literal,
+    cosine_similarities,
+    factor_matrix,
+    parse_binary_copy,
+    real_values,
+)
 from service.db.engine import driver_connection
 from service.db.model_state import content_sql
 from service.db.statements import execute, fetch_all, fetch_value
@@ -94,6 +100,67 @@ async def record_feedback(
     )
     await memory_observations_changed(session, memory_ids)
     return FeedbackWrite(np.asarray(memory_ids, dtype=np.int64), int(replaced or 0))
+
+
+# Late scores (the answer deadline) join their query as the scorer's observations, stamped
+# after the namespace lock like feedback. A pair observed already keeps its observation: only
+# client feedback can have come first, and feedback is authoritative. A memory deleted, or
+# edited since the query (the score judged its old content), gets none.
+_RECORD_LATE_SQL = """
+    WITH q AS (
+        SELECT id, created_at FROM queries
+        WHERE id = %(query_id)s AND namespace = %(namespace)s
+    ), t AS (
+        SELECT t.m, t.s, t.c, t.k
+        FROM unnest(%(memory_ids)s::bigint[], %(scores)s::float8[],
+                    %(similarities)s::float8[]::real[], %(anchor_kinds)s::smallint[])
+            AS t(m, s, c, k), q
+        WHERE EXISTS (SELECT FROM memories m WHERE m.id = t.m
+                      AND (m.content_changed_at IS NULL OR m.content_changed_at < q.created_at))
+    ), added AS (
+        INSERT INTO scores (query_id, memory_id, namespace, score, similarity, source,
+                            anchor_kind, created_at)
+        SELECT q.id, t.m, %(namespace)s::text, t.s, t.c, 'scorer', t.k, clock_timestamp()
+        FROM q, t
+        ON CONFLICT (query_id, memory_id) DO NOTHING
+        RETURNING memory_id, score
+    ), mean AS (
+        UPDATE namespaces SET
+            score_sum = score_sum + (SELECT coalesce(sum(score), 0) FROM added),
+            score_count = score_count + (SELECT count(*) FROM added),
+            scorer_requests = scorer_requests + %(requests)s
+        WHERE name = %(namespace)s
+    )
+    SELECT memory_id FROM added ORDER BY memory_id
+"""
+
+
+async def record_late_scores(
+    session: AsyncSession,
+    namespace: str,
+    query_id: int,
+    memory_ids: np.ndarray,
+    cells: tuple[np.ndarray, np.ndarray, np.ndarray],
+    requests: int,
+) -> np.ndarray:
+    """Record a query's late scores (``cells``: similarities, scores, anchor kinds per memory)
+    where the pair has no observation yet, and count the scorer call's ``requests``; the
+    memories recorded. Run under the namespace's lock."""
+    similarities, scores, anchor_kinds = cells
+    rows = await fetch_all(
+        session,
+        _RECORD_LATE_SQL,
+        {
+            "query_id": query_id,
+            "namespace": namespace,
+            "memory_ids": array_literal(memory_ids),
+            "scores": array_literal(real_values(scores)),
+            "similarities": array_literal(real_values(similarities)),
+            "anchor_kinds": array_literal(anchor_kinds),
+            "requests": requests,
+        },
+    )
+    return np.array([r[0] for r in rows], dtype=np.int64)
 
 
 _RETIRE_SQL = """

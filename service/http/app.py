@@ -83,7 +83,9 @@ def _lifespan(
             scorer = build_scorer(
                 settings, observer=observe_all(metrics.observe_scorer_call, scorer_health)
             )
-            pipeline = RetrievalPipeline(database.sessions, embedder, scorer, settings)
+            pipeline = RetrievalPipeline(
+                database.sessions, embedder, scorer, settings, metrics.observe_late_anchors
+            )
             indexer = BackgroundIndexer.from_settings(database.sessions, settings)
             if settings.background_work:
                 # Started now: memories left unindexed by an earlier run are indexed first.
@@ -103,6 +105,8 @@ def _lifespan(
                 yield
             finally:
                 await indexer.stop()
+                # Late anchors still in flight: recorded if they land in time, else dropped.
+                await pipeline.late.close(settings.late_drain_s)
                 await pipeline.drain()  # a refit in flight finishes while the database is up
                 await scorer.aclose()
                 if embedder is not None:

@@ -128,6 +128,14 @@ class _RetrieveMetrics:
             ["source"],
             registry=registry,
         )
+        self.late_anchors = Counter(
+            "earm_late_anchors",
+            "Anchors whose scores missed the answer deadline (EARM_SCORE_DEADLINE_MS), by how "
+            "they ended: recorded, superseded (the pair had feedback already, or its memory is "
+            "gone), failed, dropped (still pending at shutdown).",
+            ["outcome"],
+            registry=registry,
+        )
 
     def observe(self, result: RetrieveResult, scorer: str) -> None:
         policy = str(result.policy)
@@ -204,6 +212,10 @@ class Metrics:
 
     def observe_retrieve(self, result: RetrieveResult, scorer: str) -> None:
         self.retrieve.observe(result, scorer)
+
+    def observe_late_anchors(self, outcome: str, anchors: int) -> None:
+        """A :data:`service.retrieve.late.LateObserver`."""
+        self.retrieve.late_anchors.labels(outcome=outcome).inc(anchors)
 
     def observe_scorer_call(
         self, scorer: str, outcome: str, duration_s: float, calls: int = 1

@@ -23,7 +23,7 @@ import httpx
 import numpy as np
 
 from service.providers.retry import backoff_delay, retry_after_seconds, retryable_status
-from service.providers.scorers import Outcome, ScorerObserver, Scores, notify
+from service.providers.scorers import Outcome, PartScored, ScorerObserver, Scores, notify
 
 logger = logging.getLogger(__name__)
 
@@ -180,6 +180,19 @@ class HTTPScorer:
         memory_texts: Sequence[str],
         memory_embeddings: np.ndarray,
     ) -> Scores:
+        return await self.score_in_parts(
+            query_text, query_embedding, memory_texts, memory_embeddings, None
+        )
+
+    async def score_in_parts(
+        self,
+        query_text: str,
+        query_embedding: np.ndarray,
+        memory_texts: Sequence[str],
+        memory_embeddings: np.ndarray,
+        scored: PartScored | None,
+    ) -> Scores:
+        """:meth:`score`, telling ``scored`` (if given) each request's pairs as it ends."""
         if not memory_texts:
             return Scores([], requests=0)
         started = time.perf_counter()
@@ -189,7 +202,7 @@ class HTTPScorer:
         outcomes: list[Outcome] = ["error"] * len(memory_texts)
         done = await asyncio.gather(
             *(
-                self._run(request, deadline, attempts)
+                self._run_and_tell(request, deadline, attempts, scored)
                 for request in self.plan(query_text, memory_texts)
             )
         )
@@ -199,6 +212,18 @@ class HTTPScorer:
         if any(outcome != "ok" for outcome in outcomes):
             self.failure_log.failed(outcomes, time.perf_counter() - started)
         return Scores(values, requests=attempts.count)
+
+    async def _run_and_tell(
+        self,
+        request: ScoringRequest,
+        deadline: float,
+        attempts: _Attempts,
+        scored: PartScored | None,
+    ) -> dict[int, tuple[float | None, Outcome]]:
+        part = await self._run(request, deadline, attempts)
+        if scored is not None:
+            scored({position: value for position, (value, _) in part.items()})
+        return part
 
     async def _run(
         self, request: ScoringRequest, deadline: float, attempts: _Attempts

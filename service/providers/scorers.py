@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol, runtime_checkable
 
@@ -29,9 +29,11 @@ __all__ = [
     "LOCAL_TEMPERATURE",
     "LocalScorer",
     "Outcome",
+    "PartScored",
     "RelevanceScorer",
     "ScorerObserver",
     "Scores",
+    "ScoresInParts",
     "cosine_to_score",
     "notify",
     "observe_all",
@@ -126,6 +128,28 @@ class RelevanceScorer(Protocol):
         ...
 
     async def aclose(self) -> None: ...
+
+
+#: Told the scores of one part of a :meth:`ScoresInParts.score_in_parts` call as soon as that
+#: part is answered: value (``None``: failed) by position in the call's memory list.
+PartScored = Callable[[Mapping[int, float | None]], None]
+
+
+@runtime_checkable
+class ScoresInParts(Protocol):
+    """A scorer whose call answers in parts (an HTTP scorer: one per request), so a caller with
+    an answer deadline can take the pairs answered by then and leave the rest to finish."""
+
+    async def score_in_parts(
+        self,
+        query_text: str,
+        query_embedding: np.ndarray,
+        memory_texts: Sequence[str],
+        memory_embeddings: np.ndarray,
+        scored: PartScored,
+    ) -> Scores:
+        """:meth:`RelevanceScorer.score`, telling ``scored`` each part as it is answered."""
+        ...
 
 
 class LocalScorer:

@@ -57,6 +57,18 @@ class FeedbackResult:
 MemoryRef = int | str
 
 
+@dataclass(frozen=True)
+class LateObservations:
+    """Scores of a recorded query's anchors that landed after its answer (the answer deadline,
+    ``service.retrieve.late``), and the HTTP requests their scorer call took."""
+
+    memory_ids: np.ndarray
+    similarities: np.ndarray
+    scores: np.ndarray
+    anchor_kinds: np.ndarray
+    requests: int
+
+
 class Learner:
     """Writes what a namespace learns; one per pipeline, so per process (it owns the
     process's background refit tasks)."""
@@ -181,24 +193,54 @@ class Learner:
             written = await experience.record_feedback(
                 session, namespace, query_id, ids, similarities, values
             )
-            observed, cell_similarities, bias, factors = await experience.query_observations(
-                session, query_id, self.settings.rank
-            )
-            query = fold_in(
-                state.mean_score, bias, factors, cell_similarities, observed, self.settings.reg
-            )
-            await model_state.update_query_factors(
-                session,
-                np.array([query_id]),
-                np.array([query.bias]),
-                np.array([query.slope]),
-                query.factors[None, :],
-            )
-            await self._relearn_after_feedback(
+            await self._relearn_query(
                 session, namespace, query_id, written.memory_ids, state.mean_score
             )
             await session.commit()
         return FeedbackResult(recorded=len(written.memory_ids), replaced=written.replaced)
+
+    async def record_late(
+        self, namespace: str, query_id: int, late: LateObservations
+    ) -> int:
+        """Record late scores as the scorer's observations of their query, where the pair has
+        none yet (client feedback that came first stays), and relearn from them as feedback
+        does; how many were recorded. NotFound when the namespace was erased."""
+        async with self.sessions() as session:
+            state = await namespace_state(session, namespace, for_update=True)
+            written = await experience.record_late_scores(
+                session, namespace, query_id, late.memory_ids,
+                (late.similarities, late.scores, late.anchor_kinds), late.requests,
+            )
+            if len(written):
+                await self._relearn_query(
+                    session, namespace, query_id, written, state.mean_score
+                )
+            await session.commit()
+        return len(written)
+
+    async def _relearn_query(
+        self,
+        session: AsyncSession,
+        namespace: str,
+        query_id: int,
+        changed_ids: np.ndarray,
+        mean_score: float,
+    ) -> None:
+        """The query's observations of ``changed_ids`` changed: its parameters are solved
+        again from all of them, then the memory rows relearned (``mean_score``: the
+        namespace's, as read under its lock). Under the namespace's lock."""
+        observed, cell_similarities, bias, factors = await experience.query_observations(
+            session, query_id, self.settings.rank
+        )
+        query = fold_in(mean_score, bias, factors, cell_similarities, observed, self.settings.reg)
+        await model_state.update_query_factors(
+            session,
+            np.array([query_id]),
+            np.array([query.bias]),
+            np.array([query.slope]),
+            query.factors[None, :],
+        )
+        await self._relearn_after_feedback(session, namespace, query_id, changed_ids, mean_score)
 
     @staticmethod
     async def _memory_ids(

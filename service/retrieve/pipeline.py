@@ -23,6 +23,7 @@ from service.errors import InvalidInput, LimitExceeded
 from service.providers.embedders import Embedder, check_embedding, embed_texts
 from service.providers.scorers import RelevanceScorer
 from service.retrieve.anchors import second_round
+from service.retrieve.late import LateAnchors, LateObserver, PendingAnchors, score_anchors_by
 from service.retrieve.learning import FeedbackResult, Learner, MemoryRef
 from service.retrieve.record_step import query_trace, recorded_retrieve
 from service.retrieve.request import (
@@ -32,7 +33,7 @@ from service.retrieve.request import (
     Timings,
 )
 from service.retrieve.rerank import CandidateObservations, Policy, Ranking, rank_candidates
-from service.retrieve.score_step import ScoredAnchors, score_anchors
+from service.retrieve.score_step import ScoredAnchors
 from service.retrieve.search_step import FoundCandidates, SearchStep
 from service.settings import Settings
 
@@ -98,6 +99,7 @@ class RetrievalPipeline:
         embedder: Embedder | None,
         scorer: RelevanceScorer,
         settings: Settings,
+        late_observer: LateObserver | None = None,
     ) -> None:
         self.sessions = sessions
         self.embedder = embedder
@@ -106,6 +108,8 @@ class RetrievalPipeline:
         self.schedule = BudgetSchedule.parse(settings.budget_schedule)
         self.search = SearchStep(sessions, settings, self.schedule, scorer.reads_embeddings)
         self.learner = Learner(sessions, settings)
+        # The anchors answered after the deadline, recorded in the background.
+        self.late = LateAnchors(self.learner, late_observer)
 
     # ----------------------------------------------------------------------------- retrieve
 
@@ -161,19 +165,26 @@ class RetrievalPipeline:
         watch: _Stopwatch,
         since: float,
     ) -> RetrieveResult:
-        scored = await self._score(request, query_vector, found, rows)
+        scored, pending = await self._score(request, query_vector, found, rows)
         since = watch.lap("score_ms", since)
-        ranking = await asyncio.to_thread(self._rank, request.policy, found, scored, True)
-        memories = self._top_k(request, found.candidates, ranking)
-        since = watch.lap("complete_ms", since)
-        stage = self.schedule.stage_for(found.state.next_query_index)
-        trace = query_trace(found, ranking, scored, stage, dict(watch.timings),
-                            self.settings.query_traces)
-        recorded = await self.learner.record_and_learn(
-            recorded_retrieve(request, query_vector, found, scored, ranking, memories, trace),
-            found.state,
-            await rows.result(),
-        )
+        try:
+            ranking = await asyncio.to_thread(self._rank, request.policy, found, scored, True)
+            memories = self._top_k(request, found.candidates, ranking)
+            since = watch.lap("complete_ms", since)
+            stage = self.schedule.stage_for(found.state.next_query_index)
+            trace = query_trace(found, ranking, scored, stage, dict(watch.timings),
+                                self.settings.query_traces)
+            recorded = await self.learner.record_and_learn(
+                recorded_retrieve(request, query_vector, found, scored, ranking, memories, trace),
+                found.state,
+                await rows.result(),
+            )
+        except BaseException:
+            if pending is not None:
+                pending.cancel()
+            raise
+        if pending is not None:
+            self.late.follow(request.namespace, recorded, pending, found.candidates)
         watch.lap("record_ms", since)
         if recorded is None:
             # DELETE /namespaces erased the namespace while this ran: answer as a retrieve
@@ -194,7 +205,21 @@ class RetrievalPipeline:
             degraded=scored.degraded,
             memories=memories,
             timings=watch.total(),
+            late=self._late_count(pending),
         )
+
+    def _late_count(self, pending: PendingAnchors | None) -> int | None:
+        """The response's count of late anchors: None (not shown) without a deadline."""
+        if self.settings.score_deadline_ms is None:
+            return None
+        return 0 if pending is None else pending.late
+
+    def _deadline(self) -> float | None:
+        """The event-loop time the score phase waits until at most (None: no deadline)."""
+        deadline_ms = self.settings.score_deadline_ms
+        if deadline_ms is None:
+            return None
+        return asyncio.get_running_loop().time() + deadline_ms / 1000.0
 
     async def _score(
         self,
@@ -202,17 +227,20 @@ class RetrievalPipeline:
         query_vector: np.ndarray,
         found: FoundCandidates,
         rows: _RowReads,
-    ) -> ScoredAnchors:
+    ) -> tuple[ScoredAnchors, PendingAnchors | None]:
         """The anchors' scores: round one, then round two chosen from round one's (the rows each
-        round's record updates are read while the scorer works on it)."""
+        round's record updates are read while the scorer works on it). With a deadline, the
+        scores answered by then, and the call that missed it (round one missing it: no round
+        two, which would be chosen from its scores)."""
         plan, candidates = found.plan, found.candidates
+        query, deadline = (request.query, query_vector), self._deadline()
         rows.start(plan.first)
-        scored = await score_anchors(
-            self.scorer, request.query, query_vector, candidates, plan.first, plan.first_kinds,
-            found.anchor_embeddings,
+        scored, pending = await score_anchors_by(
+            self.scorer, query, candidates, (plan.first, plan.first_kinds),
+            found.anchor_embeddings, deadline,
         )
-        if plan.second_size == 0:
-            return scored
+        if plan.second_size == 0 or pending is not None:
+            return scored, pending
         # Chosen by the completion's estimates, whatever the policy ranks by, so the policies
         # score the same anchors (a paired comparison).
         interim = await asyncio.to_thread(self._rank, "earm", found, scored, False)
@@ -224,10 +252,11 @@ class RetrievalPipeline:
             plan.second_size, plan.share or 0.0, plan.seed, found.steered,
         )
         rows.start(second.positions)
-        return scored.plus(await score_anchors(
-            self.scorer, request.query, query_vector, candidates, second.positions,
-            second.kinds(), await self._embeddings(candidates, second.positions),
-        ))
+        later, pending = await score_anchors_by(
+            self.scorer, query, candidates, (second.positions, second.kinds()),
+            await self._embeddings(candidates, second.positions), deadline,
+        )
+        return scored.plus(later), pending
 
     async def _embeddings(self, candidates: Candidates, positions: np.ndarray) -> np.ndarray:
         async with self.sessions() as session:
@@ -286,6 +315,7 @@ class RetrievalPipeline:
             degraded=False,
             memories=[],
             timings=watch.total(),
+            late=self._late_count(None),
         )
 
     def _top_k(

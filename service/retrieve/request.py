@@ -6,7 +6,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
+
+from pydantic import Field
 
 from service.retrieve.rerank import Policy, Source
 
@@ -91,3 +93,13 @@ class RetrieveResult:
     degraded: bool
     memories: list[RetrievedMemory]
     timings: Timings
+    # Left out of the JSON without a deadline, so the response is what it was.
+    late: Annotated[
+        int | None,
+        Field(
+            exclude_if=lambda late: late is None,
+            description="Anchors sent to the scorer whose scores missed the answer deadline "
+            "(EARM_SCORE_DEADLINE_MS): ranked by their estimates here, recorded to the query "
+            "once they land. Absent when no deadline is set.",
+        ),
+    ] = None

@@ -16,8 +16,9 @@ which may be a coroutine function and may raise :class:`HTTPFault` to answer wit
   ``POST /rerank`` in the Cohere/vLLM or the text-embeddings-inference shape, whose request and
   response shapes are :func:`rerank_request` and :func:`rerank_response` (at
   :data:`RERANK_PATHS`); :class:`GatedEmbed`, an embeddings callback that holds chosen texts
-  until the test lets them through. Each app counts its requests on ``app.state`` (``calls``,
-  ``in_flight``, ``max_in_flight``, ``last_request``);
+  until the test lets them through, and :class:`GatedReply`, its chat judge counterpart. Each
+  app counts its requests on ``app.state`` (``calls``, ``in_flight``, ``max_in_flight``,
+  ``last_request``);
 - :func:`free_port`, :func:`wait_ready` and :func:`interrupt`: start, await and stop an
   ``earm serve`` or ``earm worker`` process.
 
@@ -33,7 +34,7 @@ Typical use::
     assert app.state.calls == 3
 """
 
-from service.testing.chat import ReplyFn, chat_completions_app
+from service.testing.chat import GatedReply, ReplyFn, chat_completions_app
 from service.testing.embeddings import EmbedFn, GatedEmbed, embeddings_app, text_vector
 from service.testing.processes import free_port, interrupt, wait_ready
 from service.testing.rerank import (
@@ -49,6 +50,7 @@ __all__ = [
     "RERANK_PATHS",
     "EmbedFn",
     "GatedEmbed",
+    "GatedReply",
     "HTTPFault",
     "LoopbackServer",
     "RerankFn",

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import math
+import threading
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -14,6 +16,28 @@ from service.testing.stand_in import BadRequest, answer_post, maybe_await, opena
 
 #: The prompt (every message's content) -> the assistant's text.
 ReplyFn = Callable[[str], "str | Awaitable[str]"]
+
+
+class GatedReply:
+    """A ``reply`` for :func:`chat_completions_app` that holds every prompt containing
+    ``held_marker`` until :attr:`opened` is set (at most ``wait_s``) and answers the others at
+    once, each with ``score``: a judge whose latency the test decides, e.g. to let a retrieve
+    miss its answer deadline for chosen memories. :attr:`arrived` is released once per held
+    prompt."""
+
+    def __init__(self, held_marker: str = "held:", score: str = "0.9", wait_s: float = 60.0):
+        self.held_marker = held_marker
+        self.score = score
+        self.wait_s = wait_s
+        self.opened = threading.Event()
+        self.arrived = threading.Semaphore(0)
+
+    async def __call__(self, prompt: str) -> str:
+        if self.held_marker in prompt:
+            self.arrived.release()
+            # In a worker thread: the stand-in's own event loop keeps answering other prompts.
+            await asyncio.to_thread(self.opened.wait, self.wait_s)
+        return self.score
 
 
 def chat_completions_app(
