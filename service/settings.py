@@ -63,6 +63,18 @@ class Settings(BaseSettings):
         default_factory=default_data_dir,
         description="Data directory of the embedded Postgres (persists across restarts).",
     )
+    database_replica_urls: str = Field(
+        default="",
+        description="Comma-separated URLs of streaming replicas of the database that serve "
+        "listings, traces, stats, the dashboard and semantic searches. Empty: none.",
+    )
+    replica_max_wait_ms: int = Field(
+        default=50,
+        ge=0,
+        le=10_000,
+        description="How long a replica read waits for the replica to replay this process's "
+        "last commit of the namespace before it reads from the primary instead.",
+    )
     db_pool_size: int = Field(default=10, ge=1, le=200)
     db_prepared_statements: bool = Field(
         default=True,
@@ -355,6 +367,11 @@ class Settings(BaseSettings):
         if parts.scheme not in ("http", "https") or not parts.netloc:
             raise ValueError("must be an http:// or https:// URL, e.g. http://localhost:8000/v1")
         return url.rstrip("/")
+
+    @property
+    def replica_urls(self) -> list[str]:
+        """``EARM_DATABASE_REPLICA_URLS`` as a list (blanks between commas dropped)."""
+        return [url.strip() for url in self.database_replica_urls.split(",") if url.strip()]
 
 
 # The parsed EARM_BUDGET_SCHEDULE lives with the setting: Settings validates it, and the

@@ -71,7 +71,10 @@ def _lifespan(
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         # In embedded mode, the server is restarted whenever it dies (service.db.engine).
-        async with open_database(settings) as database, supervised(database, settings):
+        async with (
+            open_database(settings, metrics.observe_replica_read) as database,
+            supervised(database, settings),
+        ):
             # Seeds EARM_API_KEYS; refuses a non-loopback EARM_HOST without key enforcement.
             app.state.authenticator = Authenticator.from_settings(settings, database.sessions)
             await app.state.authenticator.start(bind_host=settings.host)
@@ -83,7 +86,9 @@ def _lifespan(
             scorer = build_scorer(
                 settings, observer=observe_all(metrics.observe_scorer_call, scorer_health)
             )
-            pipeline = RetrievalPipeline(database.sessions, embedder, scorer, settings)
+            pipeline = RetrievalPipeline(
+                database.sessions, embedder, scorer, settings, database.replicas
+            )
             indexer = BackgroundIndexer.from_settings(database.sessions, settings)
             if settings.background_work:
                 # Started now: memories left unindexed by an earlier run are indexed first.

@@ -17,6 +17,7 @@ from numpy.typing import NDArray
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from service.db.memory_rows import StoredRows
+from service.db.replicas import Replicas
 from service.db.search import Candidates
 from service.errors import InvalidInput, LimitExceeded
 from service.providers.embedders import Embedder, check_embedding, embed_texts
@@ -97,13 +98,16 @@ class RetrievalPipeline:
         embedder: Embedder | None,
         scorer: RelevanceScorer,
         settings: Settings,
+        replicas: Replicas | None = None,
     ) -> None:
         self.sessions = sessions
         self.embedder = embedder
         self.scorer = scorer
         self.settings = settings
         self.schedule = BudgetSchedule.parse(settings.budget_schedule)
-        self.search = SearchStep(sessions, settings, self.schedule, scorer.reads_embeddings)
+        self.search = SearchStep(
+            sessions, settings, self.schedule, scorer.reads_embeddings, replicas
+        )
         self.learner = Learner(sessions, settings)
 
     # ----------------------------------------------------------------------------- retrieve
