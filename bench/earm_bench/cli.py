@@ -14,6 +14,7 @@ from earm_bench.ingest_stall import add_ingest_stall_parser
 from earm_bench.load import add_load_parser
 from earm_bench.load_mix import add_load_mix_parser
 from earm_bench.locomo import add_locomo_parser
+from earm_bench.replica import add_replica_parser
 
 
 def add_bench_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -26,3 +27,4 @@ def add_bench_parser(commands: argparse._SubParsersAction[argparse.ArgumentParse
     add_load_parser(benchmarks)
     add_hnsw_parser(benchmarks)
     add_ingest_stall_parser(benchmarks)
+    add_replica_parser(benchmarks)

@@ -46,6 +46,8 @@ EVERYTHING: Depends = "everything"
 Outcome = Literal["replica", "primary_lag", "primary_error", "primary_down"]
 ReadObserver = Callable[[Outcome], None]
 
+#: A target no replica reaches: the read goes to the primary.
+UNKNOWN = 2**63 - 1
 #: A replica that failed serves no read for this long; then it is tried again.
 DOWN_FOR_S = 5.0
 #: How often a lagging replica's replay position is polled while a read waits for it.
@@ -74,16 +76,25 @@ class _Replica:
 @dataclass
 class _Written:
     """The primary's position after the last commit of this process that touched a namespace,
-    by kind of write; ``latest`` over every namespace."""
+    by kind of write; ``latest`` over every namespace. A namespace whose position could not be
+    read after a commit is ``unknown`` (its reads go to the primary) until a position read
+    that began after that failure, which is past the commit, stands in for it."""
 
     by_namespace: dict[str, int] = field(default_factory=dict)
     latest: int = 0
+    unknown: dict[str, float] = field(default_factory=dict)  # namespace -> when it failed
 
-    def note(self, namespace: str, lsn: int) -> None:
+    def note(self, namespace: str, lsn: int, read_began: float) -> None:
         self.by_namespace[namespace] = max(lsn, self.by_namespace.get(namespace, 0))
         self.latest = max(lsn, self.latest)
+        for stale, failed_at in list(self.unknown.items()):
+            if failed_at < read_began:
+                del self.unknown[stale]
+                self.by_namespace[stale] = max(lsn, self.by_namespace.get(stale, 0))
 
     def target(self, namespace: str | None) -> int:
+        if self.unknown and (namespace is None or namespace in self.unknown):
+            return UNKNOWN
         return self.latest if namespace is None else self.by_namespace.get(namespace, 0)
 
 
@@ -126,13 +137,22 @@ class Replicas:
         for. One round trip on a primary connection; nothing without replicas."""
         if not self._replicas:
             return
-        async with self._primary_engine.connect() as connection:
-            # Autocommit: the one statement, without a BEGIN and a COMMIT of its own.
-            autocommit = await connection.execution_options(isolation_level="AUTOCOMMIT")
-            lsn = int(await _value(autocommit, _INSERT_LSN_SQL))
-        self._everything.note(namespace, lsn)
-        if memories:
-            self._memories.note(namespace, lsn)
+        kinds = (self._everything, self._memories) if memories else (self._everything,)
+        began = time.monotonic()
+        try:
+            async with self._primary_engine.connect() as connection:
+                # Autocommit: the one statement, without a BEGIN and a COMMIT of its own.
+                autocommit = await connection.execution_options(isolation_level="AUTOCOMMIT")
+                lsn = int(await _value(autocommit, _INSERT_LSN_SQL))
+        except (DBAPIError, psycopg.Error, OSError) as exc:
+            # The write is committed: its request must not fail now. Its namespace is read
+            # from the primary until a later position covers the commit.
+            log.warning("could not read the primary's WAL position after a commit: %s", exc)
+            for written in kinds:
+                written.unknown[namespace] = time.monotonic()
+            return
+        for written in kinds:
+            written.note(namespace, lsn, began)
 
     # ----------------------------------------------------------------------------- reads
 
@@ -183,6 +203,8 @@ class Replicas:
         A server not in recovery (no replay position) never has: it is not a standby."""
         if replica.replayed >= target:
             return True  # seen before: no round trip
+        if target == UNKNOWN:
+            return False
         deadline = time.monotonic() + self.max_wait_s
         while True:
             replayed = await _value(await session.connection(), _REPLAY_LSN_SQL)
