@@ -7,10 +7,9 @@ every commit that touches a namespace, the write path notes the primary's WAL in
 (:meth:`Replicas.note_commit`), kept in this process's memory per namespace and kind. Before a
 replica read for that namespace, the replica must have replayed past it: its
 ``pg_last_wal_replay_lsn()`` is polled for up to ``EARM_REPLICA_MAX_WAIT_MS``, then the read
-goes to the primary. A replica
-that errors is marked down for :data:`DOWN_FOR_S` and the read (and those meanwhile) runs on the
-primary: a dead replica costs latency, never a failed request. Each outcome is counted
-(``earm_replica_reads_total``).
+goes to the primary. A replica that errors is marked down for :data:`DOWN_FOR_S` and the read
+(and those meanwhile) runs on the primary: a dead replica costs latency, never a failed
+request. Each outcome is counted (``earm_replica_reads_total``).
 
 The positions are per process: a write through another process (another API worker, the CLI)
 is seen by this one's replica reads once the replica has replayed it, which is usually within
@@ -50,6 +49,9 @@ ReadObserver = Callable[[Outcome], None]
 UNKNOWN = 2**63 - 1
 #: A replica that failed serves no read for this long; then it is tried again.
 DOWN_FOR_S = 5.0
+#: A replay position seen this recently vouches for a read without a round trip of its own
+#: (a restarted standby takes longer to answer again; a failed read forgets it at once).
+TRUST_REPLAYED_S = 1.0
 #: How often a lagging replica's replay position is polled while a read waits for it.
 POLL_S = 0.002
 
@@ -69,8 +71,19 @@ class _Replica:
     name: str  # the URL without its password, for logs
     engine: AsyncEngine
     sessions: async_sessionmaker[AsyncSession]
-    replayed: int = 0  # the highest replay position seen (a standby's only grows)
+    replayed: int = 0  # the highest replay position seen, while it is trusted (below)
+    replayed_seen_at: float = 0.0
     down_until: float = 0.0
+
+    def known_replayed(self) -> int:
+        """The replay position seen last, if seen within :data:`TRUST_REPLAYED_S`: it only
+        grows while the standby runs, but a standby that crashed and restarted may serve reads
+        from an earlier point until it has replayed forward again."""
+        recent = time.monotonic() - self.replayed_seen_at < TRUST_REPLAYED_S
+        return self.replayed if recent else 0
+
+    def saw_replayed(self, lsn: int) -> None:
+        self.replayed, self.replayed_seen_at = lsn, time.monotonic()
 
 
 @dataclass
@@ -201,8 +214,8 @@ class Replicas:
     async def _caught_up(self, replica: _Replica, session: AsyncSession, target: int) -> bool:
         """Whether the replica has replayed past ``target``, polled for up to ``max_wait_s``.
         A server not in recovery (no replay position) never has: it is not a standby."""
-        if replica.replayed >= target:
-            return True  # seen before: no round trip
+        if replica.known_replayed() >= target:
+            return True  # seen a moment ago: no round trip
         if target == UNKNOWN:
             return False
         deadline = time.monotonic() + self.max_wait_s
@@ -210,7 +223,7 @@ class Replicas:
             replayed = await _value(await session.connection(), _REPLAY_LSN_SQL)
             if replayed is None:
                 return False
-            replica.replayed = max(replica.replayed, int(replayed))
+            replica.saw_replayed(int(replayed))
             if replica.replayed >= target:
                 return True
             if time.monotonic() >= deadline:
@@ -220,6 +233,7 @@ class Replicas:
     def _failed(self, replica: _Replica, exc: BaseException) -> None:
         """Count the failure; a failure of the server or the connection marks it down."""
         self._observe("primary_error")
+        replica.replayed_seen_at = 0.0
         original = exc.orig if isinstance(exc, DBAPIError) else exc
         if isinstance(original, _CONNECTION_ERRORS):
             replica.down_until = time.monotonic() + DOWN_FOR_S
