@@ -149,6 +149,13 @@ def test_reads_are_served_by_the_replica(standby: StandbyPair, serve: Any) -> No
         found = _semantic(reader, "read-a", "read-a memory 4")
         assert found["memories"][0]["id"] == ids[4]
         outcomes = _outcomes(reader)
+        # A learning retrieve reads the namespace's latest record: on the primary, uncounted.
+        learning = reader.post("/retrieve", json={
+            "namespace": "read-a", "query": "q", "query_embedding": text_vector("q", DIM),
+            "k": 2, "policy": "earm",
+        })
+        assert learning.status_code == 200, learning.text
+        assert _outcomes(reader) == outcomes
     assert outcomes.get("replica", 0) == 8, outcomes
     assert outcomes.get("primary_lag", 0) == 0 and outcomes.get("primary_error", 0) == 0
     assert _standby_clients(standby) > 0  # the reads' pooled connections are the standby's
