@@ -12,9 +12,12 @@ count where each read went in ``/metrics`` (``earm_replica_reads_total``) and on
 from __future__ import annotations
 
 import re
+import shutil
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -36,8 +39,11 @@ APPLY_DELAY_MS = 500
 
 
 @pytest.fixture(scope="module")
-def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StandbyPair]:
-    pair = start_pair(tmp_path_factory.mktemp("replica"), APPLY_DELAY_MS)
+def pair() -> Iterator[StandbyPair]:
+    # Not under pytest's temporary root: another pytest run may make it 0700 again, and the
+    # standby's pg_ctl runs as the embedded server's user, who must reach the directory.
+    directory = Path(tempfile.mkdtemp(prefix="earm-replica-test-"))
+    pair = start_pair(directory, APPLY_DELAY_MS)
     try:
         engine = create_engine(pair.server_url, isolation_level="AUTOCOMMIT")
         with engine.connect() as conn:
@@ -47,6 +53,7 @@ def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StandbyPair]:
         yield pair
     finally:
         pair.stop()
+        shutil.rmtree(directory, ignore_errors=True)
 
 
 @pytest.fixture
