@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import pwd
 import re
+import shutil
 import subprocess
 import tempfile
 import time
@@ -107,6 +108,7 @@ class StandbyPair:
         if self.standby_running():
             self.kill_standby()
         self.primary.stop()
+        shutil.rmtree(self.standby_socket, ignore_errors=True)
 
 
 def start_pair(directory: Path, apply_delay_ms: int = 0) -> StandbyPair:
