@@ -254,7 +254,9 @@ def test_a_replica_down_from_the_start_costs_nothing_but_a_connect(settings: Set
         for _ in range(3):
             assert len(client.get("/memories", params={"namespace": "n"}).json()["memories"]) == 2
         outcomes = _outcomes(client)
-    assert outcomes == {"primary_error": 1.0, "primary_down": 2.0}
+    # Marked down after the first failure: the next reads skip it (unless 5 s went by).
+    assert outcomes.get("primary_error", 0) >= 1 and "replica" not in outcomes, outcomes
+    assert sum(outcomes.values()) == 3 and outcomes.get("primary_down", 0) >= 1, outcomes
 
 
 def test_a_server_not_in_recovery_serves_only_what_needs_no_replay(settings: Settings) -> None:
