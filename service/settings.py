@@ -7,7 +7,6 @@ the environment and tests build their own ``Settings(...)`` instead of patching 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 from urllib.parse import urlsplit
@@ -16,7 +15,8 @@ import platformdirs
 from pydantic import Field, SecretStr, ValidationInfo, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-DEFAULT_BUDGET_SCHEDULE = "0:1.0,5:0.5,15:0.3,30:0.175"
+from service.budget import DEFAULT_BUDGET_SCHEDULE, BudgetSchedule
+
 #: The namespace names the API accepts. Declared here, at the bottom of the dependency rule,
 #: because a setting (``mcp_default_namespace``) names a namespace too; ``service.http.schemas``
 #: builds its ``NamespaceName`` from it.
@@ -168,6 +168,13 @@ class Settings(BaseSettings):
         default=100.0, gt=0, description="L2 weight of the content prior's embedding weights w."
     )
     refit_every: int = Field(default=50, ge=1, description="Full refit every this many queries.")
+    refit_growth: float = Field(
+        default=0.25,
+        ge=0,
+        description="A full refit also waits until the namespace's queries have grown by this "
+        "share since the last one (from 200 queries on at the defaults), so refit work per "
+        "retrieve stays flat as history grows; 0: every EARM_REFIT_EVERY queries at any size.",
+    )
     refit_in_background: bool = Field(
         default=True,
         description="Run a due refit after the response, in a task of the serving process (a "
@@ -373,47 +380,3 @@ class Settings(BaseSettings):
         """``EARM_DATABASE_REPLICA_URLS`` as a list (blanks between commas dropped)."""
         return [url.strip() for url in self.database_replica_urls.split(",") if url.strip()]
 
-
-# The parsed EARM_BUDGET_SCHEDULE lives with the setting: Settings validates it, and the
-# pipeline, /stats and /metrics read it, so every layer can reach it without importing upwards.
-@dataclass(frozen=True)
-class BudgetSchedule:
-    """Stage-wise share of candidates to score, by per-namespace query index.
-
-    ``stages[i] = (first_query_index, ratio)``; stage i applies from its index until the next.
-    Budgets fall as experience grows because completion covers more of what is not scored.
-    """
-
-    stages: tuple[tuple[int, float], ...]
-
-    @classmethod
-    def parse(cls, text: str) -> BudgetSchedule:
-        """Parse ``"0:1.0,10:0.6,30:0.4"``; raise ValueError with the offending part."""
-        stages: list[tuple[int, float]] = []
-        for part in (p.strip() for p in text.split(",") if p.strip()):
-            try:
-                start_text, ratio_text = part.split(":")
-                start, ratio = int(start_text), float(ratio_text)
-            except ValueError as exc:
-                raise ValueError(
-                    f"budget schedule entry {part!r} is not 'query_index:ratio'"
-                ) from exc
-            if not 0.0 <= ratio <= 1.0:
-                raise ValueError(f"budget schedule ratio {ratio} in {part!r} is not in [0, 1]")
-            if stages and start <= stages[-1][0]:
-                raise ValueError("budget schedule query indexes must increase strictly")
-            stages.append((start, ratio))
-        if not stages or stages[0][0] != 0:
-            raise ValueError("budget schedule must start at query index 0, e.g. '0:1.0,10:0.5'")
-        return cls(tuple(stages))
-
-    def stage_for(self, query_index: int) -> int:
-        stage = 0
-        for number, (start, _) in enumerate(self.stages):
-            if query_index >= start:
-                stage = number
-        return stage
-
-    def budget_for_query(self, query_index: int, n_candidates: int) -> int:
-        ratio = self.stages[self.stage_for(query_index)][1]
-        return min(n_candidates, int(round(ratio * n_candidates)))

@@ -46,7 +46,9 @@ class Worker:
         """Refit every namespace due now (skipping those another worker is refitting);
         returns how many this worker refitted."""
         async with self.sessions() as session:
-            due = await namespaces_due_for_refit(session, self.settings.refit_every)
+            due = await namespaces_due_for_refit(
+                session, self.settings.refit_every, self.settings.refit_growth
+            )
             await session.commit()
         refitted = 0
         for namespace in due:

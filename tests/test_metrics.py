@@ -193,7 +193,7 @@ metrics.observe_request("POST", "/retrieve", 200, 0.3)
 
 SCRAPE = """
 from service.metrics import Metrics
-from service.settings import BudgetSchedule
+from service.budget import BudgetSchedule
 from service.providers.scorer_health import ScorerHealth
 health = ScorerHealth("openai").snapshot()
 print(Metrics().render(None, BudgetSchedule.parse("0:1.0"), health).decode())

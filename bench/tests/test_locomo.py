@@ -56,7 +56,7 @@ from earm_bench.locomo.metrics import (
 from earm_bench.locomo.replay import askings
 from earm_bench.locomo.report import pct
 from earm_bench.locomo.shift import summarize_shift
-from service.settings import BudgetSchedule
+from service.budget import BudgetSchedule
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 LOCOMO_DIR = Path(
@@ -432,6 +432,9 @@ def test_locomo_replay_smoke(tmp_path: Path, postgres_server: str) -> None:
         policies["earm"]["scorer_calls"] - policies["top-b"]["scorer_calls"]
     )
     assert results["settings"]["judge_model"]["stats"]["unknown"] == 0
+    # earm's traces give its completion's prequential error; the other policies have none
+    assert 0.0 <= policies["earm"]["prequential_error"] <= 1.0
+    assert all(policies[name]["prequential_error"] is None for name in ("semantic", "full"))
     assert (tmp_path / "RESULTS.json").stat().st_size > 0
     assert (tmp_path / "plot.png").read_bytes()[:4] == b"\x89PNG"
     table = format_markdown(results)

@@ -158,14 +158,18 @@ async def erase_namespace(session: AsyncSession, namespace: str) -> ErasedNamesp
 
 _DUE_FOR_REFIT_SQL = (
     "SELECT name FROM namespaces WHERE queries_since_refit > 0 AND queries_since_refit "
-    ">= least(%(every)s, greatest(1, next_query_index / 2)) "
+    ">= greatest(least(%(every)s, greatest(1, next_query_index / 2)), "
+    "%(growth)s * (next_query_index - queries_since_refit)) "
     "ORDER BY queries_since_refit DESC, name"
 )
 
 
-async def namespaces_due_for_refit(session: AsyncSession, refit_every: int) -> list[str]:
+async def namespaces_due_for_refit(
+    session: AsyncSession, refit_every: int, refit_growth: float
+) -> list[str]:
     """Namespaces whose recorded queries make a full refit due, by the rule of
     :func:`service.retrieve.learning.refit_due` (its SQL form, with next_query_index the
     queries recorded), most overdue first: what `earm worker` refits."""
-    rows = await fetch_all(session, _DUE_FOR_REFIT_SQL, {"every": refit_every})
+    params = {"every": refit_every, "growth": refit_growth}
+    rows = await fetch_all(session, _DUE_FOR_REFIT_SQL, params)
     return [str(row[0]) for row in rows]

@@ -21,9 +21,9 @@ from typing import Annotated, Any
 from pydantic import Field
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from service.budget import BudgetSchedule
 from service.db.statements import fetch_record, fetch_records
 from service.errors import NotFound
-from service.settings import BudgetSchedule
 
 #: Completion quality is measured over this many most recent queries of a namespace.
 PREQUENTIAL_WINDOW = 100

@@ -8,9 +8,9 @@ from collections.abc import Callable
 
 from prometheus_client.core import GaugeMetricFamily, Metric
 
+from service.budget import BudgetSchedule
 from service.db.stats import CounterSnapshot, NamespaceCounters
 from service.providers.scorer_health import ScorerHealthSnapshot
-from service.settings import BudgetSchedule
 
 
 def scorer_health_gauges(health: ScorerHealthSnapshot) -> list[Metric]:

@@ -21,11 +21,11 @@ from prometheus_client import (
 )
 from prometheus_client.core import Metric
 
+from service.budget import BudgetSchedule
 from service.db.stats import CounterSnapshot
 from service.metrics.gauges import database_gauges, scorer_health_gauges
 from service.metrics.multiprocess import merged_families, multiprocess_enabled
 from service.providers.scorer_health import ScorerHealthSnapshot
-from service.settings import BudgetSchedule
 
 if TYPE_CHECKING:  # pragma: no cover
     # A type only: the pipeline is the metrics' caller's business, not a dependency of theirs.

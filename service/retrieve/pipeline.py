@@ -16,6 +16,7 @@ import numpy as np
 from numpy.typing import NDArray
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from service.budget import BudgetSchedule
 from service.db.memory_rows import StoredRows
 from service.db.replicas import Replicas
 from service.db.search import Candidates
@@ -34,7 +35,7 @@ from service.retrieve.request import (
 from service.retrieve.rerank import CandidateObservations, Policy, Ranking, rank_candidates
 from service.retrieve.score_step import ScoredAnchors, score_anchors
 from service.retrieve.search_step import FoundCandidates, SearchStep
-from service.settings import BudgetSchedule, Settings
+from service.settings import Settings
 
 # The pipeline's request and result types are defined in service.retrieve.request and are part
 # of the pipeline's interface.

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from service.budget import BudgetSchedule
 from service.completion import content_offsets
 from service.db.namespaces import NamespaceState
 from service.db.replicas import MEMORIES, Replicas
@@ -43,7 +44,7 @@ from service.retrieve.reuse import (
     neighbour_evidence,
     reused_candidates,
 )
-from service.settings import BudgetSchedule, Settings
+from service.settings import Settings
 
 #: Paraphrase transfer reads the observations of at most this many nearest earlier queries.
 PARAPHRASE_NEIGHBOURS = 16

@@ -13,12 +13,12 @@ from fastapi.testclient import TestClient
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from service.budget import BudgetSchedule
 from service.db import search
 from service.db.engine import create_engine
 from service.db.stats import NamespaceStats, namespace_stats
 from service.ingest.indexer import BackgroundIndexer, index_all, index_batch
 from service.ingest.memories import NewMemory, ingest
-from service.settings import BudgetSchedule
 
 DIM = 384
 Sessions = async_sessionmaker[AsyncSession]

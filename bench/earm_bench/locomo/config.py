@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from earm_bench.locomo.data import DEFAULT_CATEGORIES
-from service.settings import DEFAULT_BUDGET_SCHEDULE, BudgetSchedule
+from service.budget import DEFAULT_BUDGET_SCHEDULE, BudgetSchedule
 
 ADVERSARIAL = 5
 

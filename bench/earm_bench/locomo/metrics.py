@@ -38,6 +38,9 @@ class QueryRecord:
     total_ms: float = 0.0
     score_ms: float = 0.0
     client_ms: float = 0.0
+    # mean |estimate - observed| of this query's anchors with history, predicted before it
+    # learned from them (the trace's value; earm only, None where the query has none)
+    prequential_error: float | None = None
     # --repeat: 0 is the plain stream; rounds 1..R re-ask the questions "verbatim" or
     # "rephrased" (the plain stream's kind is "plain")
     round: int = 0
@@ -182,7 +185,13 @@ def summarize_policy(
     out["by_stage"] = by_stage
     out["latency_ms"] = latency(records)
     out["degraded"] = sum(1 for r in records if r.degraded)
+    out["prequential_error"] = prequential_error(records)
     return out
+
+
+def prequential_error(records: Iterable[QueryRecord]) -> float | None:
+    """The mean of the queries' prequential errors (None: no query has one)."""
+    return mean(r.prequential_error for r in records if r.prequential_error is not None)
 
 
 def repeat_rounds(records: Sequence[QueryRecord], ks: Sequence[int]) -> dict[str, Any]:

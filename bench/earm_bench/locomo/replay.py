@@ -45,7 +45,10 @@ def retrieve(
     candidates: int,
     seed: int,
 ) -> tuple[dict[str, Any], float]:
-    """One ``POST /retrieve`` in relevance order; returns the body and the client-side ms."""
+    """One ``POST /retrieve`` in relevance order; returns the body and the client-side ms.
+    For an ``earm`` retrieve the body gains the query's ``prequential_error`` from its trace
+    (``GET /queries/{id}``, outside the timed request): how well the completion predicted
+    this query's anchors before it learned from them."""
     body: dict[str, Any] = {
         "namespace": namespace,
         "query": query,
@@ -58,7 +61,11 @@ def retrieve(
     started = time.perf_counter()
     response = client.post("/retrieve", json=body)
     elapsed_ms = (time.perf_counter() - started) * 1000.0
-    return check(response), elapsed_ms
+    reply = check(response)
+    if policy == "earm" and reply.get("query_id") is not None:
+        trace = check(client.get(f"/queries/{reply['query_id']}"))
+        reply["prequential_error"] = trace.get("prequential_error")
+    return reply, elapsed_ms
 
 
 def retrieve_options(
@@ -99,6 +106,7 @@ def to_record(asking: Asking, reply: dict[str, Any], client_ms: float) -> QueryR
         total_ms=float(timings.get("total_ms") or 0.0),
         score_ms=float(timings.get("score_ms") or 0.0),
         client_ms=client_ms,
+        prequential_error=reply.get("prequential_error"),
         round=asking.round,
         kind=asking.kind,
     )

@@ -22,6 +22,10 @@ def _ms(value: Any) -> str:
     return f"{value:.0f}" if isinstance(value, (int, float)) else "–"
 
 
+def _error(value: Any) -> str:
+    return "–" if value is None else f"{value:.3f}"
+
+
 def _calls(value: Any, signed: bool = False) -> str:
     if not isinstance(value, int):
         return "–"
@@ -58,12 +62,13 @@ def _policy_row(name: str, p: dict[str, Any], ks: Sequence[int]) -> list[str]:
             _calls(p.get("scorer_calls", 0)), pct(p.get("calls_vs_full")),
             pct(p.get(f"estimated_share@{ks[0]}")), _ms(latency.get("p50")),
             _ms(latency.get("p95")), _ms(latency.get("p50_excl_scorer")),
-            str(p.get("degraded", 0))]
+            str(p.get("degraded", 0)), _error(p.get("prequential_error"))]
 
 
 def _summary(policies: Policies, ks: Sequence[int]) -> list[str]:
     head = ["policy", *_quality_names(ks), "scorer calls", "% of full",
-            f"estimated share@{ks[0]}", "p50 ms", "p95 ms", "p50 ms excl. scorer", "degraded"]
+            f"estimated share@{ks[0]}", "p50 ms", "p95 ms", "p50 ms excl. scorer", "degraded",
+            "prequential error"]
     return table(head, (_policy_row(name, p, ks) for name, p in policies.items()))
 
 
@@ -150,10 +155,12 @@ def _repeat(repeat: dict[str, Any] | None, ks: Sequence[int]) -> list[str]:
         for kind, q in kinds.items()
     ]
     totals = [[policy, _calls(entry["scorer_calls"]), pct(entry.get("calls_vs_full")),
-               _calls(entry["reused"])] for policy, entry in repeat.items()]
+               _calls(entry["reused"]), _error(entry.get("prequential_error"))]
+              for policy, entry in repeat.items()]
     return ["", "### --repeat: per round and kind of asking (round 0 = the plain stream, %)", "",
             *table(head, rows), "", "whole stream, all rounds:", "",
-            *table(["policy", "scorer calls", "% of full", "reused cells"], totals)]
+            *table(["policy", "scorer calls", "% of full", "reused cells", "prequential error"],
+                   totals)]
 
 
 def _repeat_derived(derived: dict[str, Any] | None, ks: Sequence[int]) -> list[str]:

@@ -149,6 +149,7 @@ def repeat_results(records: dict[str, list[QueryRecord]], ks: Sequence[int]) -> 
             "rounds": metrics.repeat_rounds(main, ks),
             "scorer_calls": int(sum(r.scorer_calls for r in recs)),
             "reused": int(sum(r.reused for r in recs)),
+            "prequential_error": metrics.prequential_error(recs),
         }
     full = policies.get("full")
     for entry in policies.values():

@@ -13,7 +13,8 @@ from typing import Any
 from earm_bench.common.processes import in_process_service
 from earm_bench.locomo.config import STATELESS_POLICIES, TOP_B, LocomoConfig
 from earm_bench.locomo.judge import RunningJudge
-from service.settings import DEFAULT_BUDGET_SCHEDULE, Settings
+from service.budget import DEFAULT_BUDGET_SCHEDULE
+from service.settings import Settings
 
 logger = logging.getLogger(__name__)
 
