@@ -63,6 +63,18 @@ class Settings(BaseSettings):
         default_factory=default_data_dir,
         description="Data directory of the embedded Postgres (persists across restarts).",
     )
+    database_replica_urls: str = Field(
+        default="",
+        description="Comma-separated URLs of streaming replicas of the database that serve "
+        "listings, traces, stats, the dashboard and semantic searches. Empty: none.",
+    )
+    replica_max_wait_ms: int = Field(
+        default=50,
+        ge=0,
+        le=10_000,
+        description="How long a replica read waits for the replica to replay this process's "
+        "last commit of the namespace before it reads from the primary instead.",
+    )
     db_pool_size: int = Field(default=10, ge=1, le=200)
     db_prepared_statements: bool = Field(
         default=True,
@@ -164,13 +176,9 @@ class Settings(BaseSettings):
         default=100.0, gt=0, description="L2 weight of the content prior's embedding weights w."
     )
     refit_every: int = Field(default=50, ge=1, description="Full refit every this many queries.")
-    refit_growth: float = Field(
-        default=0.25,
-        ge=0,
-        description="A full refit also waits until the namespace's queries have grown by this "
-        "share since the last one (from 200 queries on at the defaults), so refit work per "
-        "retrieve stays flat as history grows; 0: every EARM_REFIT_EVERY queries at any size.",
-    )
+    refit_growth: float = Field(default=0.25, ge=0, description="A full refit also waits until "
+        "the namespace's queries have grown by this share since the last one (from 200 queries "
+        "on at the defaults): refit work per retrieve stays flat; 0: every EARM_REFIT_EVERY.")
     refit_in_background: bool = Field(
         default=True,
         description="Run a due refit after the response, in a task of the serving process (a "
@@ -381,3 +389,9 @@ class Settings(BaseSettings):
         if parts.scheme not in ("http", "https") or not parts.netloc:
             raise ValueError("must be an http:// or https:// URL, e.g. http://localhost:8000/v1")
         return url.rstrip("/")
+
+    @property
+    def replica_urls(self) -> list[str]:
+        """``EARM_DATABASE_REPLICA_URLS`` as a list (blanks between commas dropped)."""
+        return [url.strip() for url in self.database_replica_urls.split(",") if url.strip()]
+

@@ -15,6 +15,7 @@ from earm_bench.ingest_stall import add_ingest_stall_parser
 from earm_bench.load import add_load_parser
 from earm_bench.load_mix import add_load_mix_parser
 from earm_bench.locomo import add_locomo_parser
+from earm_bench.replica import add_replica_parser
 from earm_bench.tenancy import add_tenancy_parser
 
 
@@ -30,3 +31,4 @@ def add_bench_parser(commands: argparse._SubParsersAction[argparse.ArgumentParse
     add_ingest_stall_parser(benchmarks)
     add_tenancy_parser(benchmarks)
     add_deadline_parser(benchmarks)
+    add_replica_parser(benchmarks)

@@ -31,6 +31,7 @@ from sqlalchemy.ext.asyncio import (
 
 from service.db import migrate
 from service.db.codecs import Float8Rows, Float8RowsDumper
+from service.db.replicas import ReadObserver, Replicas
 from service.errors import SchemaOutOfDate
 from service.settings import Settings
 
@@ -163,6 +164,7 @@ class Database:
     engine: AsyncEngine
     sessions: async_sessionmaker[AsyncSession]
     url: str
+    replicas: Replicas  # where reads that may run on a read replica go (service.db.replicas)
     embedded: EmbeddedPostgres | None = None  # the server this process started, if embedded
 
 
@@ -170,15 +172,21 @@ class Database:
 PING_AFTER_IDLE_S = 1.0
 
 
-def create_engine(url: str, pool_size: int, prepared_statements: bool = True) -> AsyncEngine:
+#: A read replica that does not accept a connection within this long is marked down.
+REPLICA_CONNECT_TIMEOUT_S = 2  # libpq's shortest
+
+
+def create_engine(
+    url: str, pool_size: int, prepared_statements: bool = True, connect_timeout_s: int = 0
+) -> AsyncEngine:
     """The engine over ``url``: ``pool_size`` connections plus as many overflow. Without
     ``prepared_statements`` psycopg never prepares one (``prepare_threshold=None``), for a
-    transaction-pooling pooler that does not track them."""
+    transaction-pooling pooler that does not track them. ``connect_timeout_s`` 0: none."""
+    connect_args: dict[str, Any] = {} if prepared_statements else {"prepare_threshold": None}
+    if connect_timeout_s:
+        connect_args["connect_timeout"] = connect_timeout_s
     engine = create_async_engine(
-        sqlalchemy_url(url),
-        pool_size=pool_size,
-        max_overflow=pool_size,
-        connect_args={} if prepared_statements else {"prepare_threshold": None},
+        sqlalchemy_url(url), pool_size=pool_size, max_overflow=pool_size, connect_args=connect_args
     )
     event.listen(engine.sync_engine, "connect", _register_adapters)
     event.listen(engine.sync_engine, "checkin", _mark_idle)
@@ -238,11 +246,16 @@ async def _register_adapters_async(connection: psycopg.AsyncConnection[Any]) -> 
 
 
 @asynccontextmanager
-async def open_database(settings: Settings) -> AsyncIterator[Database]:
-    """Connect to the configured database (starting the embedded one if none is configured).
+async def open_database(
+    settings: Settings, observe_replica_read: ReadObserver | None = None
+) -> AsyncIterator[Database]:
+    """Connect to the configured database (starting the embedded one if none is configured),
+    and to its read replicas (``EARM_DATABASE_REPLICA_URLS``; each read's outcome is told to
+    ``observe_replica_read``).
 
     The embedded server is migrated automatically, since this process owns it; an external
     database must already be at the Alembic head, or we refuse to start and say how to fix it.
+    A replica is not checked at start: one that is down is skipped until it answers.
     """
     embedded: EmbeddedPostgres | None = None
     if settings.database_url:
@@ -252,10 +265,20 @@ async def open_database(settings: Settings) -> AsyncIterator[Database]:
         url = await asyncio.to_thread(embedded.start)
         await asyncio.to_thread(migrate.upgrade_to_head, url, settings.embedding_dim)
     engine = create_engine(url, settings.db_pool_size, settings.db_prepared_statements)
+    sessions = async_sessionmaker(engine, expire_on_commit=False)
+    replica_engines = [
+        (make_url(sqlalchemy_url(replica)).render_as_string(), create_engine(
+            replica, settings.db_pool_size, settings.db_prepared_statements,
+            REPLICA_CONNECT_TIMEOUT_S,
+        )) for replica in settings.replica_urls
+    ]
+    replicas = Replicas(sessions, engine, replica_engines, settings.replica_max_wait_ms / 1000,
+                        observe_replica_read)
     try:
         await check_schema(engine, settings.embedding_dim)
-        yield Database(engine, async_sessionmaker(engine, expire_on_commit=False), url, embedded)
+        yield Database(engine, sessions, url, replicas, embedded)
     finally:
+        await replicas.dispose()
         await engine.dispose()
         if embedded is not None:
             await asyncio.to_thread(embedded.stop)

@@ -71,7 +71,10 @@ def _lifespan(
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         # In embedded mode, the server is restarted whenever it dies (service.db.engine).
-        async with open_database(settings) as database, supervised(database, settings):
+        async with (
+            open_database(settings, metrics.observe_replica_read) as database,
+            supervised(database, settings),
+        ):
             # Seeds EARM_API_KEYS; refuses a non-loopback EARM_HOST without key enforcement.
             app.state.authenticator = Authenticator.from_settings(settings, database.sessions)
             await app.state.authenticator.start(bind_host=settings.host)
@@ -84,7 +87,12 @@ def _lifespan(
                 settings, observer=observe_all(metrics.observe_scorer_call, scorer_health)
             )
             pipeline = RetrievalPipeline(
-                database.sessions, embedder, scorer, settings, metrics.observe_late_anchors
+                database.sessions,
+                embedder,
+                scorer,
+                settings,
+                late_observer=metrics.observe_late_anchors,
+                replicas=database.replicas,
             )
             indexer = BackgroundIndexer.from_settings(database.sessions, settings)
             if settings.background_work:

@@ -179,6 +179,20 @@ class _ScorerMetrics:
             duration.observe(duration_s)
 
 
+class _ReplicaMetrics:
+    """Reads that may run on a read replica, by where they ran (service.db.replicas)."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.reads = Counter(
+            "earm_replica_reads",
+            "Reads a read replica may serve, by outcome: replica, or the primary because the "
+            "replica lagged (primary_lag), failed (primary_error) or is marked down after a "
+            "failure (primary_down).",
+            ["outcome"],
+            registry=registry,
+        )
+
+
 def _app_registry(multiprocess: bool) -> CollectorRegistry:
     registry = CollectorRegistry()
     if not multiprocess:
@@ -204,6 +218,7 @@ class Metrics:
         self.http = _HttpMetrics(self.registry)
         self.retrieve = _RetrieveMetrics(self.registry)
         self.scorer = _ScorerMetrics(self.registry)
+        self.replica = _ReplicaMetrics(self.registry)
 
     # ------------------------------------------------------------------------- recording
 
@@ -222,6 +237,10 @@ class Metrics:
     ) -> None:
         """A :class:`service.providers.scorers.ScorerObserver`."""
         self.scorer.observe(scorer, outcome, duration_s, calls)
+
+    def observe_replica_read(self, outcome: str) -> None:
+        """A :data:`service.db.replicas.ReadObserver`."""
+        self.replica.reads.labels(outcome=outcome).inc()
 
     # ------------------------------------------------------------------------- exposition
 

@@ -18,6 +18,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from service.budget import BudgetSchedule
 from service.db.memory_rows import StoredRows
+from service.db.replicas import Replicas
 from service.db.search import Candidates
 from service.errors import InvalidInput, LimitExceeded
 from service.providers.embedders import Embedder, check_embedding, embed_texts
@@ -100,13 +101,16 @@ class RetrievalPipeline:
         scorer: RelevanceScorer,
         settings: Settings,
         late_observer: LateObserver | None = None,
+        replicas: Replicas | None = None,
     ) -> None:
         self.sessions = sessions
         self.embedder = embedder
         self.scorer = scorer
         self.settings = settings
         self.schedule = BudgetSchedule.parse(settings.budget_schedule)
-        self.search = SearchStep(sessions, settings, self.schedule, scorer.reads_embeddings)
+        self.search = SearchStep(
+            sessions, settings, self.schedule, scorer.reads_embeddings, replicas
+        )
         self.learner = Learner(sessions, settings)
         # The anchors answered after the deadline, recorded in the background.
         self.late = LateAnchors(self.learner, late_observer)

@@ -13,6 +13,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from service.budget import BudgetSchedule
 from service.completion import content_offsets
 from service.db.namespaces import NamespaceState
+from service.db.replicas import MEMORIES, Replicas
 from service.db.search import (
     AnchorWindow,
     Candidates,
@@ -102,11 +103,13 @@ class SearchStep:
         settings: Settings,
         schedule: BudgetSchedule,
         scorer_reads_embeddings: bool,
+        replicas: Replicas | None = None,
     ) -> None:
         self.sessions = sessions
         self.settings = settings
         self.schedule = schedule
         self.scorer_reads_embeddings = scorer_reads_embeddings
+        self.replicas = replicas
 
     async def find(
         self, request: RetrieveRequest, query_vector: np.ndarray
@@ -116,26 +119,37 @@ class SearchStep:
         was ever stored in it)."""
         family = self._family_key(request, query_vector)
         paraphrases = self._neighbour_search(request, family)
-        async with self.sessions() as session:
-            try:
-                state, candidates, past = await search(
-                    session, self._candidate_search(request, query_vector, family, paraphrases)
-                )
-            except NotFound:
-                return None
-            reused = (
-                reused_candidates(candidates.ids, past.family_ids, past.family_scores)
-                if family is not None
-                else NOTHING_REUSED
+        asked = self._candidate_search(request, query_vector, family, paraphrases)
+        if self.replicas is not None and request.policy == "semantic" and request.given is None:
+            # Observes nothing and learns nothing: it needs the namespace's memories as this
+            # process last wrote them, not its latest record, so a read replica can answer.
+            return await self.replicas.read(
+                request.namespace, lambda session: self._find(session, request, asked), MEMORIES
             )
-            neighbours = _neighbour_evidence(candidates, past, paraphrases)
-            # Stage, budget and anchors follow the index this query expects; under concurrent
-            # requests the recorded index can be a few higher, never lower. The budget goes to
-            # candidates the family has not observed, so coverage grows with each asking.
-            budget = self._budget(request, state.next_query_index, candidates)
-            plan = self._plan(request, state, candidates, reused, budget, neighbours, past)
-            anchor_embeddings = await self.anchor_embeddings(session, candidates, plan.first)
-            await session.commit()
+        async with self.sessions() as session:
+            return await self._find(session, request, asked)
+
+    async def _find(
+        self, session: AsyncSession, request: RetrieveRequest, search_for: CandidateSearch
+    ) -> FoundCandidates | None:
+        try:
+            state, candidates, past = await search(session, search_for)
+        except NotFound:
+            return None
+        family, paraphrases = search_for.family_key, search_for.neighbours
+        reused = (
+            reused_candidates(candidates.ids, past.family_ids, past.family_scores)
+            if family is not None
+            else NOTHING_REUSED
+        )
+        neighbours = _neighbour_evidence(candidates, past, paraphrases)
+        # Stage, budget and anchors follow the index this query expects; under concurrent
+        # requests the recorded index can be a few higher, never lower. The budget goes to
+        # candidates the family has not observed, so coverage grows with each asking.
+        budget = self._budget(request, state.next_query_index, candidates)
+        plan = self._plan(request, state, candidates, reused, budget, neighbours, past)
+        anchor_embeddings = await self.anchor_embeddings(session, candidates, plan.first)
+        await session.commit()
         return FoundCandidates(
             state, candidates, budget, family, reused, neighbours, plan, anchor_embeddings
         )

@@ -20,7 +20,9 @@ which may be a coroutine function and may raise :class:`HTTPFault` to answer wit
   app counts its requests on ``app.state`` (``calls``, ``in_flight``, ``max_in_flight``,
   ``last_request``);
 - :func:`free_port`, :func:`wait_ready` and :func:`interrupt`: start, await and stop an
-  ``earm serve`` or ``earm worker`` process.
+  ``earm serve`` or ``earm worker`` process;
+- :mod:`service.testing.standby`: an embedded primary with a real streaming standby, for read
+  replicas (imported from there: it needs the embedded Postgres).
 
 Typical use::
 

@@ -12,12 +12,14 @@ from fastapi import APIRouter, Depends, FastAPI, Path, Query, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
+from sqlalchemy.ext.asyncio import AsyncSession
 
 from service.auth import Authenticator, Principal, require_namespace
 from service.db import dashboard as dashboard_sql
 from service.db import stats as stats_sql
 from service.db.models import MAX_BIGINT
-from service.db.traces import query_namespace, query_trace
+from service.db.stats import NamespaceStats
+from service.db.traces import QueryTraceResult, query_namespace, query_trace
 from service.errors import EarmError, Unauthenticated
 from service.http.dashboard import charts
 from service.http.deps import Components
@@ -41,6 +43,15 @@ CONTENT_SECURITY_POLICY = (
 
 _HERE = FilePath(__file__).parent
 templates = Jinja2Templates(directory=_HERE / "templates")
+
+
+#: What the namespace page reads: its stats, history, source mix and recent queries.
+_NamespaceReads = tuple[
+    NamespaceStats,
+    list[dashboard_sql.HistoryBucket],
+    dict[str, int],
+    list[dashboard_sql.RecentQuery],
+]
 
 
 class LoginRequired(Exception):
@@ -176,10 +187,12 @@ async def logout(request: Request) -> Response:
 
 async def namespaces_page(request: Request, principal: PrincipalDep) -> HTMLResponse:
     components = _components(request)
-    async with components.database.sessions() as session:
-        rows = await stats_sql.all_namespace_stats(
+    rows = await components.database.replicas.read(
+        None,
+        lambda session: stats_sql.all_namespace_stats(
             session, components.pipeline.schedule, components.settings.default_candidates
-        )
+        ),
+    )
     visible = [row for row in rows if principal.allows(row.namespace)]
     return _page(request, "namespaces.html", {"principal": principal, "namespaces": visible})
 
@@ -190,7 +203,8 @@ async def namespace_page(
     require_namespace(principal, namespace)
     components = _components(request)
     schedule = components.pipeline.schedule
-    async with components.database.sessions() as session:
+
+    async def read(session: AsyncSession) -> _NamespaceReads:
         stats = await stats_sql.namespace_stats(
             session, namespace, schedule, components.settings.default_candidates
         )
@@ -199,6 +213,9 @@ async def namespace_page(
         )
         sources = await dashboard_sql.returned_sources(session, namespace, SOURCE_MIX_QUERIES)
         recent = await dashboard_sql.recent_queries(session, namespace, RECENT_QUERIES)
+        return stats, history, sources, recent
+
+    stats, history, sources, recent = await components.database.replicas.read(namespace, read)
     context = {
         "principal": principal,
         "stats": asdict(stats),
@@ -289,10 +306,12 @@ async def matrix_page(
 ) -> HTMLResponse:
     require_namespace(principal, namespace)
     components = _components(request)
-    async with components.database.sessions() as session:
-        matrix = await dashboard_sql.experience_matrix(
+    matrix = await components.database.replicas.read(
+        namespace,
+        lambda session: dashboard_sql.experience_matrix(
             session, namespace, MATRIX_ROWS, MATRIX_COLUMNS, before
-        )
+        ),
+    )
     context = {
         "principal": principal,
         "namespace": namespace,
@@ -311,7 +330,10 @@ async def trace_page(
     principal: PrincipalDep,
 ) -> HTMLResponse:
     components = _components(request)
-    async with components.database.sessions() as session:
+
+    async def read(session: AsyncSession) -> QueryTraceResult:
         require_namespace(principal, await query_namespace(session, query_id))
-        trace = await query_trace(session, query_id)
+        return await query_trace(session, query_id)
+
+    trace = await components.database.replicas.read(None, read)
     return _page(request, "trace.html", {"principal": principal, "trace": trace})

@@ -7,6 +7,7 @@ from typing import Annotated
 from fastapi import APIRouter, Query, Request, Response, status
 
 from service.auth import require_namespace
+from service.db.replicas import MEMORIES
 from service.errors import LimitExceeded
 from service.http.deps import (
     AUTH_RESPONSES,
@@ -90,6 +91,7 @@ async def ingest_memories(
         settings.max_unindexed,
     )
     await session.commit()
+    await components.database.replicas.note_commit(body.namespace, memories=True)
     if result.created or result.updated:
         components.indexer.notify()
     return result
@@ -134,6 +136,7 @@ async def patch_memory(
         ),
     )
     await session.commit()
+    await components.database.replicas.note_commit(namespace, memories=True)
     if body.text is not None or body.embedding is not None:  # maybe a vector to index
         components.indexer.notify()
     return result
@@ -143,9 +146,13 @@ async def patch_memory(
     "/memories/{memory_id}", response_model=StoredMemory, responses={404: {"model": ErrorResponse}}
 )
 async def read_memory(
-    request: Request, memory_id: MemoryId, session: SessionDep, principal: PrincipalDep
+    request: Request, memory_id: MemoryId, components: ComponentsDep, principal: PrincipalDep
 ) -> StoredMemory:
-    memory = await memories.get_memory(session, memory_id)
+    # By id: the namespace is known only from the row, so the replica must have replayed this
+    # process's last memory write of any namespace.
+    memory = await components.database.replicas.read(
+        None, lambda session: memories.get_memory(session, memory_id), MEMORIES
+    )
     annotate(request, namespace=memory.namespace)
     require_namespace(principal, memory.namespace)
     return memory
@@ -154,7 +161,7 @@ async def read_memory(
 @router.get("/memories", response_model=MemoryPage)
 async def list_memories(
     namespace: Annotated[NamespaceName, Query()],
-    session: SessionDep,
+    components: ComponentsDep,
     settings: SettingsDep,
     principal: PrincipalDep,
     request: Request,
@@ -168,7 +175,11 @@ async def list_memories(
     require_namespace(principal, namespace)
     if limit > settings.max_page_size:
         raise LimitExceeded(f"limit {limit} exceeds the page size limit {settings.max_page_size}")
-    return await memories.list_memories(session, namespace, limit, cursor, external_id)
+    return await components.database.replicas.read(
+        namespace,
+        lambda session: memories.list_memories(session, namespace, limit, cursor, external_id),
+        MEMORIES,
+    )
 
 
 @router.delete(
@@ -177,11 +188,16 @@ async def list_memories(
     responses={404: {"model": ErrorResponse}},
 )
 async def delete_memory(
-    request: Request, memory_id: MemoryId, session: SessionDep, principal: PrincipalDep
+    request: Request,
+    memory_id: MemoryId,
+    components: ComponentsDep,
+    session: SessionDep,
+    principal: PrincipalDep,
 ) -> Response:
     namespace = (await memories.get_memory(session, memory_id)).namespace
     annotate(request, namespace=namespace)
     require_namespace(principal, namespace)
     await memories.delete_memory(session, memory_id, namespace)
     await session.commit()
+    await components.database.replicas.note_commit(namespace, memories=True)
     return Response(status_code=status.HTTP_204_NO_CONTENT)

@@ -8,7 +8,13 @@ from fastapi import APIRouter, Path, Request
 
 from service.auth import require_namespace
 from service.db.namespaces import ErasedNamespace, erase_namespace
-from service.http.deps import AUTH_RESPONSES, DOCUMENT_BEARER, PrincipalDep, SessionDep
+from service.http.deps import (
+    AUTH_RESPONSES,
+    DOCUMENT_BEARER,
+    ComponentsDep,
+    PrincipalDep,
+    SessionDep,
+)
 from service.http.middleware import FastJSONRoute, annotate
 from service.http.schemas import ErrorResponse, NamespaceName
 
@@ -29,6 +35,7 @@ router = APIRouter(
 async def delete_namespace(
     request: Request,
     namespace: Annotated[NamespaceName, Path()],
+    components: ComponentsDep,
     session: SessionDep,
     principal: PrincipalDep,
 ) -> ErasedNamespace:
@@ -38,4 +45,5 @@ async def delete_namespace(
     require_namespace(principal, namespace)
     erased = await erase_namespace(session, namespace)
     await session.commit()
+    await components.database.replicas.note_commit(namespace, memories=True)
     return erased

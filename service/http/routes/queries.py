@@ -5,11 +5,12 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import APIRouter, Path, Request
+from sqlalchemy.ext.asyncio import AsyncSession
 
 from service.auth import require_namespace
 from service.db.models import MAX_BIGINT
 from service.db.traces import QueryTraceResult, query_namespace, query_trace
-from service.http.deps import AUTH_RESPONSES, DOCUMENT_BEARER, PrincipalDep, SessionDep
+from service.http.deps import AUTH_RESPONSES, DOCUMENT_BEARER, ComponentsDep, PrincipalDep
 from service.http.middleware import annotate
 from service.http.schemas import ErrorResponse
 
@@ -24,11 +25,16 @@ QueryId = Annotated[int, Path(ge=1, le=MAX_BIGINT, description="A query id (`que
 
 @router.get("/queries/{query_id}", response_model=QueryTraceResult)
 async def read_query_trace(
-    request: Request, query_id: QueryId, session: SessionDep, principal: PrincipalDep
+    request: Request, query_id: QueryId, components: ComponentsDep, principal: PrincipalDep
 ) -> QueryTraceResult:
     """What one retrieve did: every candidate with its similarity, anchor or not, observed
     score and origin, the model's estimate, the final score, source and rank."""
-    namespace = await query_namespace(session, query_id)
-    annotate(request, namespace=namespace)
-    require_namespace(principal, namespace)
-    return await query_trace(session, query_id)
+
+    async def read(session: AsyncSession) -> QueryTraceResult:
+        namespace = await query_namespace(session, query_id)
+        annotate(request, namespace=namespace)
+        require_namespace(principal, namespace)
+        return await query_trace(session, query_id)
+
+    # By id: the replica must have replayed this process's last write of any namespace.
+    return await components.database.replicas.read(None, read)

@@ -9,6 +9,7 @@ from service.errors import LimitExceeded
 from service.http.deps import (
     AUTH_RESPONSES,
     DOCUMENT_BEARER,
+    ComponentsDep,
     MetricsDep,
     PipelineDep,
     PrincipalDep,
@@ -43,6 +44,7 @@ async def retrieve(
     settings: SettingsDep,
     principal: PrincipalDep,
     metrics: MetricsDep,
+    components: ComponentsDep,
 ) -> RetrieveResult:
     """Semantic candidates, a budget of them scored, the rest completed, top-k returned."""
     annotate(request, namespace=body.namespace, policy=body.policy)
@@ -51,6 +53,8 @@ async def retrieve(
         body.filters, settings.max_metadata_bytes, settings.max_metadata_depth, "filters"
     )
     result = await pipeline.retrieve(RetrieveRequest(**body.model_dump()))
+    if result.query_id is not None:  # recorded
+        await components.database.replicas.note_commit(body.namespace, memories=False)
     annotate(
         request,
         scorer_calls=result.scorer_calls,
@@ -68,6 +72,7 @@ async def feedback(
     pipeline: PipelineDep,
     settings: SettingsDep,
     principal: PrincipalDep,
+    components: ComponentsDep,
 ) -> FeedbackResult:
     """Client observations for a past query: they replace the pairs' earlier observations,
     and later queries learn from them."""
@@ -75,9 +80,11 @@ async def feedback(
     require_namespace(principal, body.namespace)
     if len(body.scores) > settings.max_batch:
         raise LimitExceeded(f"{len(body.scores)} scores; the limit is {settings.max_batch}")
-    return await pipeline.feedback(
+    result = await pipeline.feedback(
         body.namespace,
         body.query_id,
         [item.memory for item in body.scores],
         [item.score for item in body.scores],
     )
+    await components.database.replicas.note_commit(body.namespace, memories=False)
+    return result

@@ -17,7 +17,6 @@ from service.http.deps import (
     METRICS_PATH,
     ComponentsDep,
     PrincipalDep,
-    SessionDep,
 )
 from service.http.middleware import annotate
 from service.http.schemas import ErrorResponse, NamespaceName, NamespaceReportOut, StatsListOut
@@ -42,22 +41,32 @@ METRICS_DATABASE_TIMEOUT_S = 2.0
 async def read_stats(
     request: Request,
     components: ComponentsDep,
-    session: SessionDep,
     principal: PrincipalDep,
     namespace: Annotated[NamespaceName | None, Query()] = None,
 ) -> NamespaceReportOut | StatsListOut:
     """One namespace's counts, budget, savings and completion quality; without `namespace`,
     those of every namespace the API key may use. Both carry the scorer's health."""
     settings, schedule = components.settings, components.pipeline.schedule
+    replicas = components.database.replicas
     scorer = components.scorer_health.snapshot()
     if namespace is None:
-        rows = await stats_sql.all_namespace_stats(session, schedule, settings.default_candidates)
+        rows = await replicas.read(
+            None,
+            lambda session: stats_sql.all_namespace_stats(
+                session, schedule, settings.default_candidates
+            ),
+        )
         return StatsListOut(
             namespaces=[r for r in rows if principal.allows(r.namespace)], scorer=scorer
         )
     annotate(request, namespace=namespace)
     require_namespace(principal, namespace)
-    row = await stats_sql.namespace_stats(session, namespace, schedule, settings.default_candidates)
+    row = await replicas.read(
+        namespace,
+        lambda session: stats_sql.namespace_stats(
+            session, namespace, schedule, settings.default_candidates
+        ),
+    )
     return NamespaceReportOut(**asdict(row), scorer=scorer)
 
 
