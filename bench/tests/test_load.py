@@ -12,8 +12,6 @@ from sqlalchemy import create_engine, text
 
 from earm_bench.load import LoadConfig, plot, render_markdown, run_load
 
-pytestmark = pytest.mark.xdist_group("test_load")
-
 
 @pytest.fixture(scope="module")
 def report(postgres_server: str) -> dict:

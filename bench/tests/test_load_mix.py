@@ -9,8 +9,6 @@ from sqlalchemy import create_engine, text
 from earm_bench.load_mix import LoadMixConfig, LoadMixReport, run_load_mix
 from service.settings import Settings
 
-pytestmark = pytest.mark.xdist_group("test_load_mix")
-
 
 @pytest.fixture(scope="module")
 def report(database_url: str) -> LoadMixReport:

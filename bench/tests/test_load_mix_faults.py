@@ -12,8 +12,6 @@ from earm_bench.load_mix import LoadMixConfig, LoadMixReport, run_load_mix
 from earm_bench.load_mix.config import Faults
 from earm_bench.load_mix.fault_report import FIRST_AFTER_RECOVERY
 
-pytestmark = pytest.mark.xdist_group("test_load_mix_faults")
-
 SECONDS = 4.0
 FAULTS = Faults(stalling_scorer=True, deletes=True, kill_postgres=True, scorer_timeout_s=0.5,
                 recovery_grace_s=60.0)

@@ -25,8 +25,6 @@ from service.http.app import create_app
 from service.settings import Settings
 from service.testing import LoopbackServer, rerank_app
 
-pytestmark = pytest.mark.xdist_group("test_namespace_transfer")
-
 NAMESPACE = "agent-7"
 MEMORIES = 40
 

@@ -25,8 +25,6 @@ from service.http.app import create_app
 from service.settings import Settings
 from service.testing import LoopbackServer, chat_completions_app
 
-pytestmark = pytest.mark.xdist_group("test_dashboard_browser")
-
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = [
     "--no-sandbox",

@@ -28,8 +28,6 @@ from service.ingest.validation import json_depth
 from service.settings import Settings
 from service.testing import LoopbackServer
 
-pytestmark = pytest.mark.xdist_group("test_limits")
-
 VECTOR = (np.arange(384) % 3 + 1.0).tolist()
 
 

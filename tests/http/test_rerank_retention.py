@@ -22,8 +22,6 @@ from service.ingest.retention import expire_documents
 from service.settings import Settings
 from service.testing import LoopbackServer, rerank_app
 
-pytestmark = pytest.mark.xdist_group("test_rerank_retention")
-
 TTL_S = 30 * 86400.0
 SCORED = ["Alice moved to Porto in 2021.", "Alice runs a half marathon every spring."]
 UNSCORED = [

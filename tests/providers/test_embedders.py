@@ -26,8 +26,6 @@ from service.providers.openai_embedder import OpenAIEmbedder
 from service.settings import Settings
 from service.testing import HTTPFault, LoopbackServer, embeddings_app
 
-pytestmark = pytest.mark.xdist_group("test_embedders")
-
 Serve = Callable[[object], LoopbackServer]  # the `serve` fixture (conftest.py)
 
 DIM = 8
