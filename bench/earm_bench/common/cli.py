@@ -80,3 +80,14 @@ def progress(total: int, description: str, enabled: bool | None, unit: str = "re
 def write_json(path: Path, report: Any) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+
+
+def print_report(
+    report: dict[str, Any], out: Path | None, render: Callable[[dict[str, Any], str], str]
+) -> int:
+    """How a benchmark command ends: its JSON report written to ``out`` (if given), its
+    Markdown (``render(report, command line)``) on stdout; the exit status 0."""
+    if out is not None:
+        write_json(out, report)
+    print(render(report, command_line()))
+    return 0
