@@ -11,6 +11,8 @@ import warnings
 from collections.abc import Sequence
 
 from pydantic import ValidationError
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import OperationalError
 
 from service.cli.plain_help import PlainHelpParser
 from service.errors import ConfigurationError, SchemaOutOfDate
@@ -171,6 +173,29 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(args.func(args) or 0)
     except (ConfigurationError, SchemaOutOfDate) as error:
         return _configuration_error(str(error))
+    except OperationalError as error:
+        if not _is_connection_failure(error):
+            raise
+        return _configuration_error(_describe_unreachable_database(settings, error))
+
+
+def _is_connection_failure(error: OperationalError) -> bool:
+    # psycopg's message for a server it could not connect to (refused, unknown host, bad
+    # password, timeout); an error on an open connection is a failure to report in full.
+    return str(error.orig).startswith("connection")
+
+
+def _describe_unreachable_database(settings: Settings, error: OperationalError) -> str:
+    where = (
+        make_url(settings.database_url).render_as_string(hide_password=True)
+        if settings.database_url
+        else "the embedded Postgres"
+    )
+    reason = str(error.orig).splitlines()[0]
+    return (
+        f"cannot connect to the database at {where}: {reason}; start it, or point "
+        "EARM_DATABASE_URL at a running Postgres"
+    )
 
 
 def _configuration_error(message: str) -> int:

@@ -87,6 +87,15 @@ def assert_one_plain_line(result: subprocess.CompletedProcess, *hints: str) -> N
             ("worker",), {"database_url": ""}, ("earm worker", "EARM_DATABASE_URL"),
             id="worker-without-a-database",
         ),
+        *(
+            pytest.param(
+                argv,
+                {"database_url": "postgresql://earm:secret-pw@127.0.0.1:1/earm"},
+                ("cannot connect to the database at", "earm:***@127.0.0.1:1/earm", "refused"),
+                id=f"unreachable-database-{argv[0]}",
+            )
+            for argv in (("serve", "--port", "0"), ("worker",), ("migrate",), ("keys", "list"))
+        ),
         pytest.param(
             ("keys", "create", "--namespaces", ""),
             {},
