@@ -26,7 +26,7 @@ import httpx
 from fastapi import APIRouter, FastAPI, Request
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.streamable_http_manager import StreamableHTTPASGIApp
-from starlette.routing import Route
+from starlette.routing import Match, Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from service.auth import Authenticator
@@ -167,6 +167,17 @@ async def _authenticate(request: Request) -> None:
         annotate(request, api_key_id=principal.key_id)
 
 
+class _NamedRoute(Route):
+    """A route that, like FastAPI's own, puts itself in the scope it matches, where the
+    request's metrics and log line read its template (Starlette's Route does not)."""
+
+    def matches(self, scope: Scope) -> tuple[Match, Scope]:
+        match, child_scope = super().matches(scope)
+        if match is not Match.NONE:
+            child_scope["route"] = self
+        return match, child_scope
+
+
 def mount(app: FastAPI, settings: Settings) -> None:
     """Serve the tools at ``/mcp`` (all methods; the SDK answers GET and DELETE itself). The
     route is outside the API's authentication dependency (it is no FastAPI route) but
@@ -175,9 +186,9 @@ def mount(app: FastAPI, settings: Settings) -> None:
     endpoint = _StreamableHTTPEndpoint(
         build_server(in_process_connector(app), settings.mcp_default_namespace), settings
     )
-    router = APIRouter(lifespan=endpoint.lifespan)
-    router.routes.append(Route(MCP_PATH, endpoint=endpoint))
-    app.include_router(router)
+    app.include_router(APIRouter(lifespan=endpoint.lifespan))
+    # On the app's own router: include_router would copy it into a plain Route.
+    app.router.routes.append(_NamedRoute(MCP_PATH, endpoint=endpoint))
 
 
 # ------------------------------------------------------------------------- `earm mcp` (stdio)

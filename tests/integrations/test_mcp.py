@@ -6,6 +6,7 @@ import asyncio
 import json
 import logging
 import os
+import re
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
@@ -354,6 +355,12 @@ def test_mcp_over_http_speaks_the_handshake_protocol_too(service: LiveService) -
                 assert added["created"] == 1
 
     run(scenario)
+    # Its requests are counted under their route, not as requests that matched none.
+    metrics = httpx.get(
+        f"{service.url}/metrics", headers={"Authorization": f"Bearer {service.admin_key}"}
+    ).text
+    assert re.search(r'earm_http_requests_total\{[^}]*route="/mcp"[^}]*\} [1-9]', metrics)
+    assert 'route="<unmatched>"' not in metrics
 
 
 def test_mcp_tool_calls_reach_the_api_with_the_callers_request_id(
