@@ -19,7 +19,7 @@ from service.db import memories as memory_table
 from service.db.namespaces import namespace_state
 from service.errors import NotFound
 from service.ingest.records import MemoryPatch, NewMemory, StoredMemory, UpdatedMemory
-from service.ingest.vectors import model_ids, vectors_for
+from service.ingest.vectors import embed_ahead, model_ids, vectors_for
 from service.providers.embedders import Embedder
 
 
@@ -64,15 +64,23 @@ async def update_memory(
 ) -> UpdatedMemory:
     """Edit a stored memory (``PATCH /memories/{id}``); the caller has authorised its
     namespace. NotFound for an unknown (or concurrently deleted) memory."""
+    row = await _stored(session, memory_id)
+    if patch.embedding is None and patch.text is not None and patch.text != row.text:
+        # The embedder may take seconds: the read's transaction ends first rather than hold
+        # a pooled connection retrieves need, and the row is read again after.
+        await session.rollback()
+        embedder = await embed_ahead(embedder, [patch.text])
+        row = await _stored(session, memory_id)
+    (change,) = await _changes(embedder, embedding_dim, [row], [patch])
+    retired = await _write(session, row, change)
+    return UpdatedMemory(StoredMemory.of(await _stored(session, memory_id)), retired)
+
+
+async def _stored(session: AsyncSession, memory_id: int) -> memory_table.MemoryRow:
     row = await memory_table.get_memory(session, memory_id)
     if row is None:
         raise NotFound(f"memory {memory_id} does not exist")
-    (change,) = await _changes(embedder, embedding_dim, [row], [patch])
-    retired = await _write(session, row, change)
-    updated = await memory_table.get_memory(session, memory_id)
-    if updated is None:
-        raise NotFound(f"memory {memory_id} does not exist")
-    return UpdatedMemory(StoredMemory.of(updated), retired)
+    return row
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ import base64
 import re
 from collections.abc import Sequence
 from dataclasses import fields
+from typing import NamedTuple
 
 import numpy as np
 from sqlalchemy.ext.asyncio import AsyncSession
@@ -30,7 +31,7 @@ from service.ingest.records import (
     UpdatedMemory,
 )
 from service.ingest.validation import repeats
-from service.ingest.vectors import model_ids, vectors_for
+from service.ingest.vectors import embed_ahead, model_ids, vectors_for
 from service.providers.embedders import Embedder
 
 __all__ = [
@@ -72,8 +73,8 @@ async def ingest(
     for the HNSW index is refused whole (:func:`_check_backlog`).
     """
     _check_repeated_external_ids(items)
-    known, pending, new_external_ids, vectors = await _look_up_and_embed(
-        session, embedder, embedding_dim, namespace, items, max_unindexed
+    known, pending, new_external_ids, vectors, embedder = await _look_up_and_embed(
+        session, embedder, embedding_dim, namespace, items, max_unindexed, on_conflict
     )
     created = 0
     anonymous_ids: dict[int, int] = {}  # request position -> id
@@ -103,6 +104,16 @@ async def ingest(
     )
 
 
+class _LookedUp(NamedTuple):
+    """What an ingest found under the namespace's lock, and the vectors it needs to write."""
+
+    known: dict[str, int]  # the stored ids of the batch's external ids
+    pending: list[int]  # the positions to insert (:func:`_pending`)
+    new_external_ids: set[str]
+    vectors: dict[int, np.ndarray]  # request position -> the vector to insert
+    embedder: Embedder | None  # answers the edits' new texts without waiting (embed_ahead)
+
+
 async def _look_up_and_embed(
     session: AsyncSession,
     embedder: Embedder | None,
@@ -110,12 +121,14 @@ async def _look_up_and_embed(
     namespace: str,
     items: Sequence[NewMemory],
     max_unindexed: int,
-) -> tuple[dict[str, int], list[int], set[str], dict[int, np.ndarray]]:
-    """Under the namespace's row lock, held on return: the stored ids of the batch's external
-    ids, the positions to insert (:func:`_pending`), their new external ids, and the vector of
-    each position to insert (the client's, checked, or the embedder's)."""
+    on_conflict: OnConflict,
+) -> _LookedUp:
+    """Under the namespace's row lock, held on return: what :class:`_LookedUp` holds, every
+    vector the batch needs (the client's, checked, or the embedder's) computed with no
+    transaction open, the new texts of the stored memories an ``update`` changes included."""
     external_ids = [item.external_id for item in items if item.external_id is not None]
     vectors: dict[int, np.ndarray] = {}  # request position -> the vector to store
+    edits_embedded: set[str] = set()
     while True:
         # Under the namespace's row lock, so an erase waits for this transaction and cannot
         # take a memory it looked up (whose id it would acknowledge) or the row its inserts
@@ -126,9 +139,13 @@ async def _look_up_and_embed(
             known = await memory_table.ids_by_external_id(session, namespace, external_ids)
         pending, new_external_ids = _pending(items, known)
         without_vector = [p for p in pending if p not in vectors]
+        new_texts = [] if on_conflict != "update" else [
+            text for text in await _edited_texts(session, namespace, items, known)
+            if text not in edits_embedded
+        ]
         if without_vector and max_unindexed > 0:
             await _check_backlog(session, namespace, max_unindexed)
-        needs_embedder = any(items[p].embedding is None for p in without_vector)
+        needs_embedder = bool(new_texts) or any(items[p].embedding is None for p in without_vector)
         if needs_embedder:
             # The embedder may take seconds (long texts, other ingests ahead): the transaction
             # ends (with its lock, and the namespace it may have created for a batch the
@@ -139,9 +156,24 @@ async def _look_up_and_embed(
             embedder, embedding_dim, [items[p] for p in without_vector], without_vector
         )
         vectors.update(zip(without_vector, embedded, strict=True))
+        embedder = await embed_ahead(embedder, new_texts)
+        edits_embedded.update(new_texts)
         if not needs_embedder:
-            return known, pending, new_external_ids, vectors
+            return _LookedUp(known, pending, new_external_ids, vectors, embedder)
 
+
+async def _edited_texts(
+    session: AsyncSession, namespace: str, items: Sequence[NewMemory], known: dict[str, int]
+) -> list[str]:
+    """The texts an ``update`` gives stored memories in place of theirs, without a vector: what
+    the update will embed."""
+    stored = await memory_table.memories_by_external_id(session, namespace, list(known))
+    text_of = {row.external_id: row.text for row in stored}
+    return [
+        item.text for item in items
+        if item.embedding is None and item.external_id in text_of
+        and item.text != text_of[item.external_id]
+    ]
 
 
 async def _check_backlog(session: AsyncSession, namespace: str, max_unindexed: int) -> None:

@@ -46,3 +46,33 @@ async def vectors_for(
     filled = [vector for vector in vectors if vector is not None]
     assert len(filled) == len(vectors), "the embedder returns a vector for every text"
     return filled
+
+
+class EmbeddedAhead:
+    """An embedder answering from texts embedded before a transaction began, so that no
+    transaction (nor the pooled connection and the locks it holds) waits on the embedder; a
+    text it was not given ahead (a row that changed in between) goes to the wrapped one."""
+
+    def __init__(self, embedder: Embedder, texts: Sequence[str], vectors: np.ndarray) -> None:
+        self.embedder = embedder
+        self.model_id = embedder.model_id
+        self.dim = embedder.dim
+        self.vectors = dict(zip(texts, vectors, strict=True))
+
+    async def embed(self, texts: Sequence[str], *, bulk: bool = False) -> np.ndarray:
+        missing = [text for text in dict.fromkeys(texts) if text not in self.vectors]
+        if missing:
+            self.vectors.update(zip(missing, await self.embedder.embed(missing, bulk=bulk),
+                                    strict=True))
+        return np.stack([self.vectors[text] for text in texts]).astype(np.float32, copy=False)
+
+    async def aclose(self) -> None:
+        """Nothing of its own to release: the wrapped embedder belongs to the app."""
+
+
+async def embed_ahead(embedder: Embedder | None, texts: Sequence[str]) -> Embedder | None:
+    """``embedder`` with ``texts`` (edits' new texts) embedded now, in one bulk call."""
+    if embedder is None or not texts:
+        return embedder
+    unique = list(dict.fromkeys(texts))
+    return EmbeddedAhead(embedder, unique, await embed_texts(embedder, unique, bulk=True))

@@ -1,13 +1,16 @@
 """A large ingest does not stall other clients: while ingests wait for the embedder to embed
-their texts, retrieves are answered, with a client vector and with a query text the embedder
-must embed as well. The embedder is a loopback embeddings endpoint that holds the ingests'
-texts at a gate until the test opens it; nothing is timed."""
+their texts, and edits their new texts, retrieves are answered, with a client vector and with a
+query text the embedder must embed as well. The embedder is a loopback embeddings endpoint
+that holds the requests' texts at a gate until the test opens it; nothing is timed."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
 
 import httpx
+import pytest
 
 from service.http.app import create_app
 from service.settings import Settings
@@ -26,9 +29,32 @@ def vector(text: str) -> list[float]:
 
 
 
-def test_retrieves_are_answered_while_ingests_wait_for_the_embedder(
-    clean_database: str, gate: GatedEmbed
+#: How a held request reaches the embedder: (method, path, body) of held request ``n``, given
+#: the id of the memory ``bulk-n`` stored beforehand under a text that is not held.
+HeldRequest = Callable[[int, int], tuple[str, str, dict[str, Any]]]
+HELD_REQUESTS: dict[str, HeldRequest] = {
+    # Each looks its external ids up in the database before it embeds.
+    "ingest": lambda n, _: ("POST", "/memories", {
+        "namespace": f"bulk-{n}",
+        "memories": [{"text": f"{HELD} bulk {n}", "external_id": f"new-{n}"}],
+    }),
+    # Each reads the stored memory before it embeds the new text.
+    "patch": lambda n, memory_id: (
+        "PATCH", f"/memories/{memory_id}", {"text": f"{HELD} edited {n}"}
+    ),
+    "ingest-update": lambda n, _: ("POST", "/memories", {
+        "namespace": f"bulk-{n}", "on_conflict": "update",
+        "memories": [{"text": f"{HELD} edited {n}", "external_id": f"bulk-{n}"}],
+    }),
+}
+
+
+@pytest.mark.parametrize("held_request", HELD_REQUESTS.values(), ids=HELD_REQUESTS.keys())
+def test_retrieves_are_answered_while_ingests_and_edits_wait_for_the_embedder(
+    clean_database: str, gate: GatedEmbed, held_request: HeldRequest
 ) -> None:
+    """An edit's new text (PATCH, or an ingest with on_conflict=update) was embedded inside the
+    transaction that had read the stored memory, holding a pooled connection meanwhile."""
     with LoopbackServer(embeddings_app(gate)) as embeddings:
         settings = Settings(
             database_url=clean_database,
@@ -46,22 +72,22 @@ def test_retrieves_are_answered_while_ingests_wait_for_the_embedder(
             probe = [{"text": f"memory {n}"} for n in range(5)]
             stored = http.post("/memories", json={"namespace": "probe", "memories": probe})
             assert stored.status_code == 201, stored.text
-
-            # Ingests with external ids: each looks its ids up in the database before it
-            # embeds, so one that kept its connection meanwhile would leave none to retrieves.
-            held: list[Future[httpx.Response]] = [
-                clients.submit(
-                    http.post,
-                    "/memories",
-                    json={
-                        "namespace": f"bulk-{n}",
-                        "memories": [{"text": f"{HELD} bulk {n}", "external_id": f"bulk-{n}"}],
-                    },
-                )
+            stored_ids = [
+                http.post("/memories", json={
+                    "namespace": f"bulk-{n}",
+                    "memories": [{"text": f"bulk {n}", "external_id": f"bulk-{n}"}],
+                }).json()["ids"][0]
                 for n in range(HELD_INGESTS)
             ]
+
+            # Every connection of the pool: one held request that kept its connection while
+            # it waited would leave none to retrieves.
+            held: list[Future[httpx.Response]] = []
+            for n, memory_id in enumerate(stored_ids):
+                method, path, body = held_request(n, memory_id)
+                held.append(clients.submit(http.request, method, path, json=body))
             for _ in held:
-                assert gate.arrived.acquire(timeout=WAIT_S), "an ingest never reached the embedder"
+                assert gate.arrived.acquire(timeout=WAIT_S), "a request never reached the embedder"
 
             with_vector = http.post(
                 "/retrieve",
@@ -73,7 +99,12 @@ def test_retrieves_are_answered_while_ingests_wait_for_the_embedder(
             )
             assert with_vector.status_code == 200, with_vector.text
             assert with_text.status_code == 200, with_text.text
-            assert not any(ingest.done() for ingest in held)  # answered while both were held
+            assert not any(request.done() for request in held)  # answered while all were held
 
             gate.opened.set()
-            assert [ingest.result().status_code for ingest in held] == [201] * HELD_INGESTS
+            assert all(request.result().is_success for request in held), [
+                request.result().text for request in held
+            ]
+            for n, memory_id in enumerate(stored_ids):
+                if held_request is not HELD_REQUESTS["ingest"]:
+                    assert http.get(f"/memories/{memory_id}").json()["text"] == f"{HELD} edited {n}"
