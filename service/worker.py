@@ -28,6 +28,7 @@ from service.db.namespaces import namespaces_due_for_refit
 from service.errors import ConfigurationError
 from service.ingest.indexer import BackgroundIndexer
 from service.retrieve.learning import Learner
+from service.retrieve.refit_process import Refits, refits_for
 from service.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -36,10 +37,15 @@ log = logging.getLogger(__name__)
 class Worker:
     """The indexer and the refit loop of one worker process."""
 
-    def __init__(self, sessions: async_sessionmaker[AsyncSession], settings: Settings) -> None:
+    def __init__(
+        self,
+        sessions: async_sessionmaker[AsyncSession],
+        settings: Settings,
+        refits: Refits | None = None,
+    ) -> None:
         self.sessions = sessions
         self.settings = settings
-        self.learner = Learner(sessions, settings)
+        self.learner = Learner(sessions, settings, refits)
         self.indexer = BackgroundIndexer.from_settings(sessions, settings)
 
     async def refit_due_namespaces(self) -> int:
@@ -82,5 +88,10 @@ async def run_worker(settings: Settings) -> None:
         loop.add_signal_handler(signum, stop.set)
     async with open_database(settings) as database:
         log.info("earm worker started: refits and indexing")
-        await Worker(database.sessions, settings).run(stop)
+        # Refits in a child process here too: the indexer's batches do not wait behind one.
+        refits = refits_for(settings, database.url, database.sessions)
+        try:
+            await Worker(database.sessions, settings, refits).run(stop)
+        finally:
+            refits.close()
     log.info("earm worker stopped")

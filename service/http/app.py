@@ -24,6 +24,7 @@ from service.providers.local_embedder import LocalEmbedder
 from service.providers.scorer_health import ScorerHealth
 from service.providers.scorers import observe_all
 from service.retrieve.pipeline import RetrievalPipeline
+from service.retrieve.refit_process import refits_for
 from service.settings import Settings
 
 
@@ -86,6 +87,7 @@ def _lifespan(
             scorer = build_scorer(
                 settings, observer=observe_all(metrics.observe_scorer_call, scorer_health)
             )
+            refits = refits_for(settings, database.url, database.sessions)
             pipeline = RetrievalPipeline(
                 database.sessions,
                 embedder,
@@ -93,6 +95,7 @@ def _lifespan(
                 settings,
                 late_observer=metrics.observe_late_anchors,
                 replicas=database.replicas,
+                refits=refits,
             )
             indexer = BackgroundIndexer.from_settings(database.sessions, settings)
             if settings.background_work:
@@ -116,6 +119,7 @@ def _lifespan(
                 # Late anchors still in flight: recorded if they land in time, else dropped.
                 await pipeline.late.close(settings.late_drain_s)
                 await pipeline.drain()  # a refit in flight finishes while the database is up
+                refits.close()
                 await scorer.aclose()
                 if embedder is not None:
                     await embedder.aclose()

@@ -22,7 +22,7 @@ from service.db.record import RecordedQuery, RecordedRetrieve, record_query
 from service.errors import InvalidInput, NotFound
 from service.ingest.validation import repeats
 from service.retrieve.online import feedback_rows, new_cells, update_memory_rows
-from service.retrieve.refit import refit_namespace
+from service.retrieve.refit_process import InProcessRefits, Refits
 from service.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -73,9 +73,15 @@ class Learner:
     """Writes what a namespace learns; one per pipeline, so per process (it owns the
     process's background refit tasks)."""
 
-    def __init__(self, sessions: async_sessionmaker[AsyncSession], settings: Settings) -> None:
+    def __init__(
+        self,
+        sessions: async_sessionmaker[AsyncSession],
+        settings: Settings,
+        refits: Refits | None = None,
+    ) -> None:
         self.sessions = sessions
         self.settings = settings
+        self.refits = refits or InProcessRefits(sessions, settings)
         # namespace -> its running background refit (the reference keeps the task from being
         # garbage-collected; it is dropped when the task ends)
         self._background_refits: dict[str, asyncio.Task[None]] = {}
@@ -287,4 +293,4 @@ class Learner:
     async def refit(self, namespace: str) -> bool:
         """Full refit of a namespace's model from all its observations. Returns False when
         another process holds the refit lock (it will do the work)."""
-        return await refit_namespace(self.sessions, self.settings, namespace)
+        return await self.refits.refit(namespace)

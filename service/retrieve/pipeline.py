@@ -27,6 +27,7 @@ from service.retrieve.anchors import second_round
 from service.retrieve.late import LateAnchors, LateObserver, PendingAnchors, score_anchors_by
 from service.retrieve.learning import FeedbackResult, Learner, MemoryRef
 from service.retrieve.record_step import query_trace, recorded_retrieve
+from service.retrieve.refit_process import Refits
 from service.retrieve.request import (
     RetrievedMemory,
     RetrieveRequest,
@@ -102,6 +103,7 @@ class RetrievalPipeline:
         settings: Settings,
         late_observer: LateObserver | None = None,
         replicas: Replicas | None = None,
+        refits: Refits | None = None,
     ) -> None:
         self.sessions = sessions
         self.embedder = embedder
@@ -111,7 +113,7 @@ class RetrievalPipeline:
         self.search = SearchStep(
             sessions, settings, self.schedule, scorer.reads_embeddings, replicas
         )
-        self.learner = Learner(sessions, settings)
+        self.learner = Learner(sessions, settings, refits)
         # The anchors answered after the deadline, recorded in the background.
         self.late = LateAnchors(self.learner, late_observer)
 

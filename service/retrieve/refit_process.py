@@ -1,0 +1,119 @@
+"""Where full refits run (``EARM_REFIT_PROCESS``): in a child process by default, or in this
+process. A refit at a million observations is 15–20 s of work, much of it Python holding the
+GIL (decoding the read, the fit's loops, encoding the write); in the serving process that
+stalls every request behind it. In a child process, the serving process only waits on a
+future: the child reads, fits and writes with a connection of its own, under the same
+transaction-level refit lock (``service.retrieve.refit``), so every guarantee of the refit is
+the same wherever it runs."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import multiprocessing
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from typing import Protocol
+
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from service.db.engine import create_engine
+from service.retrieve.refit import refit_namespace
+from service.settings import Settings
+
+log = logging.getLogger(__name__)
+
+
+class Refits(Protocol):
+    """Runs a namespace's full refit; False when another process holds its refit lock."""
+
+    async def refit(self, namespace: str) -> bool: ...
+
+    def close(self) -> None:
+        """Stop what runs the refits (after the refits in flight have ended)."""
+
+
+class RefitChildDied(RuntimeError):
+    """The child process died during a refit (killed, out of memory): nothing was written, the
+    namespace stays due, and the next refit starts a new child."""
+
+
+class InProcessRefits:
+    """Refits in this process: the fit in a thread, the read and the write on its event loop."""
+
+    def __init__(self, sessions: async_sessionmaker[AsyncSession], settings: Settings) -> None:
+        self.sessions = sessions
+        self.settings = settings
+
+    async def refit(self, namespace: str) -> bool:
+        return await refit_namespace(self.sessions, self.settings, namespace)
+
+    def close(self) -> None:
+        """Nothing of its own to stop."""
+
+
+class ChildRefits:
+    """Refits in one child process, started ("spawn": never a fork of a process with threads
+    and an event loop) at the first refit and kept for the next ones; one refit at a time, so
+    a burst of due namespaces queues instead of taking every core from the requests."""
+
+    def __init__(self, database_url: str, settings: Settings) -> None:
+        self.database_url = database_url
+        self.settings = settings
+        self._pool: ProcessPoolExecutor | None = None
+
+    async def refit(self, namespace: str) -> bool:
+        pool = self._pool or self._start()
+        future = pool.submit(refit_in_child, self.database_url, self.settings, namespace)
+        try:
+            return await asyncio.wrap_future(future)
+        except BrokenProcessPool as error:
+            if self._pool is pool:
+                self._pool = None
+            raise RefitChildDied(
+                f"the refit process died while refitting namespace {namespace!r}"
+            ) from error
+
+    def _start(self) -> ProcessPoolExecutor:
+        self._pool = ProcessPoolExecutor(
+            max_workers=1,
+            mp_context=multiprocessing.get_context("spawn"),
+            initializer=_configure_child,
+            initargs=(self.settings.log_level,),
+        )
+        return self._pool
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None
+
+
+def refits_for(
+    settings: Settings, database_url: str, sessions: async_sessionmaker[AsyncSession]
+) -> Refits:
+    if settings.refit_process == "child":
+        return ChildRefits(database_url, settings)
+    return InProcessRefits(sessions, settings)
+
+
+def _configure_child(log_level: str) -> None:
+    from service.logs import configure_logging
+
+    configure_logging(log_level)  # the same JSON lines on the same stderr as the parent
+
+
+def refit_in_child(database_url: str, settings: Settings, namespace: str) -> bool:
+    """The child's side: one refit on a connection of its own (an engine per refit: its
+    cost is milliseconds beside the refit's seconds, and no connection idles between)."""
+
+    async def refit() -> bool:
+        engine = create_engine(database_url, 1, settings.db_prepared_statements)
+        try:
+            return await refit_namespace(
+                async_sessionmaker(engine, expire_on_commit=False), settings, namespace
+            )
+        finally:
+            await engine.dispose()
+
+    return asyncio.run(refit())
