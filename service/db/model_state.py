@@ -354,10 +354,9 @@ _RESET_AFTER_REFIT_SQL = """
     UPDATE namespaces SET queries_since_refit = 0, last_refit_at = %(at)s,
         content_slope = %(content_slope)s,
         content_weights = %(content_weights)s::vector,
-        score_sum = (SELECT coalesce(sum(score::text::float8), 0) FROM scores
-                     WHERE namespace = %(namespace)s AND retired_at IS NULL),
-        score_count = (SELECT count(*) FROM scores
-                       WHERE namespace = %(namespace)s AND retired_at IS NULL)
+        score_sum = live.score_sum, score_count = live.score_count
+    FROM (SELECT coalesce(sum(score::text::float8), 0) AS score_sum, count(*) AS score_count
+          FROM scores WHERE namespace = %(namespace)s AND retired_at IS NULL) AS live
     WHERE name = %(namespace)s
 """
 
