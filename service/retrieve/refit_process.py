@@ -9,8 +9,12 @@ the same wherever it runs."""
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import logging
 import multiprocessing
+import os
+import signal
+import sys
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from typing import Protocol
@@ -101,6 +105,20 @@ def _configure_child(log_level: str) -> None:
     from service.logs import configure_logging
 
     configure_logging(log_level)  # the same JSON lines on the same stderr as the parent
+    _die_with_parent()
+
+
+def _die_with_parent() -> None:
+    """On Linux, the kernel kills the child when the process that started it dies: a refit
+    of a killed server is abandoned (its transaction rolls back), as it would be in the server
+    itself, instead of running on in an orphan. Elsewhere the child ends after its refit."""
+    if sys.platform != "linux":
+        return
+    libc = ctypes.CDLL(None, use_errno=True)
+    pr_set_pdeathsig = 1
+    libc.prctl(pr_set_pdeathsig, signal.SIGKILL)
+    if os.getppid() == 1:  # the parent died before the call: nothing would kill the child
+        os._exit(1)
 
 
 def refit_in_child(database_url: str, settings: Settings, namespace: str) -> bool:

@@ -61,6 +61,20 @@ async def queries_since_refit(engine: AsyncEngine) -> int:
         ))
 
 
+async def until_the_refit_waits(engine: AsyncEngine) -> None:
+    """Poll pg_stat_activity until a backend waits for a lock (the refit, at the row held)."""
+    for _ in range(WAIT_S * 20):
+        async with engine.connect() as conn:
+            waiting = await conn.scalar(text(
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                "AND datname = current_database()"
+            ))
+        if waiting:
+            return
+        await asyncio.sleep(0.05)
+    pytest.fail("the refit never reached the namespace's row")
+
+
 def test_a_child_process_refit_writes_the_model_an_in_process_refit_writes(
     settings: Settings,
 ) -> None:
@@ -95,17 +109,20 @@ def test_a_refit_child_killed_mid_refit_leaves_the_namespace_due_and_the_next_re
             online = await model_rows(db.engine)  # the rows the retrieves updated online
             refits = ChildRefits(db.url, settings)
             try:
-                refit = asyncio.create_task(refits.refit(NAMESPACE))
-                for _ in range(WAIT_S * 20):
-                    if children := multiprocessing.active_children():
-                        break
-                    await asyncio.sleep(0.05)
-                else:
-                    pytest.fail("the refit child never started")
-                for child in children:
-                    os.kill(child.pid, signal.SIGKILL)  # type: ignore[arg-type]
-                with pytest.raises(RefitChildDied):
-                    await refit
+                # The namespace's row held: the child's refit waits at its first statement
+                # until it is killed, whatever the machine's speed.
+                async with db.engine.connect() as holder:
+                    await holder.execute(
+                        text("SELECT FROM namespaces WHERE name = :name FOR UPDATE"),
+                        {"name": NAMESPACE},
+                    )
+                    refit = asyncio.create_task(refits.refit(NAMESPACE))
+                    await until_the_refit_waits(db.engine)
+                    for child in multiprocessing.active_children():
+                        os.kill(child.pid, signal.SIGKILL)  # type: ignore[arg-type]
+                    with pytest.raises(RefitChildDied):
+                        await refit
+                    await holder.rollback()
                 assert await queries_since_refit(db.engine) == due  # still due
                 assert await model_rows(db.engine) == online  # nothing written
                 assert await refits.refit(NAMESPACE) is True  # a new child
