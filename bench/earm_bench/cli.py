@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 
+from earm_bench.capacity import add_capacity_parser
 from earm_bench.deadline import add_deadline_parser
 from earm_bench.hnsw import add_hnsw_parser
 from earm_bench.ingest_stall import add_ingest_stall_parser
@@ -32,3 +33,4 @@ def add_bench_parser(commands: argparse._SubParsersAction[argparse.ArgumentParse
     add_tenancy_parser(benchmarks)
     add_deadline_parser(benchmarks)
     add_replica_parser(benchmarks)
+    add_capacity_parser(benchmarks)

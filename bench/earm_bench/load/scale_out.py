@@ -57,7 +57,7 @@ async def _work(process: ChildProcess, client: httpx.AsyncClient | None) -> dict
     return work
 
 
-async def _until_refitted(run: LoadRun, since: Any, processes: Sequence[ChildProcess]) -> float:
+async def until_refitted(run: LoadRun, since: Any, processes: Sequence[ChildProcess]) -> float:
     """Seconds until the namespace's latest refit is newer than ``since``; an error if one of
     ``processes`` (those that could refit) exits or none refits within :data:`REFIT_WAIT_S`."""
     began = time.perf_counter()
@@ -95,7 +95,7 @@ async def _measure(run: LoadRun, topology: str, apis: Sequence[ServiceProcess],
         await make_refit_due(run)
         samples = await drive(run, run.query_numbers(config.scale_out_requests),
                               config.scale_out_concurrency, "earm", topology, clients=clients)
-        waited = await _until_refitted(run, refitted_before, [*apis, *workers])
+        waited = await until_refitted(run, refitted_before, [*apis, *workers])
         done = [
             {**process.rss_mb(),
              **{k: v - was[k] for k, v in (await _work(process, client)).items()}}

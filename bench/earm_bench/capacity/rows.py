@@ -1,0 +1,122 @@
+"""The verdict rows of ``earm bench capacity``: each target's figure against its bound, both
+measured in the same run, the ratio and whether the target is met."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+Row = dict[str, Any]
+
+#: T1's allowed multiples of the backend latency per round: budget 35, ``full``.
+SCORE_BOUNDS = {"earm": 1.3, "full": 1.6}
+
+
+def verdict(target: str, what: str, measured: float, allowed: float, *, setting: str,
+            note: str = "", at_least: bool = False, holds: bool = True) -> Row:
+    """One row: ``measured`` ≤ ``allowed`` (≥ with ``at_least``); ``holds`` is False when the
+    run did not reach the target's condition (then the target is missed whatever the ratio)."""
+    ratio = measured / allowed if allowed else float("inf")
+    met = holds and (measured >= allowed if at_least else measured <= allowed)
+    return {"target": target, "row": what, "measured": round(measured, 2),
+            "bound": f"{'≥' if at_least else '≤'} {allowed:.2f}", "allowed": round(allowed, 2),
+            "ratio": round(ratio, 3), "verdict": "met" if met else "missed",
+            "setting": setting, "note": note}
+
+
+def _score(report: dict[str, Any]) -> Iterator[Row]:
+    """T1: rounds per retrieve are the rerank backend's requests (one per round of the anchor
+    rule); the chat rows use that count too, the same rule at the same budget."""
+    cells = report["score"]
+    rounds = next(c["scorer_requests_mean"] for c in cells
+                  if c["scorer"] == "rerank" and c["policy"] == "earm")
+    rounds_from = "rounds (the rerank backend's requests per retrieve at budget 35)"
+    for cell in cells:
+        per_round = cell["backend_ms"]
+        cell_rounds = rounds if cell["policy"] == "earm" else 1.0
+        factor = SCORE_BOUNDS[cell["policy"]]
+        yield verdict(
+            "T1", f"{cell['scorer']} {cell['backend_ms']:g} ms, {cell['anchors']} anchors "
+                  f"({cell['policy']}): score p50 ms",
+            cell["score_ms"]["p50"], factor * per_round * cell_rounds,
+            setting=f"budget {cell['anchors']}" if cell["policy"] == "earm" else "policy full",
+            note=f"{factor:g} × {per_round:g} ms × {cell_rounds:g} "
+                 f"{rounds_from if cell['policy'] == 'earm' else 'round (every anchor at once)'}"
+                 f"; this cell: {cell['scorer_requests_mean']} backend requests per retrieve; "
+                 f"n={cell['score_ms']['n']}")
+
+
+def _deadline(report: dict[str, Any]) -> Iterator[Row]:
+    deadline = report["deadline"]
+    ms = deadline["config"]["deadline_ms"]
+    late, recorded = deadline["late"], deadline["late_outcomes"]["recorded"]
+    setting = (f"EARM_SCORE_DEADLINE_MS={ms:g}, chat backend "
+               f"{deadline['config']['backend_ms']:g} ms (`earm bench deadline`)")
+    yield verdict("T2", "client p99 ms", deadline["client_ms"]["p99"], 1.5 * ms,
+                  setting=setting, note=f"1.5 × the deadline; n={deadline['client_ms']['n']}")
+    yield verdict("T2", "late anchors recorded", recorded, late, at_least=True, holds=late > 0,
+                  setting=setting, note=f"{late:,} late anchors counted, outcomes "
+                                        f"{deadline['late_outcomes']}")
+
+
+def _throughput(report: dict[str, Any]) -> Iterator[Row]:
+    cells = report["throughput"]
+    semantic, one = cells["semantic"], cells["earm_one_namespace"]
+    eight = cells["earm_eight_namespaces"]
+    setting = "instant scorer (0 ms chat judge), concurrency 8"
+    yield verdict("T3", "earm retrieves/s, one namespace", one["throughput_rps"],
+                  0.5 * semantic["throughput_rps"], at_least=True, setting=setting,
+                  note=f"0.5 × semantic's {semantic['throughput_rps']} retrieves/s")
+    yield verdict("T3", "earm retrieves/s, 8 clients of one namespace", one["throughput_rps"],
+                  0.7 * eight["throughput_rps"], at_least=True, setting=setting,
+                  note=f"0.7 × eight namespaces' {eight['throughput_rps']} retrieves/s")
+
+
+def _refits(report: dict[str, Any]) -> Iterator[Row]:
+    small, large = report["refit_costs"]
+    yield verdict(
+        "T4", f"refit CPU s per 1,000 retrieves at {large['observations']:,} observations",
+        large["cpu_s_per_1000"], 2 * small["cpu_s_per_1000"], setting="shipped refit rule",
+        note=f"measured CPU per refit {large['refit_cpu_s']} s × {large['refits_per_1000']} "
+             f"refits (counted from the rule); 2 × {small['refit_cpu_s']} s × "
+             f"{small['refits_per_1000']} at {small['observations']:,}")
+
+
+def _tails(report: dict[str, Any]) -> Iterator[Row]:
+    tail = report["semantic_tail"]["client_ms"]
+    yield verdict("T5", "semantic client p95 ms, concurrency 1", tail["p95"], 2 * tail["p50"],
+                  setting="background work on; a 'large' refit running",
+                  note=f"2 × p50 {tail['p50']} ms; refit landed in the window: "
+                       f"{report['semantic_tail']['refit_landed_in_window']}; n={tail['n']}")
+    windows = report["refit_window"]
+    for key, factor, setting in (("in_process", 3, "refits in the serving process"),
+                                 ("worker", 2, "`earm serve --no-background-work` + "
+                                               "`earm worker`")):
+        window = windows[key]
+        client = window["client_ms"]
+        wanted = report["config"]["window_refits"]
+        yield verdict(
+            "T6", f"earm client p99 ms, concurrency 8, {setting}", client["p99"],
+            factor * client["p50"], setting="chat judge, refits of 'large' made due",
+            holds=window["refits_landed"] >= wanted,
+            note=f"{factor} × p50 {client['p50']} ms; {window['refits_landed']} refits landed "
+                 f"(≥ {wanted} required) in {window['window_s']} s; n={client['n']}")
+
+
+def _tenancy(report: dict[str, Any]) -> Iterator[Row]:
+    top = report["tenancy"]["config"]["candidates"]
+    for v in report["tenancy"]["verdicts"]:
+        what = (f"{v['layout']}: {v['small_memories']:,} beside {v['large_memories']:,}"
+                f"{', tag filter' if v['filtered'] else ''}")
+        setting = "the service's search (`earm bench tenancy`)"
+        yield verdict("T7", f"{what}: search p50 ms", v["small_p50_ms"],
+                      1.3 * v["large_p50_ms"], setting=setting,
+                      note=f"1.3 × the large namespace's {v['large_p50_ms']} ms")
+        yield verdict("T7", f"{what}: top-{top} recall", v["recall_mean"], 0.95, at_least=True,
+                      setting=setting, note="of an exact scan")
+
+
+def rows(report: dict[str, Any]) -> list[Row]:
+    """Every target's rows, T1 to T7."""
+    return [*_score(report), *_deadline(report), *_throughput(report), *_refits(report),
+            *_tails(report), *_tenancy(report)]
