@@ -89,12 +89,8 @@ def _lifespan(
             )
             refits = refits_for(settings, database.url, database.sessions)
             pipeline = RetrievalPipeline(
-                database.sessions,
-                embedder,
-                scorer,
-                settings,
-                late_observer=metrics.observe_late_anchors,
-                replicas=database.replicas,
+                database.sessions, embedder, scorer, settings,
+                late_observer=metrics.observe_late_anchors, replicas=database.replicas,
                 refits=refits,
             )
             indexer = BackgroundIndexer.from_settings(database.sessions, settings)
