@@ -57,9 +57,16 @@ class InProcessRefits:
 
 
 class ChildRefits:
-    """Refits in one child process, started ("spawn": never a fork of a process with threads
-    and an event loop) at the first refit and kept for the next ones; one refit at a time, so
-    a burst of due namespaces queues instead of taking every core from the requests."""
+    """Refits in one child process, started at the first refit and kept for the next ones; one
+    refit at a time, so a burst of due namespaces queues instead of taking every core from the
+    requests.
+
+    The child is forked by multiprocessing's fork server, never by this process (a fork of a
+    process with threads and an event loop is unsafe). The server is started once per process,
+    with this module and what it imports (numpy, SQLAlchemy, psycopg, the completion model)
+    already loaded, so a new child (the first refit, or a child after one died) costs a fork,
+    not a new interpreter's seconds of imports. When this process dies, the server sees its
+    pipe close and exits, and its children are killed with it (:func:`_die_with_parent`)."""
 
     def __init__(self, database_url: str, settings: Settings) -> None:
         self.database_url = database_url
@@ -81,7 +88,7 @@ class ChildRefits:
     def _start(self) -> ProcessPoolExecutor:
         self._pool = ProcessPoolExecutor(
             max_workers=1,
-            mp_context=multiprocessing.get_context("spawn"),
+            mp_context=_fork_server(),
             initializer=_configure_child,
             initargs=(self.settings.log_level,),
         )
@@ -99,6 +106,12 @@ def refits_for(
     if settings.refit_process == "child":
         return ChildRefits(database_url, settings)
     return InProcessRefits(sessions, settings)
+
+
+def _fork_server() -> multiprocessing.context.BaseContext:
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload([__name__])
+    return context
 
 
 def _configure_child(log_level: str) -> None:

@@ -27,9 +27,11 @@ WAIT_S = 60  # a bound on what a broken child makes the test wait, not a latency
 
 @pytest.fixture
 def settings(clean_database: str) -> Settings:
-    # No refit while the namespace is populated: each test runs the refits it looks at.
+    # No refit while the namespace is populated (a young namespace's refits are due at every
+    # doubling of its queries, and one still running would race the test's): each test runs
+    # the refits it looks at.
     return Settings(database_url=clean_database, embedder="none", scorer="local",
-                    refit_every=10_000, refit_growth=0, _env_file=None)
+                    background_work=False, _env_file=None)
 
 
 async def populate(db: Database, settings: Settings) -> None:

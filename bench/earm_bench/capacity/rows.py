@@ -16,10 +16,13 @@ def verdict(target: str, what: str, measured: float, allowed: float, *, setting:
             note: str = "", at_least: bool = False, holds: bool = True) -> Row:
     """One row: ``measured`` ≤ ``allowed`` (≥ with ``at_least``); ``holds`` is False when the
     run did not reach the target's condition (then the target is missed whatever the ratio)."""
+    # The row's figures as printed, and the ratio and verdict of those: a reader who divides
+    # the printed figures gets the printed ratio.
+    measured, allowed = round(measured, 2), round(allowed, 2)
     ratio = measured / allowed if allowed else float("inf")
     met = holds and (measured >= allowed if at_least else measured <= allowed)
-    return {"target": target, "row": what, "measured": round(measured, 2),
-            "bound": f"{'≥' if at_least else '≤'} {allowed:.2f}", "allowed": round(allowed, 2),
+    return {"target": target, "row": what, "measured": measured,
+            "bound": f"{'≥' if at_least else '≤'} {allowed:.2f}", "allowed": allowed,
             "ratio": round(ratio, 3), "verdict": "met" if met else "missed",
             "setting": setting, "note": note}
 
