@@ -145,19 +145,32 @@ async def stream_records(session: AsyncSession, namespace: str) -> AsyncIterator
             yield kind.name, record
 
 
+#: The table that says which namespace holds each id of a kind (migration 0017).
+_LOCATORS = {"memory": "memory_locator", "query": "query_locator"}
+
+
 def _insert_sql(kind: RecordKind) -> str:
     """Insert a batch of records (a JSON array of objects, each cast to the table's column
-    types by ``json_populate_recordset``) into the namespace ``%(namespace)s``."""
+    types by ``json_populate_recordset``) into the namespace ``%(namespace)s``; memories and
+    queries with their locator rows, in the same statement."""
     columns = [*kind.columns, kind.namespace_column]
     values = [*kind.columns, "%(namespace)s"]
     if kind is MEMORY:
         columns.append("indexed")
         values.append("false")
-    return (
+    insert = (
         f"INSERT INTO {kind.table} ({', '.join(columns)}) SELECT {', '.join(values)} "
         f"FROM json_populate_recordset(NULL::{kind.table}, %(records)s::json)"
         # A namespace created since the import checked it is not overwritten (none inserted).
         + (" ON CONFLICT DO NOTHING" if kind is NAMESPACE else "")
+    )
+    locator = _LOCATORS.get(kind.name)
+    if locator is None:
+        return insert
+    return (
+        f"WITH inserted AS ({insert} RETURNING id), located AS ("
+        f"INSERT INTO {locator} (id, namespace) SELECT id, %(namespace)s FROM inserted) "
+        "SELECT count(*) FROM inserted"
     )
 
 
@@ -169,9 +182,10 @@ async def insert_records(
 ) -> int:
     """Insert ``records_json`` (a JSON array of records of ``kind``, ids already the new ones)
     into ``namespace``; how many rows were inserted."""
-    return await execute(
-        session, _INSERT_SQL[kind.name], {"namespace": namespace, "records": records_json}
-    )
+    parameters = {"namespace": namespace, "records": records_json}
+    if kind.name in _LOCATORS:
+        return int(await fetch_value(session, _INSERT_SQL[kind.name], parameters))
+    return await execute(session, _INSERT_SQL[kind.name], parameters)
 
 
 _ALLOCATE_IDS_SQL = (
