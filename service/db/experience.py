@@ -239,6 +239,7 @@ _QUERY_OBSERVATIONS_SQL = f"""
     JOIN memories m ON m.namespace = s.namespace AND m.id = s.memory_id
     JOIN namespaces n ON n.name = s.namespace
     WHERE s.namespace = %(namespace)s AND s.query_id = %(query_id)s AND s.retired_at IS NULL
+    ORDER BY s.memory_id
 """
 
 
@@ -274,10 +275,14 @@ _OBSERVATION_ROW = np.dtype(
      ("l2", ">i4"), ("similarity", ">f8"), ("l3", ">i4"), ("score", ">f8")]
 )
 
-# A COPY takes no parameters: the namespace is composed in as a literal.
+# A COPY takes no parameters: the namespace is composed in as a literal. In key order, whatever
+# plan reads them: the fit sums the cells in the order it gets them, so the order decides the
+# last bits of the model, and the primary key's order (the plan's, through it) and the heap's
+# (a sequential or bitmap scan's) differ; key order is also what an imported namespace keeps.
 _NAMESPACE_OBSERVATIONS_COPY = psycopg.sql.SQL(
     "COPY (SELECT memory_id, query_id, similarity::text::float8, score::text::float8 "
-    "FROM scores WHERE namespace = {} AND retired_at IS NULL) TO STDOUT (FORMAT BINARY)"
+    "FROM scores WHERE namespace = {} AND retired_at IS NULL ORDER BY query_id, memory_id) "
+    "TO STDOUT (FORMAT BINARY)"
 )
 
 

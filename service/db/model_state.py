@@ -358,15 +358,16 @@ async def _update_query_columns(
 
 # The running mean is recomputed from the data under the namespace lock: it heals drift from
 # deleted memories and counts observations recorded while the fit ran. The sum is of the numbers
-# the fit reads (see experience.namespace_observations), in double precision: sum() of `real`
-# adds in float32, whose rounding depends on the rows' physical order, so a replay of the same
-# requests could get another mean.
+# the fit reads (see experience.namespace_observations), in double precision and in the same key
+# order: sum() of `real` adds in float32, and any sum's rounding depends on the order it adds
+# in, so a replay of the same requests could otherwise get another mean.
 _RESET_AFTER_REFIT_SQL = """
     UPDATE namespaces SET queries_since_refit = 0, last_refit_at = %(at)s,
         content_slope = %(content_slope)s,
         content_weights = %(content_weights)s::vector,
         score_sum = live.score_sum, score_count = live.score_count
-    FROM (SELECT coalesce(sum(score::text::float8), 0) AS score_sum, count(*) AS score_count
+    FROM (SELECT coalesce(sum(score::text::float8 ORDER BY query_id, memory_id), 0)
+                 AS score_sum, count(*) AS score_count
           FROM scores WHERE namespace = %(namespace)s AND retired_at IS NULL) AS live
     WHERE name = %(namespace)s
 """
