@@ -100,16 +100,16 @@ def solve_content_prior(
     memory_idx: NDArray[np.intp],
     similarities: NDArray[np.float64],
     residuals: NDArray[np.float64],
-    gram_factor: NDArray[np.float64],
+    inverse_factor: NDArray[np.float64],
     memory_embeddings: NDArray[np.float64],
 ) -> ContentPrior:
-    """Ridge solve of (γ, w) against per-cell residuals, given the factorised normal matrix of
-    :func:`content_gram` (it does not change across ALS iterations)."""
+    """Ridge solve of (γ, w) against per-cell residuals, given the inverse Cholesky factor of
+    the normal matrix (:func:`content_gram`; it does not change across ALS iterations)."""
     n_m = memory_embeddings.shape[0]
     rhs = np.concatenate(
         [[similarities @ residuals], memory_embeddings.T @ np.bincount(memory_idx, residuals, n_m)]
     )
-    theta = np.linalg.solve(gram_factor.T, np.linalg.solve(gram_factor, rhs))
+    theta = inverse_factor.T @ (inverse_factor @ rhs)
     # No copy (copy=False): only states the dtype numpy's stubs lose in linalg.solve
     # (typed floating[Any]; float64 in, float64 out).
     return ContentPrior(float(theta[0]), theta[1:].astype(np.float64, copy=False))
@@ -122,15 +122,19 @@ def content_gram(
     slope_reg: float,
     content_reg: float,
 ) -> NDArray[np.float64]:
-    """Lower Cholesky factor of the ridge normal matrix of the features [cos, e_m] over all cells,
-    built per memory (Σ_cells e_m e_mᵀ = Eᵀ diag(n_m) E), never per cell."""
+    """The inverse of the lower Cholesky factor of the ridge normal matrix of the features
+    [cos, e_m] over all cells, built per memory (Σ_cells e_m e_mᵀ = Eᵀ diag(n_m) E), never per
+    cell. Inverted once per fit: each ALS iteration's solve is then two matrix-vector products,
+    where two (d+1)-sized linear solves per iteration were most of a small refit's time."""
     n_m, d = memory_embeddings.shape
     counts = np.bincount(memory_idx, minlength=n_m).astype(np.float64)
     gram = np.empty((d + 1, d + 1))
     gram[0, 0] = similarities @ similarities + slope_reg
     gram[0, 1:] = gram[1:, 0] = memory_embeddings.T @ np.bincount(memory_idx, similarities, n_m)
     gram[1:, 1:] = (memory_embeddings.T * counts) @ memory_embeddings + content_reg * np.eye(d)
-    return np.linalg.cholesky(gram)
+    # No copy (copy=False): only states the dtype numpy's stubs lose in linalg (float64 in,
+    # float64 out).
+    return np.linalg.inv(np.linalg.cholesky(gram)).astype(np.float64, copy=False)
 
 
 def _with_similarity(
@@ -229,7 +233,7 @@ class _Cells:
 @dataclass(frozen=True, eq=False)
 class _ContentFit:
     embeddings: NDArray[np.float64]  # (n_memories, d) unit vectors
-    gram_factor: NDArray[np.float64]  # of content_gram: fixed for the whole fit
+    inverse_factor: NDArray[np.float64]  # of content_gram: fixed for the whole fit
 
 
 @dataclass(eq=False)
@@ -337,14 +341,14 @@ def _content_fit(
 ) -> _ContentFit:
     embeddings = float_array("memory_embeddings", memory_embeddings, ndim=2)
     check_length("memory_embeddings", embeddings, cells.n_memories, "n_memories")
-    gram_factor = content_gram(
+    inverse_factor = content_gram(
         cells.memory_idx,
         cells.similarities,
         embeddings,
         slope_reg,
         finite_scalar("content_reg", content_reg),
     )
-    return _ContentFit(embeddings, gram_factor)
+    return _ContentFit(embeddings, inverse_factor)
 
 
 def _solve_prior(
@@ -360,7 +364,7 @@ def _solve_prior(
         + np.einsum("ij,ij->i", sides.memory_factors[m], sides.query_factors[q])
     )
     prior = solve_content_prior(
-        m, sims, cells.scores - cells.mu - explained, content.gram_factor, content.embeddings
+        m, sims, cells.scores - cells.mu - explained, content.inverse_factor, content.embeddings
     )
     return prior, prior.offsets(sims, (content.embeddings @ prior.weights)[m])
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 import psycopg
-from psycopg.adapt import Dumper
+from psycopg.adapt import Dumper, Loader
 from psycopg.pq import Format
 
 # A JSON string, or a number in exponent form with a positive exponent: json.dumps writes
@@ -100,6 +100,33 @@ class Float8RowsDumper(Dumper):
 
     def dump(self, obj: Float8Rows) -> bytes:
         return obj.data
+
+
+class Float8ArrayLoader(Loader):
+    """A ``float8[]`` read in binary as a numpy float64 array, decoded by numpy in one call
+    (psycopg builds a Python float per element: 35 rows of packed statistics, ~1,900 floats, were
+    most of the CPU of reading them). One dimension, no NULL elements (what a packed row is);
+    anything else is refused, never misread. For a cursor that reads in binary
+    (:func:`float8_arrays_as_numpy`)."""
+
+    format = Format.BINARY
+
+    def load(self, data: Any) -> np.ndarray:
+        ndim, has_nulls, oid = struct.unpack_from(">iii", data)
+        if ndim == 0:
+            return np.zeros(0)
+        size = struct.unpack_from(">i", data, 12)[0]
+        if ndim != 1 or has_nulls or oid != _FLOAT8_OID:
+            raise psycopg.DataError("expected a one-dimensional float8[] without NULLs")
+        elements = np.frombuffer(data, dtype=[("length", ">i4"), ("value", ">f8")],
+                                 count=size, offset=20)
+        return elements["value"].astype(np.float64)
+
+
+def float8_arrays_as_numpy(cursor: psycopg.AsyncCursor[Any]) -> psycopg.AsyncCursor[Any]:
+    """``cursor``, its ``float8[]`` results read by :class:`Float8ArrayLoader` (in binary)."""
+    cursor.adapters.register_loader(_FLOAT8_ARRAY_OID, Float8ArrayLoader)
+    return cursor
 
 
 def double_array_literals(rows: np.ndarray) -> list[str]:

@@ -15,7 +15,12 @@ from numpy.typing import NDArray
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from service.completion.statistics import RowObservations, RowStatistics
-from service.db.codecs import double_array_literals, factor_matrix
+from service.db.codecs import (
+    array_literal,
+    double_array_literals,
+    factor_matrix,
+    float8_arrays_as_numpy,
+)
 from service.db.engine import driver_connection
 from service.db.model_state import ROW_VERSION_SQL, content_sql
 from service.db.statements import execute, fetch_all
@@ -76,7 +81,7 @@ class StoredRows:
     None."""
 
     memory_ids: np.ndarray
-    statistics: list[list[float] | None]
+    statistics: list[np.ndarray | None]
     versions: list[str]
     history: RowObservations
 
@@ -113,9 +118,10 @@ async def read_rows(
     if len(memory_ids) == 0:
         return StoredRows(np.zeros(0, dtype=np.int64), [], [], _row_observations([], rank))
     conn = await driver_connection(session)
-    ids = {"namespace": namespace, "ids": [int(m) for m in memory_ids]}
+    ids = {"namespace": namespace, "ids": array_literal(memory_ids)}
+    statistics = float8_arrays_as_numpy(conn.cursor(binary=True))
     async with conn.pipeline():
-        statistics = await conn.execute(_ROW_STATISTICS_SQL, ids)
+        await statistics.execute(_ROW_STATISTICS_SQL, ids)
         history = await conn.execute(_HISTORY_WITHOUT_STATISTICS_SQL, ids)
         await conn.commit()
     stored = await statistics.fetchall()

@@ -130,7 +130,10 @@ _RECORD_SQL = """
             reuse_saved_calls = reuse_saved_calls + %(saved_calls)s,
             score_sum = score_sum + (SELECT coalesce(sum(s), 0) FROM live),
             score_count = score_count + (SELECT count(*) FROM live),
-            queries_since_refit = queries_since_refit + 1
+            -- A query that observed nothing (a semantic retrieve, a family's repeat that
+            -- reused every cell, a retrieve whose scorer failed) taught the model nothing: a
+            -- refit it made due would refit the same observations.
+            queries_since_refit = queries_since_refit + (SELECT (count(*) > 0)::int FROM live)
         WHERE name = %(namespace)s
         RETURNING next_query_index - 1 AS query_index, queries_since_refit
     ), q AS (

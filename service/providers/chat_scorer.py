@@ -24,8 +24,7 @@ import re
 from collections.abc import Sequence
 from typing import Any, Literal
 
-import httpx
-
+from service.providers.http1 import Answer
 from service.providers.http_scorer import HTTPScorer, RequestFailed, ScoringRequest
 from service.providers.scorers import ScorerObserver
 
@@ -255,7 +254,7 @@ class OpenAIChatScorer(HTTPScorer):
             body |= {"max_tokens": 1, "logprobs": True, "top_logprobs": 5}
         return ScoringRequest([position], body)
 
-    def parse(self, response: httpx.Response, request: ScoringRequest) -> list[float | None]:
+    def parse(self, response: Answer, request: ScoringRequest) -> list[float | None]:
         try:
             payload: Any = response.json()
             choice = payload["choices"][0]

@@ -1,6 +1,6 @@
-"""The machinery every HTTP relevance scorer shares: concurrency slots with single-connection
-clients, one deadline per :meth:`HTTPScorer.score` call, retries of 429/5xx/transport errors, and
-one backoff for the whole backend once it answers 429.
+"""The machinery every HTTP relevance scorer shares: concurrency slots with a connection each
+(``service.providers.http1``), one deadline per :meth:`HTTPScorer.score` call, retries of
+429/5xx/transport errors, and one backoff for the whole backend once it answers 429.
 
 A backend (the chat judge, the rerank endpoints) only says which HTTP requests score which pairs
 (:meth:`HTTPScorer.plan`) and how to read one response (:meth:`HTTPScorer.parse`): one request
@@ -13,20 +13,31 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import importlib.metadata
 import logging
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import httpx
 import numpy as np
 
+from service.providers.http1 import (
+    Answer,
+    ConnectionFailed,
+    ConnectionTimedOut,
+    CookieJar,
+    ScorerConnection,
+    connection_factory,
+    encode_json,
+)
 from service.providers.retry import backoff_delay, retry_after_seconds, retryable_status
 from service.providers.scorers import Outcome, PartScored, ScorerObserver, Scores, notify
 
 logger = logging.getLogger(__name__)
 
+#: Who calls, as the backend's logs see it.
+USER_AGENT = f"earm/{importlib.metadata.version('earm')}"
 #: How long an idle scorer connection is kept (below the common 5 s server keep-alive).
 KEEPALIVE_S = 4.0
 
@@ -134,18 +145,16 @@ class HTTPScorer:
         self.backoff_base_s = backoff_base_s
         self.outcomes: collections.Counter[str] = collections.Counter()
         self.observer = observer
-        self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        # One single-connection client per concurrency slot, handed out through a queue, rather
-        # than one client pooling `concurrency` connections: httpcore's pool walks all its
-        # connections, querying each one's socket, whenever a request starts or ends. Measured:
-        # 16 concurrent calls cost the client 29 ms of CPU through one pool of 16, 17 ms through
-        # 16 single-connection clients. A slot's client is created when no idle one is left and
-        # fewer than `concurrency` exist: the connections follow the demand (a retrieve's
-        # budget) up to the cap. They share one TLS context: loading the CA bundle costs ~25 ms
-        # per context.
-        self._tls = httpx.create_ssl_context()
-        self._clients: asyncio.LifoQueue[httpx.AsyncClient] = asyncio.LifoQueue()
-        self._slots_opened = 0  # clients created for slots, idle or in use (≤ concurrency)
+        self._headers = {"Content-Type": "application/json", "User-Agent": USER_AGENT} | (
+            {"Authorization": f"Bearer {api_key}"} if api_key else {})
+        self._cookies = CookieJar()
+        # One connection per concurrency slot, handed out through a queue (the most recently
+        # used first, so idle ones expire). A slot's connection is created when no idle one is
+        # left and fewer than `concurrency` exist: the connections follow the demand (a
+        # retrieve's budget) up to the cap.
+        self._connect = connection_factory(url, KEEPALIVE_S, timeout_s)
+        self._clients: asyncio.LifoQueue[ScorerConnection] = asyncio.LifoQueue()
+        self._slots_opened = 0  # connections created for slots, idle or in use (≤ concurrency)
         # Event-loop time before which no request is sent: the backend's last 429 asked for it.
         self._backoff_until = 0.0
         # Closing of clients taken out of service (see _slot); awaited by aclose().
@@ -158,7 +167,7 @@ class HTTPScorer:
         """The requests that score ``memory_texts`` against ``query_text``."""
         raise NotImplementedError
 
-    def parse(self, response: httpx.Response, request: ScoringRequest) -> list[float | None]:
+    def parse(self, response: Answer, request: ScoringRequest) -> list[float | None]:
         """One score in [0, 1] (or ``None``) per position of ``request``, from a 200 response;
         raises :class:`RequestFailed` ("unparseable") when the body makes no sense at all."""
         raise NotImplementedError
@@ -263,22 +272,18 @@ class HTTPScorer:
         return dict(zip(request.positions, zip(values, outcomes, strict=True), strict=True))
 
     @contextlib.asynccontextmanager
-    async def _slot(self) -> AsyncIterator[httpx.AsyncClient]:
-        """A concurrency slot's client for one request; the slot always goes back.
+    async def _slot(self) -> AsyncIterator[ScorerConnection]:
+        """A concurrency slot's connection for one request; the slot always goes back.
 
-        Its client goes back with it only if the call ended on its own: scores, or
-        :class:`RequestFailed` after a whole response or an error httpcore cleaned up after.
-        A call interrupted by asyncio cancellation (the retrieve's deadline, or the retrieve
-        cancelled) or by an unexpected error hands the slot a fresh client and closes the old
-        one. httpcore 1.0 shields its cleanup from anyio cancellation only, so a cancellation
-        landing between connecting and sending leaves the single connection NEW, and one
-        landing while the response is closed leaves it ACTIVE; the pool never reuses nor reaps
-        either (encode/httpcore#1093), and every later call on the slot would wait for the
-        pool until its deadline without reaching the endpoint.
+        Its connection goes back with it only if the call ended on its own: scores, or
+        :class:`RequestFailed` after a whole response or a failure the connection cleaned up
+        after. A call interrupted by asyncio cancellation (the retrieve's deadline, or the
+        retrieve cancelled) or by an unexpected error may leave a request half-sent or an
+        answer half-read on it: the slot gets a fresh connection and the old one is closed.
         """
         if self._clients.empty() and self._slots_opened < self.concurrency:
             self._slots_opened += 1
-            client = self._new_client()
+            client = self._connect()
         else:
             client = await self._clients.get()
         interrupted = True
@@ -289,23 +294,11 @@ class HTTPScorer:
             interrupted = False
             raise
         finally:
-            self._clients.put_nowait(self._new_client() if interrupted else client)
+            self._clients.put_nowait(self._connect() if interrupted else client)
             if interrupted:
                 self._retire(client)
 
-    def _new_client(self) -> httpx.AsyncClient:
-        return httpx.AsyncClient(
-            verify=self._tls,
-            timeout=self.timeout_s,
-            # Idle connections expire before the 5 s keep-alive of uvicorn-served backends
-            # (vLLM, TEI's router, most stand-ins) closes them: with equal timers a request
-            # sent on a connection the server is closing fails and is retried.
-            limits=httpx.Limits(
-                max_connections=1, max_keepalive_connections=1, keepalive_expiry=KEEPALIVE_S
-            ),
-        )
-
-    def _retire(self, client: httpx.AsyncClient) -> None:
+    def _retire(self, client: ScorerConnection) -> None:
         """Close ``client`` in the background: the answer does not wait for it, and a second
         cancellation cannot interrupt it."""
         closing = asyncio.get_running_loop().create_task(client.aclose())
@@ -316,18 +309,19 @@ class HTTPScorer:
         self._closing.discard(closing)
         if not closing.cancelled() and closing.exception() is not None:
             logger.debug(
-                "relevance scorer: closing a retired client failed: %r", closing.exception()
+                "relevance scorer: closing a retired connection failed: %r", closing.exception()
             )
 
     async def _call_with_retries(
         self,
-        client: httpx.AsyncClient,
+        client: ScorerConnection,
         request: ScoringRequest,
         deadline: float,
         attempts: _Attempts,
     ) -> list[float | None]:
         """The parsed scores, or :class:`RequestFailed`; runs inside the call's time budget."""
         loop = asyncio.get_running_loop()
+        body = encode_json(request.body)
         attempt = 0
         while True:
             await self._wait_out_backoff(deadline)
@@ -335,22 +329,21 @@ class HTTPScorer:
             outcome: Outcome
             attempts.count += 1
             try:
-                response = await client.post(
-                    self.url, json=request.body, headers=self._headers, timeout=self.timeout_s
-                )
-            except httpx.TimeoutException:
+                response = await client.post(body, self._headers | self._cookies.header())
+            except ConnectionTimedOut:
                 outcome = "timeout"
-            except httpx.HTTPError:  # connect/read/protocol errors, undecodable bodies
+            except ConnectionFailed:  # refused, reset, closed early, not HTTP
                 outcome = "transport_error"
             else:
-                if response.status_code == 200:
+                self._cookies.take(response)
+                if response.status == 200:
                     return self.parse(response, request)
                 outcome = "http_error"
-                if not retryable_status(response.status_code):
-                    logger.debug("scorer endpoint answered HTTP %d", response.status_code)
+                if not retryable_status(response.status):
+                    logger.debug("scorer endpoint answered HTTP %d", response.status)
                     raise RequestFailed(outcome)
                 wait = retry_after_seconds(response.headers)
-                if response.status_code == 429:
+                if response.status == 429:
                     wait = wait if wait is not None else backoff_delay(attempt, self.backoff_base_s)
                     self._backoff_until = max(self._backoff_until, loop.time() + wait)
             if attempt >= self.max_retries:
@@ -373,7 +366,7 @@ class HTTPScorer:
         await asyncio.sleep(pause)
 
     async def aclose(self) -> None:
-        """Close the HTTP clients (the scorer is not used afterwards)."""
+        """Close the connections (the scorer is not used afterwards)."""
         while not self._clients.empty():
             await self._clients.get_nowait().aclose()
         await asyncio.gather(*self._closing, return_exceptions=True)

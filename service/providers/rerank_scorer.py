@@ -21,8 +21,7 @@ import math
 from collections.abc import Sequence
 from typing import Any, Literal
 
-import httpx
-
+from service.providers.http1 import Answer
 from service.providers.http_scorer import HTTPScorer, RequestFailed, ScoringRequest
 from service.providers.scorers import ScorerObserver
 
@@ -107,7 +106,7 @@ class RerankScorer(HTTPScorer):
             "top_n": len(documents),
         }
 
-    def parse(self, response: httpx.Response, request: ScoringRequest) -> list[float | None]:
+    def parse(self, response: Answer, request: ScoringRequest) -> list[float | None]:
         try:
             payload: Any = response.json()
         except ValueError:

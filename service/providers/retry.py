@@ -6,8 +6,7 @@ from __future__ import annotations
 import email.utils
 import random
 import time
-
-import httpx
+from collections.abc import Mapping
 
 
 def retryable_status(status: int) -> bool:
@@ -15,8 +14,9 @@ def retryable_status(status: int) -> bool:
     return status == 429 or status >= 500
 
 
-def retry_after_seconds(headers: httpx.Headers) -> float | None:
-    """Server-requested wait: OpenAI's ``retry-after-ms``, or ``Retry-After`` (seconds or date)."""
+def retry_after_seconds(headers: Mapping[str, str]) -> float | None:
+    """Server-requested wait: OpenAI's ``retry-after-ms``, or ``Retry-After`` (seconds or date).
+    ``headers``: names in lower case, or case-insensitive (``httpx.Headers``)."""
     ms = headers.get("retry-after-ms")
     if ms:
         try:

@@ -157,9 +157,13 @@ def anchor_values(history: AnchorHistory, relevant: float) -> np.ndarray:
     values = found.astype(np.float64)
     later_finds = found & np.isin(history.kind, (EXPLOIT, MARGINAL))
     discoveries = _first_finds(history, found)
-    for i in discoveries:
-        same = later_finds & (history.memory_ids == history.memory_ids[i])
-        values[i] += np.count_nonzero(same & (history.query_index > history.query_index[i]))
+    # A discovery is its memory's earliest find, and a query scores a memory once, so the
+    # memory's estimate-chosen finds after it are all of them but the discovery itself: one
+    # count per memory (a loop over discoveries, each scanning the window, was a fifth of a
+    # retrieve's CPU at 35 anchors per query).
+    memories, memory = np.unique(history.memory_ids, return_inverse=True)
+    finds_per_memory = np.bincount(memory, weights=later_finds, minlength=len(memories))
+    values[discoveries] += finds_per_memory[memory[discoveries]] - later_finds[discoveries]
     return values
 
 

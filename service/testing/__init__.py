@@ -3,11 +3,12 @@ testing earm, or code that talks to it, without an LLM or embedding provider.
 
 As starlette ships its test client, earm ships these. Its own tests and its benchmarks (the
 earm-bench distribution) use them, and so can anyone who builds on earm. They are talked to
-through the very same httpx code path that talks to OpenAI, vLLM or Ollama in production, so
+through the very same client code that talks to OpenAI, vLLM or Ollama in production, so
 retries, timeouts, concurrency limits and response parsing are exercised for real (sockets,
 HTTP framing, JSON) rather than through mocks. The apps speak just enough of each protocol for
 earm's clients; the behaviour (scores, vectors, latency, faults) is supplied by a plain callback,
 which may be a coroutine function and may raise :class:`HTTPFault` to answer with an error.
+:func:`chat_answer` is the judge's answer to one request body, for a server of one's own.
 
 - :class:`LoopbackServer` serves any ASGI app on 127.0.0.1 (a free port) from a thread of its
   own, as a context manager;
@@ -36,7 +37,7 @@ Typical use::
     assert app.state.calls == 3
 """
 
-from service.testing.chat import GatedReply, ReplyFn, chat_completions_app
+from service.testing.chat import GatedReply, ReplyFn, chat_answer, chat_completions_app
 from service.testing.embeddings import EmbedFn, GatedEmbed, embeddings_app, text_vector
 from service.testing.processes import free_port, interrupt, wait_ready
 from service.testing.rerank import (
@@ -57,6 +58,7 @@ __all__ = [
     "LoopbackServer",
     "RerankFn",
     "ReplyFn",
+    "chat_answer",
     "chat_completions_app",
     "embeddings_app",
     "free_port",

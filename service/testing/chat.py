@@ -64,23 +64,32 @@ def chat_completions_app(
     ids = itertools.count(1)
 
     async def answer(body: Any) -> dict[str, Any]:
-        messages = body.get("messages") if isinstance(body, dict) else None
-        if not isinstance(messages, list) or not messages:
-            raise BadRequest("'messages' must be a non-empty list")
-        prompt = "\n\n".join(
-            _message_text(m.get("content")) for m in messages if isinstance(m, dict)
-        )
-        text = str(await maybe_await(reply(prompt)))
-        completion = _chat_completion(next(ids), body.get("model") or model, prompt, text)
-        if logprobs and body.get("logprobs") is True:
-            _answer_yes_no(completion, text)
-        return completion
+        return await chat_answer(body, reply, next(ids), model, logprobs)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Any:
         return await answer_post(app, request, answer)
 
     return app
+
+
+async def chat_answer(
+    body: Any, reply: ReplyFn, number: int, model: str = "loopback-judge", logprobs: bool = False
+) -> dict[str, Any]:
+    """The completion answering one request ``body`` (its ``number`` names it), as
+    :func:`chat_completions_app` answers: ``reply`` gets the messages' contents joined by
+    blank lines. :class:`BadRequest` for a body without messages."""
+    messages = body.get("messages") if isinstance(body, dict) else None
+    if not isinstance(messages, list) or not messages:
+        raise BadRequest("'messages' must be a non-empty list")
+    prompt = "\n\n".join(
+        _message_text(m.get("content")) for m in messages if isinstance(m, dict)
+    )
+    text = str(await maybe_await(reply(prompt)))
+    completion = _chat_completion(number, body.get("model") or model, prompt, text)
+    if logprobs and body.get("logprobs") is True:
+        _answer_yes_no(completion, text)
+    return completion
 
 
 def _message_text(content: Any) -> str:

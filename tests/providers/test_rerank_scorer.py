@@ -81,11 +81,11 @@ def test_rerank_scorer_sends_the_cohere_shaped_request_with_bearer_key(
     assert "co-key-1" not in repr(scorer)
 
 
-def test_rerank_requests_carry_httpx_headers_json_body_and_the_providers_cookie(
+def test_rerank_requests_carry_their_headers_json_body_and_the_providers_cookie(
     serve: Serve,
 ) -> None:
-    # The scorer builds its requests once and sends them as they are: they must still be what
-    # client.post(json=...) sent, including a cookie the provider set (session affinity).
+    # The scorer builds its requests once and sends them on its own connections: they carry
+    # the JSON body, the key, earm's name and a cookie the provider set (session affinity).
     def set_cookie_first(query: str, documents: list[str]) -> list[float | None]:
         if app.state.calls == 1:
             raise HTTPFault(503, "warming", headers={"Set-Cookie": "lb=node-2; Path=/",
@@ -100,7 +100,7 @@ def test_rerank_requests_carry_httpx_headers_json_body_and_the_providers_cookie(
     assert headers["cookie"] == "lb=node-2"
     assert headers["content-type"] == "application/json"
     assert headers["authorization"] == "Bearer k"
-    assert headers["user-agent"].startswith("python-httpx/")
+    assert headers["user-agent"].startswith("earm/")
     assert headers["host"] == server.url.removeprefix("http://")
 
 

@@ -106,6 +106,36 @@ def test_only_the_first_find_of_a_memory_in_the_window_is_a_discovery() -> None:
     assert anchor_values(history, 0.5).tolist() == [2.0, 1.0, 1.0]
 
 
+def reference_anchor_values(history: AnchorHistory, relevant: float) -> np.ndarray:
+    """anchor_values by its definition: per anchor 1 for a find, plus, for the earliest find
+    of a memory, the estimate-chosen finds of that memory by later queries."""
+    values = np.zeros(len(history))
+    for i in range(len(history)):
+        if history.scores[i] < relevant:
+            continue
+        values[i] = 1.0
+        same = (history.memory_ids == history.memory_ids[i]) & (history.scores >= relevant)
+        if history.query_index[i] > history.query_index[same].min():
+            continue  # not the memory's first find
+        later = same & (history.query_index > history.query_index[i])
+        values[i] += np.count_nonzero(later & np.isin(history.kind, (EXPLOIT, MARGINAL)))
+    return values
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_anchor_values_equal_their_definition_on_random_windows(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    rows = [(query, int(kind), int(memory), float(score))
+            for query in range(40)
+            for memory, kind, score in zip(
+                rng.choice(60, size=12, replace=False), rng.integers(0, 4, size=12),
+                rng.random(12), strict=True)]
+    history = _history(rows)
+    np.testing.assert_array_equal(anchor_values(history, 0.6),
+                                  reference_anchor_values(history, 0.6))
+    assert len(anchor_values(AnchorHistory.empty(), 0.6)) == 0
+
+
 def test_without_history_the_share_is_one_evidence_short_of_half_way() -> None:
     share = exploring_share(AnchorHistory.empty(), RULE)
     assert share == pytest.approx(0.1 + 0.4 * 0.158655, abs=1e-4)

@@ -1,18 +1,24 @@
-"""When a namespace's full refit is due (service.retrieve.learning.refit_due), and that the
+"""When a namespace's full refit is due (service.retrieve.learning.refit_due), that the
 worker's SQL form of the rule (service.db.namespaces.namespaces_due_for_refit) agrees with it
-on the real database."""
+on the real database, and which queries count towards it."""
 
 from __future__ import annotations
 
 import asyncio
 import math
 
+import numpy as np
 from sqlalchemy import create_engine, text
 from sqlalchemy.ext.asyncio import async_sessionmaker
 
 from service.db.engine import create_engine as create_async_engine
+from service.db.engine import open_database
 from service.db.namespaces import namespaces_due_for_refit
+from service.ingest.memories import NewMemory, ingest
+from service.providers.scorers import LocalScorer
 from service.retrieve.learning import refit_due
+from service.retrieve.pipeline import RetrievalPipeline, RetrieveRequest
+from service.settings import Settings
 
 EVERY, GROWTH = 50, 0.25
 
@@ -96,3 +102,34 @@ def test_the_workers_sql_picks_exactly_the_namespaces_the_rule_makes_due(
     }
     assert set(asyncio.run(due())) == expected
     assert 0 < len(expected) < len(cases)
+
+
+def test_only_queries_that_observed_something_count_towards_the_next_refit(
+    clean_database: str,
+) -> None:
+    """A semantic retrieve observes nothing, so it teaches the model nothing: it is recorded
+    (its index, its trace) but does not bring the namespace's refit closer."""
+
+    async def scenario() -> list[tuple[int, int]]:
+        settings = Settings(database_url=clean_database, embedder="none", scorer="local",
+                            background_work=False, _env_file=None)
+        rng = np.random.default_rng(0)
+        async with open_database(settings) as db:
+            async with db.sessions() as session:
+                await ingest(session, None, 384, "ns", [
+                    NewMemory(text=f"m{i}", embedding=rng.normal(size=384).tolist())
+                    for i in range(30)])
+                await session.commit()
+            pipeline = RetrievalPipeline(db.sessions, None, LocalScorer(), settings)
+            counters = []
+            for policy in ("semantic", "semantic", "earm", "semantic", "earm"):
+                await pipeline.retrieve(RetrieveRequest(
+                    namespace="ns", query="q", policy=policy, candidates=20, budget=5,
+                    query_embedding=rng.normal(size=384).tolist()))
+                async with db.engine.connect() as conn:
+                    row = (await conn.execute(text(
+                        "SELECT next_query_index, queries_since_refit FROM namespaces"))).one()
+                counters.append((row[0], row[1]))
+            return counters
+
+    assert asyncio.run(scenario()) == [(1, 0), (2, 0), (3, 1), (4, 1), (5, 2)]

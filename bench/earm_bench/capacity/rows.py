@@ -69,10 +69,19 @@ def _throughput(report: dict[str, Any]) -> Iterator[Row]:
     setting = "instant scorer (0 ms chat judge), concurrency 8"
     yield verdict("T3", "earm retrieves/s, one namespace", one["throughput_rps"],
                   0.5 * semantic["throughput_rps"], at_least=True, setting=setting,
-                  note=f"0.5 × semantic's {semantic['throughput_rps']} retrieves/s")
+                  note=f"0.5 × semantic's {semantic['throughput_rps']} retrieves/s; "
+                       f"{_cpu_note(cells.get('cpu_ms_per_request', {}))}")
     yield verdict("T3", "earm retrieves/s, 8 clients of one namespace", one["throughput_rps"],
                   0.7 * eight["throughput_rps"], at_least=True, setting=setting,
                   note=f"0.7 × eight namespaces' {eight['throughput_rps']} retrieves/s")
+
+
+def _cpu_note(cpu: dict[str, dict[str, float | None]]) -> str:
+    """Where each cell's CPU went, ms per retrieve."""
+    parts = [f"{cell}: " + ", ".join(f"{where} {ms}" for where, ms in spent.items()
+                                     if ms is not None and where != "machine")
+             for cell, spent in cpu.items() if cell != "earm_eight_namespaces"]
+    return "CPU ms per retrieve (" + "; ".join(parts) + ")" if parts else ""
 
 
 def _refits(report: dict[str, Any]) -> Iterator[Row]:

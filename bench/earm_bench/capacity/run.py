@@ -15,6 +15,7 @@ import httpx
 from earm_bench.capacity import serving
 from earm_bench.capacity.config import CapacityConfig
 from earm_bench.capacity.rows import rows
+from earm_bench.common.cpu import postmaster_pid
 from earm_bench.common.database import migrated_database
 from earm_bench.common.processes import judge_process, rerank_judge_process, service_process
 from earm_bench.deadline import DeadlineConfig, run_deadline
@@ -29,6 +30,7 @@ async def _serve(config: CapacityConfig, judge: Judge, world: World, database_ur
                  judge_url: str, rerank_url: str, workdir: Path) -> dict[str, Any]:
     """T4, T1, T3, T5 and T6 (background refits) against one shipped ``earm serve``, then T6
     against ``earm serve --no-background-work`` and ``earm worker``."""
+    postmaster = None if config.database_url else postmaster_pid(workdir / "pgdata")
     settings = serving.shipped_settings(database_url, judge_url)
     report: dict[str, Any] = {"service_settings": {
         k: v for k, v in settings.items() if k != "EARM_DATABASE_URL"}}
@@ -37,7 +39,7 @@ async def _serve(config: CapacityConfig, judge: Judge, world: World, database_ur
                                      limits=httpx.Limits(max_connections=32)) as client:
             base = LoadRun(world.config, world, judge, service, database_url, client)
             cap = serving.Capacity(config, judge, serving.namespaces(base, world), settings,
-                                   rerank_url, workdir)
+                                   rerank_url, workdir, postmaster)
             report["prepare"] = await serving.prepare(cap)
             report["refit_costs"] = await serving.refit_costs(cap)
             report["score"] = await serving.score_cells(cap)

@@ -4,9 +4,10 @@ namespaces, the shipped service and the backends they share, and each target's m
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,7 @@ from typing import Any
 import httpx
 
 from earm_bench.capacity.config import CapacityConfig
+from earm_bench.common.cpu import CpuReading
 from earm_bench.common.processes import ChildProcess, child_process, service_process
 from earm_bench.load import LoadConfig, World
 from earm_bench.load.database import (
@@ -65,6 +67,17 @@ class Capacity:
     settings: dict[str, str]
     rerank_url: str
     workdir: Path
+    postmaster: int | None = None  # the embedded Postgres' (None: an external database)
+
+    @contextlib.asynccontextmanager
+    async def cpu_of(self, cell: str, into: dict[str, dict[str, float | None]],
+                     requests: int) -> AsyncIterator[None]:
+        """Where the CPU of a cell of ``requests`` retrieves went, per request, into
+        ``into[cell]`` (:class:`~earm_bench.common.cpu.CpuReading`)."""
+        pid = self.serving.service.process.pid
+        before = CpuReading.now(pid, self.postmaster)
+        yield
+        into[cell] = before.per_request_ms(CpuReading.now(pid, self.postmaster), requests)
 
     @property
     def serving(self) -> LoadRun:
@@ -141,22 +154,27 @@ async def throughput(cap: Capacity) -> dict[str, Any]:
     ``earm`` with one client per namespace over eight namespaces."""
     n, runs = cap.config.throughput_requests, [cap.runs[role] for role in SERVING]
     cap.judge.latency_ms = 0.0
+    cpu: dict[str, dict[str, float | None]] = {}
     try:
         for run in runs:
             await drive(run, cap.numbers(WARM_UP), 1, "earm", "warm-up")
-        semantic = await drive(cap.serving, cap.numbers(n), 8, "semantic", "semantic c=8")
-        one = await drive(cap.serving, cap.numbers(n), 8, "earm", "earm c=8, one namespace")
+        async with cap.cpu_of("semantic", cpu, n):
+            semantic = await drive(cap.serving, cap.numbers(n), 8, "semantic", "semantic c=8")
+        async with cap.cpu_of("earm_one_namespace", cpu, n):
+            one = await drive(cap.serving, cap.numbers(n), 8, "earm", "earm c=8, one namespace")
         began = time.perf_counter()
-        eight = await asyncio.gather(*(
-            drive(run, cap.numbers(max(1, n // len(runs))), 1, "earm", f"earm {run.namespace}")
-            for run in runs))
+        per_namespace = max(1, n // len(runs))
+        async with cap.cpu_of("earm_eight_namespaces", cpu, per_namespace * len(runs)):
+            eight = await asyncio.gather(*(
+                drive(run, cap.numbers(per_namespace), 1, "earm", f"earm {run.namespace}")
+                for run in runs))
         wall_s = time.perf_counter() - began
     finally:
         cap.judge.latency_ms = cap.config.chat_ms
     merged = _merged(eight)
     merged.wall_s = wall_s
     return {"semantic": semantic.summary(), "earm_one_namespace": one.summary(),
-            "earm_eight_namespaces": merged.summary()}
+            "earm_eight_namespaces": merged.summary(), "cpu_ms_per_request": cpu}
 
 
 def _merged(parts: Sequence[Samples]) -> Samples:

@@ -90,16 +90,15 @@ def child_server(server: Callable[[], AbstractContextManager[Any]]) -> Iterator[
 
 
 def _chat_judge(reply: Callable[..., Awaitable[Any]]) -> AbstractContextManager[Any]:
-    from service.testing import LoopbackServer, chat_completions_app
+    from earm_bench.common.chat_server import ChatServer
 
-    # uvloop: this process only serves the judge, and the judge should cost the machine as
-    # little as a remote provider would (uvicorn's own default, not the tests' plain asyncio).
-    return LoopbackServer(chat_completions_app(reply), loop="uvloop")
+    # The lean server: the judge should cost the machine as little as a remote provider would.
+    return ChatServer(reply)
 
 
 @contextmanager
 def judge_process(reply: Callable[..., Awaitable[Any]]) -> Iterator[str]:
-    """URL of a chat-completions judge (:func:`service.testing.chat_completions_app`)
+    """URL of a chat-completions judge (:class:`~earm_bench.common.chat_server.ChatServer`)
     answering with ``reply``, served by a forked child process, so serving it does not compete
     with the bench's clients for the GIL. Fork it before this process has threads or connections;
     ``reply``'s state is the child's copy (share what must change during the run, e.g. through
