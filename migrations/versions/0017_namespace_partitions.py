@@ -41,7 +41,7 @@ Create Date: 2026-12-04
 
 from collections.abc import Sequence
 
-from alembic import op
+from alembic import context, op
 
 revision: str = "0017"
 down_revision: str | None = "0016"
@@ -50,6 +50,12 @@ depends_on: str | Sequence[str] | None = None
 
 #: Partitions per table. Fixed here: changing it means moving every row again.
 MODULUS = 16
+
+
+def _modulus() -> int:
+    """:data:`MODULUS`, unless the caller asks for another count (``earm bench replica`` builds
+    a one-partition baseline: every namespace under one HNSW graph, as before this revision)."""
+    return int(context.config.attributes.get("partitions") or MODULUS)
 
 #: The tables that hold a namespace's data, parents before children (the copy order).
 TABLES = (
@@ -186,10 +192,15 @@ def _create_like(table: str, source: str, partitioned: bool) -> None:
         op.execute(f"CREATE TABLE {table} ({like})")
         return
     op.execute(f"CREATE TABLE {table} ({like}) PARTITION BY HASH (namespace)")
-    for remainder in range(MODULUS):
+    _create_partitions(table)
+
+
+def _create_partitions(table: str) -> None:
+    modulus = _modulus()
+    for remainder in range(modulus):
         op.execute(
             f"CREATE TABLE {table}_p{remainder:02d} PARTITION OF {table} "
-            f"FOR VALUES WITH (MODULUS {MODULUS}, REMAINDER {remainder})"
+            f"FOR VALUES WITH (MODULUS {modulus}, REMAINDER {remainder})"
         )
 
 
@@ -216,12 +227,7 @@ def upgrade() -> None:
                 "CREATE TABLE rerank_documents (namespace text NOT NULL, "
                 "LIKE rerank_documents_0016 INCLUDING DEFAULTS) PARTITION BY HASH (namespace)"
             )
-            for remainder in range(MODULUS):
-                op.execute(
-                    f"CREATE TABLE rerank_documents_p{remainder:02d} PARTITION OF "
-                    f"rerank_documents FOR VALUES WITH (MODULUS {MODULUS}, "
-                    f"REMAINDER {remainder})"
-                )
+            _create_partitions("rerank_documents")
             op.execute(
                 "INSERT INTO rerank_documents (namespace, memory_id, last_seen_at) "
                 "SELECT m.namespace, d.memory_id, d.last_seen_at FROM rerank_documents_0016 d "
