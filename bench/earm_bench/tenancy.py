@@ -1,9 +1,11 @@
 """``earm bench tenancy``: small namespaces in a large shared table.
 
-All namespaces share one partial HNSW index on ``memories.embedding``. This bench builds two
-tables of the load bench's synthetic 384-d memories (rows of all namespaces shuffled over the
-heap, as interleaved ingests leave them; the schema's HNSW index built after the load, then
-``VACUUM ANALYZE``):
+The namespaces of a partition share its partial HNSW index on ``memories.embedding``. This
+bench migrates its database with one partition per table (every namespace under one graph, as
+before migration 0017, and the most a partition can hold; an external ``--database-url`` keeps
+its own layout) and builds two tables of the load bench's synthetic 384-d memories (rows of
+all namespaces shuffled over the heap, as interleaved ingests leave them; the schema's HNSW
+index built after the load, then ``VACUUM ANALYZE``):
 
 - **share**: ``--memories`` memories: a namespace of 50% of them, one of 10% (``mid``, where
   an exact scan and the index cost about the same: what ``EARM_EXACT_SCAN_BELOW`` is set by),
@@ -265,7 +267,7 @@ def run_tenancy(config: TenancyConfig,
     rows: list[dict[str, Any]] = []
     builds: dict[str, float] = {}
     with tempfile.TemporaryDirectory(prefix="earm-tenancy-") as tmp, migrated_database(
-        config.database_url, config.dim, Path(tmp)
+        config.database_url, config.dim, Path(tmp), partitions=1
     ) as url, psycopg.connect(libpq_url(url), autocommit=True) as conn:
         register_vector(conn)
         try:
