@@ -15,7 +15,7 @@ from service.settings import Settings
 
 TABLES = (
     "namespaces, memories, queries, scores, score_history, memory_factors, rerank_documents, "
-    "api_keys, auth_settings"
+    "memory_locator, query_locator, api_keys, auth_settings"
 )
 
 
@@ -55,6 +55,25 @@ def judge_settings(clean_database: str) -> Callable[..., Settings]:
 def client(settings: Settings) -> Iterator[TestClient]:
     with TestClient(create_app(settings)) as test_client:
         yield test_client
+
+
+#: Each partition (of a table or of an index) and the table or index it is a partition of.
+PARTITION_PARENTS_SQL = (
+    "SELECT c.relname, p.relname FROM pg_inherits i "
+    "JOIN pg_class c ON c.oid = i.inhrelid JOIN pg_class p ON p.oid = i.inhparent"
+)
+
+
+@pytest.fixture
+def partition_parents(database_url: str) -> dict[str, str]:
+    """The name of the partitioned table (or index) of every partition (or partition's index)
+    of the schema: what a plan names (``memories_p03``) as the schema does (``memories``)."""
+    engine = create_engine(database_url)
+    with engine.connect() as conn:
+        rows = conn.execute(text(PARTITION_PARENTS_SQL)).all()
+    parents = {str(child): str(parent) for child, parent in rows}
+    engine.dispose()
+    return parents
 
 
 @pytest.fixture

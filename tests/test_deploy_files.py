@@ -145,9 +145,9 @@ def test_compose_defaults_match_the_settings_defaults(compose: dict) -> None:
     assert not stale, f"docker-compose.yml defaults differ from service/settings.py: {stale}"
 
 
-def dockerfile_instructions() -> list[tuple[str, str]]:
+def dockerfile_instructions(dockerfile: Path = DOCKERFILE) -> list[tuple[str, str]]:
     """(INSTRUCTION, arguments) with continuation lines joined and comments dropped."""
-    text = re.sub(r"\\\n", " ", DOCKERFILE.read_text())
+    text = re.sub(r"\\\n", " ", dockerfile.read_text())
     lines = [line.strip() for line in text.splitlines()]
     return [
         (line.split(None, 1)[0].upper(), line.split(None, 1)[1] if " " in line else "")
@@ -225,3 +225,85 @@ def test_build_context_keeps_what_the_dockerfile_copies_and_drops_secrets() -> N
         )
     for path in (".env", ".venv", ".git", "service/__pycache__/x.pyc", "tests"):
         assert ignored(path, patterns), f"{path} should stay out of the build context"
+
+
+CITUS_COMPOSE = ROOT / "docker-compose.citus.yml"
+CITUS = ROOT / "deploy" / "citus"
+
+
+@pytest.fixture(scope="module")
+def citus_compose() -> dict:
+    return yaml.safe_load(CITUS_COMPOSE.read_text())
+
+
+def test_the_citus_profile_runs_a_coordinator_and_two_workers_with_pgvector(
+    citus_compose: dict,
+) -> None:
+    services = citus_compose["services"]
+    assert all(service["profiles"] == ["citus"] for service in services.values())
+    nodes = ["citus-coordinator", "citus-worker-1", "citus-worker-2"]
+    for name in nodes:
+        node = services[name]
+        assert node["build"] == "./deploy/citus" and node["image"] == "earm-citus:local"
+        assert "pg_isready" in " ".join(node["healthcheck"]["test"])
+        volume, _, target = node["volumes"][0].partition(":")
+        assert volume in citus_compose["volumes"] and target == "/var/lib/postgresql/data"
+    assert len({services[name]["volumes"][0] for name in nodes}) == 3, "a volume each"
+    image = dockerfile_instructions(CITUS / "Dockerfile")
+    assert image[0] == ("FROM", "citusdata/citus:13.0.2")
+    assert any(op == "RUN" and "postgresql-17-pgvector" in args for op, args in image)
+    setup = (CITUS / "setup.sql").read_text()
+    assert all(f"citus_add_node('{name}', 5432)" in setup for name in nodes[1:])
+    assert "citus_set_coordinator_host('citus-coordinator', 5432)" in setup
+    assert services["citus-setup"]["depends_on"] == {
+        name: {"condition": "service_healthy"} for name in nodes
+    }
+
+
+def test_on_citus_earm_migrates_then_distributes_then_serves_through_the_coordinator(
+    citus_compose: dict,
+) -> None:
+    services = citus_compose["services"]
+    after = {name: service.get("depends_on") for name, service in services.items()}
+    completed = {"condition": "service_completed_successfully"}
+    assert after["citus-migrate"] == {"citus-setup": completed}
+    assert after["citus-distribute"] == {"citus-migrate": completed}
+    assert after["citus-api"] == after["citus-earm-worker"] == {"citus-distribute": completed}
+    assert services["citus-migrate"]["command"] == ["earm", "migrate"]
+    assert "--file=/citus/distribute.sql" in services["citus-distribute"]["command"]
+    assert services["citus-earm-worker"]["command"] == ["earm", "worker"]
+    for name in ("citus-migrate", "citus-api", "citus-earm-worker"):
+        url = services[name]["environment"]["EARM_DATABASE_URL"]
+        assert re.match(r"postgresql://earm:.*@citus-coordinator:5432/earm$", url), name
+    assert services["citus-api"]["environment"]["EARM_BACKGROUND_WORK"] == "false"
+    unknown = env_names(CITUS_COMPOSE.read_text()) - {
+        setting_env_name(field) for field in Settings.model_fields
+    }
+    assert not unknown, sorted(unknown)
+
+
+def test_the_distribution_script_places_every_table_of_the_schema() -> None:
+    """Every table the models declare is distributed (by namespace, co-located with
+    `namespaces`; the locators by id) or a reference table: a new table must say where it goes."""
+    from service.db.models import Base
+
+    script = (CITUS / "distribute.sql").read_text()
+    by_namespace = re.search(r"tables CONSTANT text\[\] := ARRAY\[(.*?)\];", script, re.S)
+    assert by_namespace is not None
+    placed = {
+        "namespaces": "create_distributed_table('namespaces', 'name')" in script,
+        **{table: True for table in re.findall(r"'(\w+)'", by_namespace.group(1))},
+        **{table: True for table in re.findall(
+            r"create_distributed_table\('(\w+_locator)', 'id'", script)},
+        **{table: True for table in re.findall(r"create_reference_table\('(\w+)'\)", script)},
+    }
+    assert set(placed) == set(Base.metadata.tables) and all(placed.values()), sorted(placed)
+    assert "colocate_with => 'namespaces'" in script
+
+
+def test_the_citus_dockerfile_passes_hadolint() -> None:
+    done = subprocess.run(
+        [hadolint_binary(), "--no-color", str(CITUS / "Dockerfile")],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr

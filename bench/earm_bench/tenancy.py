@@ -1,9 +1,11 @@
 """``earm bench tenancy``: small namespaces in a large shared table.
 
-All namespaces share one partial HNSW index on ``memories.embedding``. This bench builds two
-tables of the load bench's synthetic 384-d memories (rows of all namespaces shuffled over the
-heap, as interleaved ingests leave them; the schema's HNSW index built after the load, then
-``VACUUM ANALYZE``):
+The namespaces of a partition share its partial HNSW index on ``memories.embedding``. This
+bench migrates its database with ``--partitions`` per table (1 by default: every namespace
+under one graph, as before migration 0017, and the most a partition can hold; an external
+``--database-url`` keeps its own layout) and builds two tables of the load bench's synthetic
+384-d memories (rows of all namespaces shuffled over the heap, as interleaved ingests leave
+them; the schema's HNSW index built after the load, then ``VACUUM ANALYZE``):
 
 - **share**: ``--memories`` memories: a namespace of 50% of them, one of 10% (``mid``, where
   an exact scan and the index cost about the same: what ``EARM_EXACT_SCAN_BELOW`` is set by),
@@ -65,6 +67,8 @@ class TenancyConfig:
     topics: int = 64
     seed: int = 0
     database_url: str | None = None
+    # Partitions per table of the database it migrates: 1, every namespace under one graph.
+    partitions: int = 1
 
 
 @dataclass(frozen=True)
@@ -265,7 +269,7 @@ def run_tenancy(config: TenancyConfig,
     rows: list[dict[str, Any]] = []
     builds: dict[str, float] = {}
     with tempfile.TemporaryDirectory(prefix="earm-tenancy-") as tmp, migrated_database(
-        config.database_url, config.dim, Path(tmp)
+        config.database_url, config.dim, Path(tmp), partitions=config.partitions
     ) as url, psycopg.connect(libpq_url(url), autocommit=True) as conn:
         register_vector(conn)
         try:
@@ -296,7 +300,8 @@ def render_markdown(report: dict[str, Any], command: str) -> str:
     config = report["config"]
     lines = [
         f"# earm bench tenancy — {config['memories']:,} memories; {config['tenants']:,} "
-        f"tenants of {config['tenant_size']}; top {config['candidates']}",
+        f"tenants of {config['tenant_size']}; top {config['candidates']}; "
+        f"{config.get('partitions', 1)} partition(s) per table",
         "",
         f"`{command}`",
         "",
@@ -351,6 +356,9 @@ def add_tenancy_parser(
                         "(default 0,200000: the index first, and exact for all; the shipped "
                         "ones are added)")
     parser.add_argument("--seed", type=int, default=defaults.seed)
+    parser.add_argument("--partitions", type=int, default=defaults.partitions,
+                        help="partitions per table of the database it migrates (default 1: "
+                        "one HNSW graph for every namespace; the schema's own is 16)")
     parser.add_argument("--database-url", default=None,
                         help="an empty scratch database (default: embedded, temporary)")
     parser.add_argument("--out", type=Path, default=None, help="write the JSON report here")

@@ -1,7 +1,9 @@
 """The statements that find a query's candidates (:mod:`service.db.search` pipelines them).
 
-All namespaces share one partial HNSW index on ``memories.embedding``. A namespace that is a
-small share of the table makes the index a poor way to its rows: an iterative scan walks the
+Each statement names the namespace, so it reads one partition of ``memories`` (migration
+0017), and the namespaces of that partition share its partial HNSW index on
+``memories.embedding``. A namespace that is a small share of its partition makes the index a
+poor way to its rows: an iterative scan walks the
 other namespaces' vectors to collect ``limit`` of its own, and gives up (then an exact scan
 answers, in a second round trip) when it has fewer rows than that. Below
 ``%(exact_below)s`` memories the candidate statement therefore scans the namespace exactly,
@@ -91,7 +93,7 @@ def _with_model_rows(candidates: str, order: str, ctes: str = "") -> str:
                c.content_score, c.complete, f.bias, f.factors, f.observation_count
         FROM c LEFT JOIN LATERAL (
             SELECT bias, factors, observation_count FROM memory_factors
-            WHERE memory_id = c.id LIMIT 1
+            WHERE namespace = %(namespace)s AND memory_id = c.id LIMIT 1
         ) f ON true
         ORDER BY {order}
     """

@@ -148,7 +148,8 @@ WITH q AS MATERIALIZED (
 ), cell AS (
     -- Retired cells judged a memory's old content: the model no longer learns from them.
     SELECT s.query_id, s.memory_id, s.score AS value, true AS observed
-    FROM scores s JOIN q ON s.query_id = q.id WHERE s.retired_at IS NULL
+    FROM scores s JOIN q ON s.query_id = q.id
+    WHERE s.namespace = %(namespace)s AND s.retired_at IS NULL
     UNION ALL
     SELECT q.id, t.memory_id, t.estimate, false
     FROM q, unnest(q.trace_memory_ids, q.trace_estimates, q.trace_sources)

@@ -48,7 +48,8 @@ _RECORD_FEEDBACK_SQL = """
                                    %(similarities)s::real[]) AS t(m, s, c)
     ), old AS (
         SELECT s.memory_id, s.score, s.source, s.created_at, s.retired_at FROM scores s
-        WHERE s.query_id = %(query_id)s AND s.memory_id IN (SELECT m FROM t)
+        WHERE s.namespace = %(namespace)s AND s.query_id = %(query_id)s
+          AND s.memory_id IN (SELECT m FROM t)
     ), history AS (
         INSERT INTO score_history (query_id, memory_id, namespace, score, source, observed_at,
                                    retired_at)
@@ -58,7 +59,7 @@ _RECORD_FEEDBACK_SQL = """
     ), upsert AS (
         INSERT INTO scores (query_id, memory_id, namespace, score, similarity, source, created_at)
         SELECT %(query_id)s, m, %(namespace)s, s, c, 'feedback', clock_timestamp() FROM t
-        ON CONFLICT (query_id, memory_id) DO UPDATE SET
+        ON CONFLICT (namespace, query_id, memory_id) DO UPDATE SET
             score = EXCLUDED.score, similarity = EXCLUDED.similarity, source = 'feedback',
             created_at = EXCLUDED.created_at, retired_at = NULL
     ), live_old AS (
@@ -98,7 +99,7 @@ async def record_feedback(
             "similarities": real_values(similarities).tolist(),
         },
     )
-    await memory_observations_changed(session, memory_ids)
+    await memory_observations_changed(session, namespace, memory_ids)
     return FeedbackWrite(np.asarray(memory_ids, dtype=np.int64), int(replaced or 0))
 
 
@@ -115,14 +116,14 @@ _RECORD_LATE_SQL = """
         FROM unnest(%(memory_ids)s::bigint[], %(scores)s::float8[],
                     %(similarities)s::float8[]::real[], %(anchor_kinds)s::smallint[])
             AS t(m, s, c, k), q
-        WHERE EXISTS (SELECT FROM memories m WHERE m.id = t.m
+        WHERE EXISTS (SELECT FROM memories m WHERE m.namespace = %(namespace)s AND m.id = t.m
                       AND (m.content_changed_at IS NULL OR m.content_changed_at < q.created_at))
     ), added AS (
         INSERT INTO scores (query_id, memory_id, namespace, score, similarity, source,
                             anchor_kind, created_at)
         SELECT q.id, t.m, %(namespace)s::text, t.s, t.c, 'scorer', t.k, clock_timestamp()
         FROM q, t
-        ON CONFLICT (query_id, memory_id) DO NOTHING
+        ON CONFLICT (namespace, query_id, memory_id) DO NOTHING
         RETURNING memory_id, score
     ), mean AS (
         UPDATE namespaces SET
@@ -166,7 +167,8 @@ async def record_late_scores(
 _RETIRE_SQL = """
     WITH retired AS (
         UPDATE scores SET retired_at = now()
-        WHERE memory_id = ANY(%(memory_ids)s::bigint[]) AND retired_at IS NULL
+        WHERE namespace = %(namespace)s AND memory_id = ANY(%(memory_ids)s::bigint[])
+          AND retired_at IS NULL
         RETURNING score
     ), mean AS (
         UPDATE namespaces SET
@@ -187,15 +189,18 @@ async def retire_observations(
     retired = await fetch_value(
         session, _RETIRE_SQL, {"namespace": namespace, "memory_ids": [int(m) for m in memory_ids]}
     )
-    await memory_observations_changed(session, memory_ids)
+    await memory_observations_changed(session, namespace, memory_ids)
     return int(retired or 0)
 
 
-_FORGET_ROWS_SQL = "DELETE FROM memory_factors WHERE memory_id = ANY(%(ids)s::bigint[])"
+_FORGET_ROWS_SQL = (
+    "DELETE FROM memory_factors "
+    "WHERE namespace = %(namespace)s AND memory_id = ANY(%(ids)s::bigint[])"
+)
 
 
 async def memory_observations_changed(
-    session: AsyncSession, memory_ids: Sequence[int] | np.ndarray
+    session: AsyncSession, namespace: str, memory_ids: Sequence[int] | np.ndarray
 ) -> None:
     """The observations of these memories changed other than by being appended (feedback
     replaced one, an edit retired them): drop what was derived from them per memory, so
@@ -203,15 +208,21 @@ async def memory_observations_changed(
     retired memory starts over from the content prior; after feedback the learner rebuilds the
     row from its live observations, ``service.retrieve.online.feedback_rows``).
     The one place to rebuild any other per-memory state derived from observations."""
-    await execute(session, _FORGET_ROWS_SQL, {"ids": [int(m) for m in memory_ids]})
+    await execute(
+        session, _FORGET_ROWS_SQL, {"namespace": namespace, "ids": [int(m) for m in memory_ids]}
+    )
 
 
-_QUERY_MEMORIES_SQL = "SELECT memory_id FROM scores WHERE query_id = %(query_id)s"
+_QUERY_MEMORIES_SQL = (
+    "SELECT memory_id FROM scores WHERE namespace = %(namespace)s AND query_id = %(query_id)s"
+)
 
 
-async def query_memory_ids(session: AsyncSession, query_id: int) -> np.ndarray:
-    """The memories a query observed."""
-    rows = await fetch_all(session, _QUERY_MEMORIES_SQL, {"query_id": query_id})
+async def query_memory_ids(session: AsyncSession, namespace: str, query_id: int) -> np.ndarray:
+    """The memories a query of the namespace observed."""
+    rows = await fetch_all(
+        session, _QUERY_MEMORIES_SQL, {"namespace": namespace, "query_id": query_id}
+    )
     return np.array([r[0] for r in rows], dtype=np.int64)
 
 
@@ -223,18 +234,24 @@ _QUERY_OBSERVATIONS_SQL = f"""
            + coalesce(n.content_slope * s.similarity
                       + {content_sql("m.embedding", "n.content_weights")}, 0),
            f.factors
-    FROM scores s LEFT JOIN memory_factors f ON f.memory_id = s.memory_id
-    JOIN memories m ON m.id = s.memory_id JOIN namespaces n ON n.name = s.namespace
-    WHERE s.query_id = %(query_id)s AND s.retired_at IS NULL
+    FROM scores s
+    LEFT JOIN memory_factors f ON f.namespace = s.namespace AND f.memory_id = s.memory_id
+    JOIN memories m ON m.namespace = s.namespace AND m.id = s.memory_id
+    JOIN namespaces n ON n.name = s.namespace
+    WHERE s.namespace = %(namespace)s AND s.query_id = %(query_id)s AND s.retired_at IS NULL
+    ORDER BY s.memory_id
 """
 
 
 async def query_observations(
-    session: AsyncSession, query_id: int, rank: int
+    session: AsyncSession, namespace: str, query_id: int, rank: int
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """(scores, similarities, memory_offsets, memory_factors) of every observed cell of one
-    query; a cell's memory offset is its memory bias plus its content-prior offset."""
-    rows = await fetch_all(session, _QUERY_OBSERVATIONS_SQL, {"query_id": query_id})
+    query of the namespace; a cell's memory offset is its memory bias plus its content-prior
+    offset."""
+    rows = await fetch_all(
+        session, _QUERY_OBSERVATIONS_SQL, {"namespace": namespace, "query_id": query_id}
+    )
     return (
         np.array([r[0] for r in rows], dtype=np.float64),
         np.array([r[1] for r in rows], dtype=np.float64),
@@ -258,10 +275,14 @@ _OBSERVATION_ROW = np.dtype(
      ("l2", ">i4"), ("similarity", ">f8"), ("l3", ">i4"), ("score", ">f8")]
 )
 
-# A COPY takes no parameters: the namespace is composed in as a literal.
+# A COPY takes no parameters: the namespace is composed in as a literal. In key order, whatever
+# plan reads them: the fit sums the cells in the order it gets them, so the order decides the
+# last bits of the model, and the primary key's order (the plan's, through it) and the heap's
+# (a sequential or bitmap scan's) differ; key order is also what an imported namespace keeps.
 _NAMESPACE_OBSERVATIONS_COPY = psycopg.sql.SQL(
     "COPY (SELECT memory_id, query_id, similarity::text::float8, score::text::float8 "
-    "FROM scores WHERE namespace = {} AND retired_at IS NULL) TO STDOUT (FORMAT BINARY)"
+    "FROM scores WHERE namespace = {} AND retired_at IS NULL ORDER BY query_id, memory_id) "
+    "TO STDOUT (FORMAT BINARY)"
 )
 
 
@@ -287,10 +308,12 @@ async def namespace_observations(session: AsyncSession, namespace: str) -> Names
     )
 
 
-_QUERY_NAMESPACE_SQL = "SELECT namespace FROM queries WHERE id = %(query_id)s"
+_QUERY_EXISTS_SQL = (
+    "SELECT 1 FROM queries WHERE namespace = %(namespace)s AND id = %(query_id)s"
+)
 _FEEDBACK_DISTANCES_SQL = """
     SELECT m.id, m.embedding <=> q.embedding
-    FROM memories m JOIN queries q ON q.id = %(query_id)s
+    FROM memories m JOIN queries q ON q.namespace = m.namespace AND q.id = %(query_id)s
     WHERE m.namespace = %(namespace)s AND m.id = ANY(%(ids)s::bigint[])
 """
 
@@ -300,8 +323,10 @@ async def feedback_similarities(
 ) -> np.ndarray:
     """The cosine similarity of a recorded query to each memory, or NotFound for a query or
     memory outside the namespace."""
-    query_namespace = await fetch_value(session, _QUERY_NAMESPACE_SQL, {"query_id": query_id})
-    if query_namespace != namespace:
+    found = await fetch_value(
+        session, _QUERY_EXISTS_SQL, {"namespace": namespace, "query_id": query_id}
+    )
+    if found is None:
         raise NotFound(f"query {query_id} does not exist in namespace {namespace!r}")
     ids = [int(m) for m in memory_ids]
     rows = await fetch_all(

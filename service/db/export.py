@@ -43,8 +43,8 @@ class RecordKind:
     """One kind of record of the file: the table it comes from, its columns as the file names
     them (every column but the namespace and, for ``score_history``, its id, which nothing
     references), and the order rows are read in (ids ascending, and import gives new ids in
-    the same order, so whatever depends on id order stays the same; observations, which have
-    no id, in their physical order: see ``_select_sql``)."""
+    the same order, so whatever depends on id order stays the same; observations by their
+    (query id, memory id) key, which the new ids keep, for the same reason)."""
 
     name: str
     table: str
@@ -86,8 +86,8 @@ OBSERVATION = RecordKind(
     "observation", "scores",
     ("query_id", "memory_id", "score", "similarity", "source", "anchor_kind", "created_at",
      "retired_at"),
-    # The order the source's scans read them in (see _select_sql).
-    "ctid",
+    # The order a refit reads them in (experience.namespace_observations).
+    "query_id, memory_id",
 )
 REPLACED_OBSERVATION = RecordKind(
     "replaced_observation", "score_history",
@@ -108,10 +108,9 @@ def _select_sql(kind: RecordKind) -> str:
     ``real`` reads back as the same float32, a ``float8`` as the same float64), vectors and
     ``bytea`` as their text forms, which the import's casts read back as they were.
 
-    Observations come in their physical order, which is the order the refit and the feedback
-    re-solve read them in (no ORDER BY: they sum the cells in scan order, so the order decides
-    the last bit of the model). Inserted in that order into a table that appends them (a new
-    deployment's), they are scanned in the same order, and the import refits to the same bits.
+    A refit and the feedback re-solve read observations in key order and sum them in that
+    order (which decides the last bit of the model); the import's new ids keep the order of
+    the old ones, so the import refits to the same bits.
     """
     pairs = ", ".join(f"'{column}', {column}" for column in kind.columns)
     return (
@@ -145,19 +144,32 @@ async def stream_records(session: AsyncSession, namespace: str) -> AsyncIterator
             yield kind.name, record
 
 
+#: The table that says which namespace holds each id of a kind (migration 0017).
+_LOCATORS = {"memory": "memory_locator", "query": "query_locator"}
+
+
 def _insert_sql(kind: RecordKind) -> str:
     """Insert a batch of records (a JSON array of objects, each cast to the table's column
-    types by ``json_populate_recordset``) into the namespace ``%(namespace)s``."""
+    types by ``json_populate_recordset``) into the namespace ``%(namespace)s``; memories and
+    queries with their locator rows, in the same statement."""
     columns = [*kind.columns, kind.namespace_column]
     values = [*kind.columns, "%(namespace)s"]
     if kind is MEMORY:
         columns.append("indexed")
         values.append("false")
-    return (
+    insert = (
         f"INSERT INTO {kind.table} ({', '.join(columns)}) SELECT {', '.join(values)} "
         f"FROM json_populate_recordset(NULL::{kind.table}, %(records)s::json)"
         # A namespace created since the import checked it is not overwritten (none inserted).
         + (" ON CONFLICT DO NOTHING" if kind is NAMESPACE else "")
+    )
+    locator = _LOCATORS.get(kind.name)
+    if locator is None:
+        return insert
+    return (
+        f"WITH inserted AS ({insert} RETURNING id), located AS ("
+        f"INSERT INTO {locator} (id, namespace) SELECT id, %(namespace)s FROM inserted) "
+        "SELECT count(*) FROM inserted"
     )
 
 
@@ -169,9 +181,10 @@ async def insert_records(
 ) -> int:
     """Insert ``records_json`` (a JSON array of records of ``kind``, ids already the new ones)
     into ``namespace``; how many rows were inserted."""
-    return await execute(
-        session, _INSERT_SQL[kind.name], {"namespace": namespace, "records": records_json}
-    )
+    parameters = {"namespace": namespace, "records": records_json}
+    if kind.name in _LOCATORS:
+        return int(await fetch_value(session, _INSERT_SQL[kind.name], parameters))
+    return await execute(session, _INSERT_SQL[kind.name], parameters)
 
 
 _ALLOCATE_IDS_SQL = (

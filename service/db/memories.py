@@ -54,7 +54,10 @@ _BY_EXTERNAL_ID_SQL = (
     f"SELECT {_MEMORY_COLUMNS} FROM memories "
     "WHERE namespace = %(namespace)s AND external_id = ANY(%(external_ids)s::text[])"
 )
-_BY_ID_SQL = f"SELECT {_MEMORY_COLUMNS} FROM memories WHERE id = %(id)s"
+#: The namespace of a memory id: what reaches the one partition that holds it (migration 0017).
+#: A subquery, not a join: its value prunes the memories partitions at run time.
+LOCATED_MEMORY = "namespace = (SELECT namespace FROM memory_locator WHERE id = %(id)s)"
+_BY_ID_SQL = f"SELECT {_MEMORY_COLUMNS} FROM memories WHERE {LOCATED_MEMORY} AND id = %(id)s"
 
 
 async def ids_by_external_id(
@@ -83,7 +86,7 @@ _IDS_BY_TEXT_SQL = """
         ) m ON true
     ), seen AS (
         UPDATE rerank_documents d SET last_seen_at = now() FROM found
-        WHERE d.memory_id = found.id
+        WHERE d.namespace = %(namespace)s AND d.memory_id = found.id
           AND d.last_seen_at < now() - make_interval(secs => %(refresh_s)s::float8)
     )
     SELECT doc, id FROM found
@@ -113,17 +116,22 @@ async def lock_texts(session: AsyncSession, namespace: str) -> None:
 
 
 # The vectors go in pgvector's binary format and the rows as a few arrays, with no per-value
-# text formatting or parsing.
+# text formatting or parsing. Each new id is located in the same statement.
 _INSERT_SQL = """
-    INSERT INTO memories (namespace, external_id, text, embedding, embedding_model, occurred_at,
-                          metadata)
-    SELECT %(namespace)s::text, e, t, v, mdl, o, md
-    FROM unnest(%(external_ids)s::text[], %(texts)s::text[], %(embeddings)b::vector[],
-                %(models)s::text[], %(occurred_at)s::timestamptz[], %(metadata)s::jsonb[])
-        WITH ORDINALITY AS u(e, t, v, mdl, o, md, ord)
-    ORDER BY ord
-    ON CONFLICT (namespace, external_id) DO NOTHING
-    RETURNING id, external_id
+    WITH inserted AS (
+        INSERT INTO memories (namespace, external_id, text, embedding, embedding_model,
+                              occurred_at, metadata)
+        SELECT %(namespace)s::text, e, t, v, mdl, o, md
+        FROM unnest(%(external_ids)s::text[], %(texts)s::text[], %(embeddings)b::vector[],
+                    %(models)s::text[], %(occurred_at)s::timestamptz[], %(metadata)s::jsonb[])
+            WITH ORDINALITY AS u(e, t, v, mdl, o, md, ord)
+        ORDER BY ord
+        ON CONFLICT (namespace, external_id) DO NOTHING
+        RETURNING id, external_id
+    ), located AS (
+        INSERT INTO memory_locator (id, namespace) SELECT id, %(namespace)s FROM inserted
+    )
+    SELECT id, external_id FROM inserted
 """
 
 
@@ -179,11 +187,18 @@ _SETTABLE_COLUMNS: dict[str, Any] = {
     "embedding_model": str,
 }
 # The SET list is the edit's columns (of _SETTABLE_COLUMNS), composed in as identifiers.
-_UPDATE_TEMPLATE = psycopg.sql.SQL("UPDATE memories SET {} WHERE id = %(id)s")
+_UPDATE_TEMPLATE = psycopg.sql.SQL(
+    "UPDATE memories SET {} WHERE namespace = %(namespace)s AND id = %(id)s"
+)
 
 
 async def update_memory(
-    session: AsyncSession, memory_id: int, values: dict[str, Any], *, content_changed: bool
+    session: AsyncSession,
+    namespace: str,
+    memory_id: int,
+    values: dict[str, Any],
+    *,
+    content_changed: bool,
 ) -> bool:
     """Set columns of a memory (``MemoryRow`` attribute names, of those an edit may set);
     False when it does not exist. Run under the namespace's lock. ``content_changed`` (its
@@ -206,7 +221,7 @@ async def update_memory(
     conn = await driver_connection(session)
     cursor = await conn.execute(
         _UPDATE_TEMPLATE.format(psycopg.sql.SQL(", ").join(assignments)),
-        parameters | {"id": memory_id},
+        parameters | {"namespace": namespace, "id": memory_id},
     )
     return cursor.rowcount != 0
 
@@ -245,31 +260,48 @@ async def memories_after(
     return [MemoryRow.of(row) for row in rows]
 
 
-_DELETE_SQL = "DELETE FROM memories WHERE id = ANY(%(ids)s::bigint[])"
+# The locator rows go in the same statement (their foreign key would cascade too, but a
+# distributed deployment cannot keep that key: docs/operations.md "Partitions").
+_DELETE_SQL = """
+    WITH deleted AS (
+        DELETE FROM memories WHERE namespace = %(namespace)s AND id = ANY(%(ids)s::bigint[])
+        RETURNING id
+    ), unlocated AS (
+        DELETE FROM memory_locator WHERE id IN (SELECT id FROM deleted)
+    )
+    SELECT count(*) FROM deleted
+"""
 
 
-async def delete_memories(session: AsyncSession, memory_ids: Sequence[int]) -> int:
-    """Delete memories (their observations, model parameters and rerank_documents rows go with
-    them, by FK cascade); returns how many existed. Run under their namespace's lock."""
-    return await execute(session, _DELETE_SQL, {"ids": [int(m) for m in memory_ids]})
+async def delete_memories(
+    session: AsyncSession, namespace: str, memory_ids: Sequence[int]
+) -> int:
+    """Delete memories of the namespace (their observations, model parameters and
+    rerank_documents rows go with them, by FK cascade); returns how many existed. Run under
+    the namespace's lock."""
+    deleted = await fetch_value(
+        session, _DELETE_SQL, {"namespace": namespace, "ids": [int(m) for m in memory_ids]}
+    )
+    return int(deleted)
 
 
-async def delete_memory(session: AsyncSession, memory_id: int) -> bool:
+async def delete_memory(session: AsyncSession, namespace: str, memory_id: int) -> bool:
     """Delete a memory as :func:`delete_memories` does; False when it does not exist."""
-    return await delete_memories(session, [memory_id]) != 0
+    return await delete_memories(session, namespace, [memory_id]) != 0
 
 
 #: The namespace's unindexed memories, counted up to ``%(limit)s`` from the partial index
 #: ``ix_memories_unindexed`` (namespace, id) WHERE NOT indexed (migration 0006): the cost is the
 #: namespace's entries of that index at most, and an index scan stops after ``limit`` of them.
-#: Ordered by the index's columns, with the namespace as a range rather than ``=``, so that no
-#: other plan is cheap: with ``=`` and no order, statistics that overrate the unindexed rows
-#: made the planner scan the table (or, ordered by id, the primary key) from its start for the
-#: few it expected early, and unindexed rows are the newest, at its end.
+#: Ordered by the index's columns, so that no other plan is cheap: with no order, statistics
+#: that overrate the unindexed rows made the planner scan the table (or, ordered by id, the
+#: primary key) from its start for the few it expected early, and unindexed rows are the
+#: newest, at its end. (The namespace is compared with ``=``: a range would not prune the
+#: hash partitions.)
 UNINDEXED_BACKLOG_SQL = """
     SELECT count(*) FROM (
         SELECT 1 FROM memories
-        WHERE namespace >= %(namespace)s AND namespace <= %(namespace)s AND NOT indexed
+        WHERE namespace = %(namespace)s AND NOT indexed
         ORDER BY namespace, id LIMIT %(limit)s
     ) AS backlog
 """
@@ -283,10 +315,12 @@ async def unindexed_backlog(session: AsyncSession, namespace: str, limit: int) -
     return int(counted)
 
 
+# Across namespaces (every partition's ix_memories_unindexed, merged): background work, not a
+# request's. The rows are named by their whole key, so each is updated in its partition.
 _INDEX_BATCH_SQL = """
     UPDATE memories SET indexed = true
-    WHERE id IN (
-        SELECT id FROM memories WHERE NOT indexed
+    WHERE (namespace, id) IN (
+        SELECT namespace, id FROM memories WHERE NOT indexed
         ORDER BY namespace, id LIMIT %(batch_size)s
         -- NO KEY: the lock an UPDATE of a non-key column takes anyway. A plain FOR UPDATE
         -- would also block the foreign-key checks (FOR KEY SHARE) of concurrent writers of

@@ -32,21 +32,21 @@ _MEMORY_CONTENT_SQL = content_sql("m.embedding", "n.content_weights")
 
 
 def _row_observations_sql(which_memories: str = "") -> str:
-    """Every observation of the memories ``%(ids)s`` (narrowed by the SQL condition on ``m``
-    in ``which_memories``), each with its query's parameters and its content-prior offset
-    (0 before the namespace's first refit)."""
+    """Every observation of the namespace's memories ``%(ids)s`` (narrowed by the SQL condition
+    on ``m`` in ``which_memories``), each with its query's parameters and its content-prior
+    offset (0 before the namespace's first refit)."""
     return f"""
     WITH m AS MATERIALIZED (
         SELECT m.id, {_MEMORY_CONTENT_SQL} AS content
         FROM memories m JOIN namespaces n ON n.name = m.namespace
-        WHERE m.id = ANY(%(ids)s::bigint[]) {which_memories}
+        WHERE m.namespace = %(namespace)s AND m.id = ANY(%(ids)s::bigint[]) {which_memories}
     )
     SELECT s.memory_id, s.similarity, s.score, q.bias, q.slope, q.factors,
            coalesce(n.content_slope * s.similarity + m.content, 0)
-    FROM scores s JOIN queries q ON q.id = s.query_id
+    FROM scores s JOIN queries q ON q.namespace = s.namespace AND q.id = s.query_id
     JOIN m ON m.id = s.memory_id JOIN namespaces n ON n.name = s.namespace
-    WHERE s.memory_id = ANY(ARRAY(SELECT id FROM m)) AND q.bias IS NOT NULL
-      AND s.retired_at IS NULL
+    WHERE s.namespace = %(namespace)s AND s.memory_id = ANY(ARRAY(SELECT id FROM m))
+      AND q.bias IS NOT NULL AND s.retired_at IS NULL
     ORDER BY s.memory_id, s.query_id
 """
 
@@ -56,19 +56,20 @@ _ROW_OBSERVATIONS_SQL = _row_observations_sql()
 # history (first observed, written before migration 0010, or invalidated by a refit).
 _HISTORY_WITHOUT_STATISTICS_SQL = _row_observations_sql(
     "AND NOT EXISTS (SELECT FROM memory_factors f "
-    "WHERE f.memory_id = m.id AND f.statistics IS NOT NULL)"
+    "WHERE f.namespace = %(namespace)s AND f.memory_id = m.id AND f.statistics IS NOT NULL)"
 )
 # The memories that still exist, each with its stored statistics (or NULL) and its row's version.
 _ROW_STATISTICS_SQL = f"""
     SELECT m.id, f.statistics, {ROW_VERSION_SQL}
-    FROM memories m LEFT JOIN memory_factors f ON f.memory_id = m.id
-    WHERE m.id = ANY(%(ids)s::bigint[]) ORDER BY m.id
+    FROM memories m
+    LEFT JOIN memory_factors f ON f.namespace = m.namespace AND f.memory_id = m.id
+    WHERE m.namespace = %(namespace)s AND m.id = ANY(%(ids)s::bigint[]) ORDER BY m.id
 """
 
 _STORE_STATISTICS_SQL = """
     UPDATE memory_factors f SET statistics = t.p::float8[], observation_count = t.n
     FROM unnest(%(ids)s::bigint[], %(packed)s::text[], %(counts)s::int[]) AS t(id, p, n)
-    WHERE f.memory_id = t.id
+    WHERE f.namespace = %(namespace)s AND f.memory_id = t.id
 """
 
 
@@ -107,15 +108,17 @@ class StoredRows:
         )
 
 
-async def read_rows(session: AsyncSession, memory_ids: np.ndarray, rank: int) -> StoredRows:
-    """The stored rows of ``memory_ids`` for an online update, read without the namespace lock
-    (a retrieve reads those of its anchors while the scorer works); the versions tell the
-    update which rows changed before it took the lock. One round trip, the COMMIT ending the
-    read-only transaction included (none for no memories)."""
+async def read_rows(
+    session: AsyncSession, namespace: str, memory_ids: np.ndarray, rank: int
+) -> StoredRows:
+    """The stored rows of the namespace's ``memory_ids`` for an online update, read without
+    the namespace lock (a retrieve reads those of its anchors while the scorer works); the
+    versions tell the update which rows changed before it took the lock. One round trip, the
+    COMMIT ending the read-only transaction included (none for no memories)."""
     if len(memory_ids) == 0:
         return StoredRows(np.zeros(0, dtype=np.int64), [], [], _row_observations([], rank))
     conn = await driver_connection(session)
-    ids = {"ids": array_literal(memory_ids)}
+    ids = {"namespace": namespace, "ids": array_literal(memory_ids)}
     statistics = float8_arrays_as_numpy(conn.cursor(binary=True))
     async with conn.pipeline():
         await statistics.execute(_ROW_STATISTICS_SQL, ids)
@@ -131,16 +134,20 @@ async def read_rows(session: AsyncSession, memory_ids: np.ndarray, rank: int) ->
 
 
 async def memory_row_observations(
-    session: AsyncSession, memory_ids: NDArray[np.integer[Any]], rank: int
+    session: AsyncSession, namespace: str, memory_ids: NDArray[np.integer[Any]], rank: int
 ) -> RowObservations:
-    """Every live observation of these memories: what their statistics are rebuilt from. O(the
-    memories' history): a rare path."""
-    rows = await fetch_all(session, _ROW_OBSERVATIONS_SQL, {"ids": [int(m) for m in memory_ids]})
+    """Every live observation of these memories of the namespace: what their statistics are
+    rebuilt from. O(the memories' history): a rare path."""
+    rows = await fetch_all(
+        session,
+        _ROW_OBSERVATIONS_SQL,
+        {"namespace": namespace, "ids": [int(m) for m in memory_ids]},
+    )
     return _row_observations(rows, rank)
 
 
 async def store_row_statistics(
-    session: AsyncSession, memory_ids: np.ndarray, statistics: RowStatistics
+    session: AsyncSession, namespace: str, memory_ids: np.ndarray, statistics: RowStatistics
 ) -> None:
     """Store rebuilt statistics (with their observation counts) of memory rows in the caller's
     transaction; memories without a model row get none here (the next retrieve that observes
@@ -149,6 +156,7 @@ async def store_row_statistics(
         session,
         _STORE_STATISTICS_SQL,
         {
+            "namespace": namespace,
             "ids": [int(m) for m in memory_ids],
             "packed": double_array_literals(statistics.packed()),
             "counts": [int(n) for n in statistics.counts],

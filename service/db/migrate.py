@@ -14,19 +14,25 @@ PROJECT_ROOT = Path(__file__).resolve().parents[2]
 ALEMBIC_INI = PROJECT_ROOT / "alembic.ini"
 
 
-def alembic_config(url: str | None = None, embedding_dim: int | None = None) -> Config:
-    """Config for ``migrations/``; url and dimension travel as attributes, not globals."""
+def alembic_config(
+    url: str | None = None, embedding_dim: int | None = None, partitions: int | None = None
+) -> Config:
+    """Config for ``migrations/``; url, dimension and partition count travel as attributes,
+    not globals. ``partitions``: per table (migration 0017; None: its 16). Only the benchmarks
+    ask for another count, to compare with one partition (one HNSW graph for all)."""
     config = Config(str(ALEMBIC_INI))
     config.set_main_option("script_location", str(PROJECT_ROOT / "migrations"))
     if url is not None:
         config.attributes["url"] = url
     if embedding_dim is not None:
         config.attributes["embedding_dim"] = embedding_dim
+    if partitions is not None:
+        config.attributes["partitions"] = partitions
     return config
 
 
-def upgrade_to_head(url: str, embedding_dim: int) -> None:
-    command.upgrade(alembic_config(url, embedding_dim), "head")
+def upgrade_to_head(url: str, embedding_dim: int, partitions: int | None = None) -> None:
+    command.upgrade(alembic_config(url, embedding_dim, partitions), "head")
 
 
 def head_revision() -> str | None:

@@ -39,7 +39,7 @@ def content_sql(embedding: str, weights: str) -> str:
 
 
 _FACTOR_ROWS = "memory_factors (memory_id, namespace, bias, factors, observation_count, statistics)"
-_REPLACE_ON_CONFLICT = """ON CONFLICT (memory_id) DO UPDATE SET
+_REPLACE_ON_CONFLICT = """ON CONFLICT (namespace, memory_id) DO UPDATE SET
         bias = EXCLUDED.bias, factors = EXCLUDED.factors,
         observation_count = EXCLUDED.observation_count, statistics = EXCLUDED.statistics"""
 
@@ -85,7 +85,8 @@ _UPDATE_READ_ROWS_SQL = f"""
             WITH ORDINALITY AS t(id, b, fs, n, added_n, version, i)
     ), read AS (
         SELECT t.*, same_model.same, same_model.same AND {ROW_VERSION_SQL} = t.version AS unchanged
-        FROM t JOIN memories m ON m.id = t.id LEFT JOIN memory_factors f ON f.memory_id = t.id
+        FROM t JOIN memories m ON m.namespace = %(namespace)s AND m.id = t.id
+        LEFT JOIN memory_factors f ON f.namespace = %(namespace)s AND f.memory_id = t.id
         CROSS JOIN same_model
     ), moved AS (
         UPDATE memory_factors f SET
@@ -95,7 +96,7 @@ _UPDATE_READ_ROWS_SQL = f"""
             ) END,
             observation_count = f.observation_count + r.added_n
         FROM read r
-        WHERE f.memory_id = r.id AND NOT r.unchanged
+        WHERE f.namespace = %(namespace)s AND f.memory_id = r.id AND NOT r.unchanged
           AND (NOT r.same OR cardinality(f.statistics) = cardinality(r.added))
     )
     INSERT INTO {_FACTOR_ROWS}
@@ -167,12 +168,13 @@ _UPDATE_QUERY_FACTORS_SQL = """
     UPDATE queries q SET bias = t.b, slope = t.s, factors = t.f::real[]
     FROM unnest(%(ids)s::bigint[], %(bias)s::float8[], %(slope)s::float8[],
                 %(factors)s::text[]) AS t(id, b, s, f)
-    WHERE q.id = t.id
+    WHERE q.namespace = %(namespace)s AND q.id = t.id
 """
 
 
 async def update_query_factors(
     session: AsyncSession,
+    namespace: str,
     query_ids: np.ndarray,
     bias: np.ndarray,
     slope: np.ndarray,
@@ -184,6 +186,7 @@ async def update_query_factors(
         session,
         _UPDATE_QUERY_FACTORS_SQL,
         {
+            "namespace": namespace,
             "ids": [int(q) for q in query_ids],
             "bias": [float(b) for b in bias],
             "slope": [float(s) for s in slope],
@@ -210,22 +213,26 @@ async def refit_horizon(session: AsyncSession, namespace: str) -> datetime:
 
 _CHANGED_SINCE_SQL = """
     SELECT t.id FROM unnest(%(ids)s::bigint[]) AS t(id)
-    WHERE NOT EXISTS (SELECT FROM memories m WHERE m.id = t.id
+    WHERE NOT EXISTS (SELECT FROM memories m WHERE m.namespace = %(namespace)s AND m.id = t.id
                       AND (m.content_changed_at IS NULL OR m.content_changed_at < %(read_from)s))
-       OR EXISTS (SELECT FROM scores s WHERE s.memory_id = t.id AND s.source = 'feedback'
-                  AND s.created_at >= %(read_from)s)
+       OR EXISTS (SELECT FROM scores s WHERE s.namespace = %(namespace)s AND s.memory_id = t.id
+                  AND s.source = 'feedback' AND s.created_at >= %(read_from)s)
 """
 
 
 async def _still_current(
-    conn: psycopg.AsyncConnection[Any], memory_ids: np.ndarray, read_from: datetime
+    conn: psycopg.AsyncConnection[Any],
+    namespace: str,
+    memory_ids: np.ndarray,
+    read_from: datetime,
 ) -> np.ndarray:
     """A mask of the ``memory_ids`` neither deleted, edited nor given feedback since
     ``read_from`` (their rows would be fitted on observations deleted, retired or replaced
     since). Run under the namespace's lock, which deletes, edits and feedback take too: none is
     under way, and this statement sees every one committed."""
     cursor = await conn.execute(
-        _CHANGED_SINCE_SQL, {"ids": [int(m) for m in memory_ids], "read_from": read_from}
+        _CHANGED_SINCE_SQL,
+        {"namespace": namespace, "ids": [int(m) for m in memory_ids], "read_from": read_from},
     )
     changed = [row[0] for row in await cursor.fetchall()]
     return np.isin(memory_ids, changed, invert=True)
@@ -264,7 +271,7 @@ async def replace_model(
     conn = await driver_connection(session)
     await _replace_memory_rows(conn, namespace, model, read_from)
     if len(model.query_ids):
-        await _update_query_columns(conn, model)
+        await _update_query_columns(conn, namespace, model)
     # Once the queries have the parameters the statistics were built with: a query without
     # any before (observations loaded in bulk) counts only from now on.
     await conn.execute(_INVALIDATE_STALE_STATISTICS_SQL, {"namespace": namespace})
@@ -278,7 +285,7 @@ _COPY_MEMORY_ROWS = f"COPY {_FACTOR_ROWS} FROM STDIN (FORMAT BINARY)"
 async def _replace_memory_rows(
     conn: psycopg.AsyncConnection[Any], namespace: str, model: RefittedModel, read_from: datetime
 ) -> None:
-    existing = await _still_current(conn, model.memory_ids, read_from)
+    existing = await _still_current(conn, namespace, model.memory_ids, read_from)
     memory_ids, memory_bias, memory_factors, observation_count, statistics = (
         np.asarray(values)[existing]
         for values in (
@@ -307,11 +314,13 @@ async def _replace_memory_rows(
 _INVALIDATE_STALE_STATISTICS_SQL = """
     UPDATE memory_factors f SET statistics = NULL
     FROM (
-        SELECT s.memory_id, count(*) AS n FROM scores s JOIN queries q ON q.id = s.query_id
+        SELECT s.memory_id, count(*) AS n
+        FROM scores s JOIN queries q ON q.namespace = s.namespace AND q.id = s.query_id
         WHERE s.namespace = %(namespace)s AND s.retired_at IS NULL AND q.bias IS NOT NULL
         GROUP BY s.memory_id
     ) live
-    WHERE f.memory_id = live.memory_id AND f.observation_count <> live.n
+    WHERE f.namespace = %(namespace)s AND f.memory_id = live.memory_id
+      AND f.observation_count <> live.n
 """
 
 
@@ -325,12 +334,14 @@ _COPY_REFIT_QUERIES = (
 )
 _UPDATE_FROM_REFIT_QUERIES_SQL = (
     "UPDATE queries q SET bias = t.bias, slope = t.slope, factors = t.factors "
-    "FROM earm_refit_queries t WHERE q.id = t.id"
+    "FROM earm_refit_queries t WHERE q.namespace = %(namespace)s AND q.id = t.id"
 )
 _DROP_REFIT_QUERIES_SQL = "DROP TABLE earm_refit_queries"
 
 
-async def _update_query_columns(conn: psycopg.AsyncConnection[Any], model: RefittedModel) -> None:
+async def _update_query_columns(
+    conn: psycopg.AsyncConnection[Any], namespace: str, model: RefittedModel
+) -> None:
     await conn.execute(_CREATE_REFIT_QUERIES_SQL)
     await copy_in(
         conn,
@@ -341,21 +352,22 @@ async def _update_query_columns(conn: psycopg.AsyncConnection[Any], model: Refit
             len(model.query_ids),
         ),
     )
-    await conn.execute(_UPDATE_FROM_REFIT_QUERIES_SQL)
+    await conn.execute(_UPDATE_FROM_REFIT_QUERIES_SQL, {"namespace": namespace})
     await conn.execute(_DROP_REFIT_QUERIES_SQL)
 
 
 # The running mean is recomputed from the data under the namespace lock: it heals drift from
 # deleted memories and counts observations recorded while the fit ran. The sum is of the numbers
-# the fit reads (see experience.namespace_observations), in double precision: sum() of `real`
-# adds in float32, whose rounding depends on the rows' physical order, so a replay of the same
-# requests could get another mean.
+# the fit reads (see experience.namespace_observations), in double precision and in the same key
+# order: sum() of `real` adds in float32, and any sum's rounding depends on the order it adds
+# in, so a replay of the same requests could otherwise get another mean.
 _RESET_AFTER_REFIT_SQL = """
     UPDATE namespaces SET queries_since_refit = 0, last_refit_at = %(at)s,
         content_slope = %(content_slope)s,
         content_weights = %(content_weights)s::vector,
         score_sum = live.score_sum, score_count = live.score_count
-    FROM (SELECT coalesce(sum(score::text::float8), 0) AS score_sum, count(*) AS score_count
+    FROM (SELECT coalesce(sum(score::text::float8 ORDER BY query_id, memory_id), 0)
+                 AS score_sum, count(*) AS score_count
           FROM scores WHERE namespace = %(namespace)s AND retired_at IS NULL) AS live
     WHERE name = %(namespace)s
 """

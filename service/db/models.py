@@ -14,6 +14,7 @@ from sqlalchemy import (
     DateTime,
     Double,
     ForeignKey,
+    ForeignKeyConstraint,
     Integer,
     LargeBinary,
     MetaData,
@@ -69,11 +70,22 @@ class Namespace(Base):
     content_weights: Mapped[np.ndarray | None] = mapped_column(VECTOR())
 
 
+def _by_namespace() -> dict[str, Any]:
+    """Every table of a namespace's data is hash-partitioned by its namespace (16 partitions,
+    migration 0017), and every key of it leads with the namespace."""
+    return {"postgresql_partition_by": "HASH (namespace)"}
+
+
 class Memory(Base):
     __tablename__ = "memories"
+    __table_args__ = _by_namespace()
 
+    namespace: Mapped[str] = mapped_column(
+        ForeignKey("namespaces.name", ondelete="CASCADE"), primary_key=True
+    )
+    # Globally unique (one identity sequence for every partition), so an id alone names a
+    # memory: memory_locator says which namespace, hence which partition, holds it.
     id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=True)
-    namespace: Mapped[str] = mapped_column(ForeignKey("namespaces.name", ondelete="CASCADE"))
     external_id: Mapped[str | None] = mapped_column(Text)
     text: Mapped[str] = mapped_column(Text)
     embedding: Mapped[np.ndarray] = mapped_column(VECTOR())
@@ -95,10 +107,15 @@ class RerankDocument(Base):
     retention rule reads. Memories ingested through ``/memories`` have no row."""
 
     __tablename__ = "rerank_documents"
-
-    memory_id: Mapped[int] = mapped_column(
-        ForeignKey("memories.id", ondelete="CASCADE"), primary_key=True
+    __table_args__ = (
+        ForeignKeyConstraint(
+            ["namespace", "memory_id"], ["memories.namespace", "memories.id"], ondelete="CASCADE"
+        ),
+        _by_namespace(),
     )
+
+    namespace: Mapped[str] = mapped_column(Text, primary_key=True)
+    memory_id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
     last_seen_at: Mapped[datetime] = mapped_column(
         DateTime(timezone=True), server_default=func.now()
     )
@@ -106,9 +123,13 @@ class RerankDocument(Base):
 
 class Query(Base):
     __tablename__ = "queries"
+    __table_args__ = _by_namespace()
 
+    namespace: Mapped[str] = mapped_column(
+        ForeignKey("namespaces.name", ondelete="CASCADE"), primary_key=True
+    )
+    # Globally unique, as memories.id (query_locator).
     id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=True)
-    namespace: Mapped[str] = mapped_column(ForeignKey("namespaces.name", ondelete="CASCADE"))
     query_index: Mapped[int] = mapped_column(BigInteger)
     text: Mapped[str] = mapped_column(Text)
     embedding: Mapped[np.ndarray] = mapped_column(VECTOR())
@@ -155,14 +176,19 @@ class Score(Base):
     it (the previous value goes to ``score_history``); an edit of the memory retires it."""
 
     __tablename__ = "scores"
+    __table_args__ = (
+        ForeignKeyConstraint(
+            ["namespace", "query_id"], ["queries.namespace", "queries.id"], ondelete="CASCADE"
+        ),
+        ForeignKeyConstraint(
+            ["namespace", "memory_id"], ["memories.namespace", "memories.id"], ondelete="CASCADE"
+        ),
+        _by_namespace(),
+    )
 
-    query_id: Mapped[int] = mapped_column(
-        ForeignKey("queries.id", ondelete="CASCADE"), primary_key=True
-    )
-    memory_id: Mapped[int] = mapped_column(
-        ForeignKey("memories.id", ondelete="CASCADE"), primary_key=True
-    )
-    namespace: Mapped[str] = mapped_column(Text)
+    query_id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    memory_id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    namespace: Mapped[str] = mapped_column(Text, primary_key=True)
     score: Mapped[float] = mapped_column(REAL)
     similarity: Mapped[float] = mapped_column(REAL)
     source: Mapped[str] = mapped_column(Text)
@@ -179,11 +205,20 @@ class ScoreHistory(Base):
     """A value a cell held before feedback replaced it."""
 
     __tablename__ = "score_history"
+    __table_args__ = (
+        ForeignKeyConstraint(
+            ["namespace", "query_id"], ["queries.namespace", "queries.id"], ondelete="CASCADE"
+        ),
+        ForeignKeyConstraint(
+            ["namespace", "memory_id"], ["memories.namespace", "memories.id"], ondelete="CASCADE"
+        ),
+        _by_namespace(),
+    )
 
     id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=True)
-    query_id: Mapped[int] = mapped_column(ForeignKey("queries.id", ondelete="CASCADE"))
-    memory_id: Mapped[int] = mapped_column(ForeignKey("memories.id", ondelete="CASCADE"))
-    namespace: Mapped[str] = mapped_column(Text)
+    query_id: Mapped[int] = mapped_column(BigInteger)
+    memory_id: Mapped[int] = mapped_column(BigInteger)
+    namespace: Mapped[str] = mapped_column(Text, primary_key=True)
     score: Mapped[float] = mapped_column(REAL)
     source: Mapped[str] = mapped_column(Text)
     observed_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
@@ -197,17 +232,51 @@ class MemoryFactor(Base):
     """Memory-side parameters of the completion model (only for memories with history)."""
 
     __tablename__ = "memory_factors"
-
-    memory_id: Mapped[int] = mapped_column(
-        ForeignKey("memories.id", ondelete="CASCADE"), primary_key=True
+    __table_args__ = (
+        ForeignKeyConstraint(
+            ["namespace", "memory_id"], ["memories.namespace", "memories.id"], ondelete="CASCADE"
+        ),
+        _by_namespace(),
     )
-    namespace: Mapped[str] = mapped_column(Text)
+
+    memory_id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    namespace: Mapped[str] = mapped_column(Text, primary_key=True)
     bias: Mapped[float] = mapped_column(Double)
     factors: Mapped[list[float]] = mapped_column(ARRAY(REAL))
     observation_count: Mapped[int] = mapped_column(Integer)
     # The row's packed sufficient statistics (service/completion/statistics.py) given the query
     # side; NULL: to be rebuilt from the memory's live observations when next observed.
     statistics: Mapped[list[float] | None] = mapped_column(ARRAY(Double))
+
+
+class MemoryLocator(Base):
+    """Which namespace holds a memory id: how a route that names an id and no namespace finds
+    the one partition to read. Written in the statement that inserts the memory; deleted with
+    it (explicitly, and by the foreign key's cascade)."""
+
+    __tablename__ = "memory_locator"
+    __table_args__ = (
+        ForeignKeyConstraint(
+            ["namespace", "id"], ["memories.namespace", "memories.id"], ondelete="CASCADE"
+        ),
+    )
+
+    id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)
+    namespace: Mapped[str] = mapped_column(Text)
+
+
+class QueryLocator(Base):
+    """Which namespace holds a query id (``GET /queries/{id}``), as :class:`MemoryLocator`."""
+
+    __tablename__ = "query_locator"
+    __table_args__ = (
+        ForeignKeyConstraint(
+            ["namespace", "id"], ["queries.namespace", "queries.id"], ondelete="CASCADE"
+        ),
+    )
+
+    id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)
+    namespace: Mapped[str] = mapped_column(Text)
 
 
 class ApiKey(Base):

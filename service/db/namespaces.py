@@ -120,8 +120,17 @@ _ERASE_OBSERVATIONS_SQL = """
          f AS (DELETE FROM memory_factors WHERE namespace = %(namespace)s RETURNING 1)
     SELECT (SELECT count(*) FROM h), (SELECT count(*) FROM s), (SELECT count(*) FROM f)
 """
-_ERASE_QUERIES_SQL = "DELETE FROM queries WHERE namespace = %(namespace)s"
-_ERASE_MEMORIES_SQL = "DELETE FROM memories WHERE namespace = %(namespace)s"
+# With their locator rows (memories.delete_memories says why not by the foreign key alone).
+_ERASE_QUERIES_SQL = """
+    WITH erased AS (DELETE FROM queries WHERE namespace = %(namespace)s RETURNING id),
+         unlocated AS (DELETE FROM query_locator WHERE id IN (SELECT id FROM erased))
+    SELECT count(*) FROM erased
+"""
+_ERASE_MEMORIES_SQL = """
+    WITH erased AS (DELETE FROM memories WHERE namespace = %(namespace)s RETURNING id),
+         unlocated AS (DELETE FROM memory_locator WHERE id IN (SELECT id FROM erased))
+    SELECT count(*) FROM erased
+"""
 _ERASE_ROW_SQL = "DELETE FROM namespaces WHERE name = %(namespace)s"
 
 
@@ -143,13 +152,15 @@ async def erase_namespace(session: AsyncSession, namespace: str) -> ErasedNamesp
         queries = await conn.execute(_ERASE_QUERIES_SQL, parameters)
         memories = await conn.execute(_ERASE_MEMORIES_SQL, parameters)
         await conn.execute(_ERASE_ROW_SQL, parameters)
-    row = await counted.fetchone()
-    assert row is not None, "an aggregate returns one row"
+    row, erased_queries, erased_memories = [
+        await cursor.fetchone() for cursor in (counted, queries, memories)
+    ]
+    assert row and erased_queries and erased_memories, "an aggregate returns one row"
     history, observations, model_rows = row
     return ErasedNamespace(
         namespace=namespace,
-        memories=memories.rowcount,
-        queries=queries.rowcount,
+        memories=int(erased_memories[0]),
+        queries=int(erased_queries[0]),
         observations=int(observations),
         score_history=int(history),
         model_rows=int(model_rows),

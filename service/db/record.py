@@ -119,7 +119,7 @@ _RECORD_SQL = """
         FROM unnest(%(memory_ids)s::bigint[], %(scores)s::float8[],
                     %(similarities)s::float8[]::real[], %(anchor_kinds)s::smallint[])
             AS t(m, s, c, k)
-        WHERE EXISTS (SELECT FROM memories WHERE id = t.m)
+        WHERE EXISTS (SELECT FROM memories WHERE namespace = %(namespace)s AND id = t.m)
     ), n AS (
         UPDATE namespaces SET
             next_query_index = next_query_index + 1,
@@ -157,12 +157,15 @@ _RECORD_SQL = """
                %(trace_anchor_reasons)s::text[], %(exploration_share)s::real
         FROM n
         RETURNING id, query_index
+    ), located AS (
+        -- GET /queries/{id} finds the query's partition here (migration 0017)
+        INSERT INTO query_locator (id, namespace) SELECT id, %(namespace)s::text FROM q
     ), s AS (
         INSERT INTO scores (query_id, memory_id, namespace, score, similarity, source,
                             anchor_kind)
         SELECT q.id, live.m, %(namespace)s::text, live.s, live.c, 'scorer', live.k
         FROM q, live
-        ON CONFLICT (query_id, memory_id) DO NOTHING
+        ON CONFLICT (namespace, query_id, memory_id) DO NOTHING
     )
     SELECT q.id, q.query_index, n.queries_since_refit FROM q, n
 """

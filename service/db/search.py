@@ -35,6 +35,7 @@ class Candidates:
     anchors (:func:`memory_embeddings`).
     """
 
+    namespace: str  # whose memories they are
     ids: np.ndarray  # int64 (n,)
     similarities: np.ndarray  # float64 (n,) cosine similarity
     memory_bias: np.ndarray  # float64 (n,), 0 where the memory has no history
@@ -105,7 +106,7 @@ NOTHING_PAST = PastObservations(_NO_IDS, _NONE, _NO_IDS, _NONE, _NONE, NO_RECENT
 # its old content: never reused.
 _FAMILY_SQL = """
     SELECT DISTINCT ON (s.memory_id) s.memory_id, s.score
-    FROM queries q JOIN scores s ON s.query_id = q.id
+    FROM queries q JOIN scores s ON s.namespace = q.namespace AND s.query_id = q.id
     WHERE q.namespace = %(namespace)s AND q.family_key = %(family)s
       AND s.retired_at IS NULL AND (s.source = 'feedback' OR NOT %(feedback_only)s)
     ORDER BY s.memory_id, s.source = 'feedback' DESC, s.created_at DESC, s.query_id DESC
@@ -124,7 +125,8 @@ _NEIGHBOUR_SQL = """
         ORDER BY embedding <=> %(query)b LIMIT %(neighbours)s
     )
     SELECT s.memory_id, nb.similarity, s.score FROM nb JOIN scores s ON s.query_id = nb.id
-    WHERE nb.similarity >= %(min_similarity)s AND s.retired_at IS NULL
+    WHERE s.namespace = %(namespace)s AND nb.similarity >= %(min_similarity)s
+      AND s.retired_at IS NULL
 """
 
 
@@ -136,8 +138,8 @@ _NEIGHBOUR_SQL = """
 # content that has changed since.
 _RECENT_ANCHORS_SQL = """
     SELECT q.query_index, s.anchor_kind, s.memory_id, s.score
-    FROM scores s JOIN queries q ON q.id = s.query_id
-    WHERE s.query_id = ANY(ARRAY(
+    FROM scores s JOIN queries q ON q.namespace = s.namespace AND q.id = s.query_id
+    WHERE s.namespace = %(namespace)s AND s.query_id = ANY(ARRAY(
             SELECT id FROM queries
             WHERE namespace = %(namespace)s
               AND query_index >= (SELECT next_query_index FROM namespaces
@@ -222,7 +224,7 @@ async def search(
             exact_cursor = await conn.execute(EXACT_CANDIDATES_SQL[filtered], params)
             await conn.commit()
         rows = await exact_cursor.fetchall()
-    return state, _candidates(rows, query.rank), past
+    return state, _candidates(query.namespace, rows, query.rank), past
 
 
 def _search_parameters(query: CandidateSearch) -> dict[str, Any]:
@@ -272,10 +274,11 @@ def _past(
     )
 
 
-def _candidates(rows: Sequence[Sequence[Any]], rank: int) -> Candidates:
+def _candidates(namespace: str, rows: Sequence[Sequence[Any]], rank: int) -> Candidates:
     # Row layout: id, external_id, text, occurred_at, metadata_json, distance, content_score,
     # complete, bias, factors, observation_count.
     return Candidates(
+        namespace=namespace,
         ids=np.array([r[0] for r in rows], dtype=np.int64),
         similarities=cosine_similarities([r[5] for r in rows]),
         memory_bias=np.array([r[8] or 0.0 for r in rows], dtype=np.float64),
@@ -297,22 +300,28 @@ def _candidates(rows: Sequence[Sequence[Any]], rank: int) -> Candidates:
 
 _EMBEDDINGS_SQL = (
     "SELECT m.embedding FROM unnest(%(ids)s::bigint[]) WITH ORDINALITY AS t(id, ord) "
-    "LEFT JOIN memories m ON m.id = t.id ORDER BY t.ord"
+    "LEFT JOIN memories m ON m.namespace = %(namespace)s AND m.id = t.id ORDER BY t.ord"
 )
 
 
 async def memory_embeddings(
-    session: AsyncSession, memory_ids: np.ndarray, dim: int, commit: bool = True
+    session: AsyncSession,
+    namespace: str,
+    memory_ids: np.ndarray,
+    dim: int,
+    commit: bool = True,
 ) -> np.ndarray:
-    """Embeddings (float32, in the order of ``memory_ids``), fetched in binary format, in a
-    read-only transaction of their own (committed in the same round trip); with
-    ``commit=False``, in the session's transaction, which stays open."""
+    """Embeddings of the namespace's memories (float32, in the order of ``memory_ids``),
+    fetched in binary format, in a read-only transaction of their own (committed in the same
+    round trip); with ``commit=False``, in the session's transaction, which stays open."""
     if len(memory_ids) == 0:
         return np.zeros((0, dim), dtype=np.float32)
     conn = await driver_connection(session)
     async with conn.pipeline():
         cursor = await conn.execute(
-            _EMBEDDINGS_SQL, {"ids": [int(m) for m in memory_ids]}, binary=True
+            _EMBEDDINGS_SQL,
+            {"namespace": namespace, "ids": [int(m) for m in memory_ids]},
+            binary=True,
         )
         if commit:
             await conn.commit()

@@ -2,8 +2,8 @@
 
 Read from the query's row, where the retrieve stored its candidates in rank order (migration
 0012), joined with the memories (their text now) and the query's observations (their score and
-origin now: a client's feedback may have come after the retrieve). Two statements, by primary
-keys: the row, then its candidates unnested.
+origin now: a client's feedback may have come after the retrieve). Three statements, by primary
+keys: the query's namespace (``query_locator``), its row, then its candidates unnested.
 """
 
 from __future__ import annotations
@@ -102,7 +102,7 @@ class QueryTraceResult:
 _QUERY_SQL = """
 SELECT id, namespace, query_index, text, policy, stage, budget, scorer_calls, candidates,
        returned_count, created_at, timings, prequential_abs_error, exploration_share
-FROM queries WHERE id = %(query_id)s
+FROM queries WHERE namespace = %(namespace)s AND id = %(query_id)s
 """
 
 _CANDIDATES_SQL = """
@@ -116,14 +116,16 @@ CROSS JOIN LATERAL unnest(q.trace_memory_ids, q.trace_similarities, q.trace_esti
                           q.trace_anchor_reasons)
     WITH ORDINALITY AS c(memory_id, similarity, estimate, score, source, origin, anchor,
                          anchor_reason, rank)
-LEFT JOIN memories m ON m.id = c.memory_id
-LEFT JOIN scores s ON s.query_id = q.id AND s.memory_id = c.memory_id
-WHERE q.id = %(query_id)s
+LEFT JOIN memories m ON m.namespace = q.namespace AND m.id = c.memory_id
+LEFT JOIN scores s ON s.namespace = q.namespace AND s.query_id = q.id
+                  AND s.memory_id = c.memory_id
+WHERE q.namespace = %(namespace)s AND q.id = %(query_id)s
 ORDER BY c.rank
 """
 
 
-_NAMESPACE_SQL = "SELECT namespace FROM queries WHERE id = %(query_id)s"
+# The query id names no partition: its namespace does (migration 0017).
+_NAMESPACE_SQL = "SELECT namespace FROM query_locator WHERE id = %(query_id)s"
 
 
 async def query_namespace(session: AsyncSession, query_id: int) -> str:
@@ -134,12 +136,14 @@ async def query_namespace(session: AsyncSession, query_id: int) -> str:
     return str(namespace)
 
 
-async def query_trace(session: AsyncSession, query_id: int) -> QueryTraceResult:
-    """The trace of a recorded query, or NotFound."""
-    row = await fetch_record(session, _QUERY_SQL, {"query_id": query_id})
+async def query_trace(session: AsyncSession, namespace: str, query_id: int) -> QueryTraceResult:
+    """The trace of a recorded query of the namespace (:func:`query_namespace`), or
+    NotFound."""
+    parameters = {"namespace": namespace, "query_id": query_id}
+    row = await fetch_record(session, _QUERY_SQL, parameters)
     if row is None:
         raise NotFound(f"query {query_id} does not exist")
-    rows = await fetch_records(session, _CANDIDATES_SQL, {"query_id": query_id})
+    rows = await fetch_records(session, _CANDIDATES_SQL, parameters)
     return QueryTraceResult(
         query_id=int(row["id"]),
         namespace=row["namespace"],

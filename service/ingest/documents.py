@@ -85,5 +85,5 @@ async def _store_new(
     # The INSERT draws identity values in the given order, so sorted ids line up with texts.
     ids = sorted(memory_id for memory_id, _ in inserted)
     new = {texts[i]: memory_id for i, memory_id in zip(positions, ids, strict=True)}
-    await document_table.record_documents(session, ids)
+    await document_table.record_documents(session, namespace, ids)
     return known | new, len(new)

@@ -141,7 +141,7 @@ async def _write(session: AsyncSession, row: memory_table.MemoryRow, change: _Ch
     # call (:func:`_changes`), which must not hold up the namespace.
     await namespace_state(session, row.namespace, for_update=True)
     if not await memory_table.update_memory(
-        session, row.id, change.values, content_changed=change.content_changed
+        session, row.namespace, row.id, change.values, content_changed=change.content_changed
     ):
         raise NotFound(f"memory {row.id} does not exist")
     if change.content_changed:

@@ -302,5 +302,5 @@ async def delete_memory(session: AsyncSession, memory_id: int, namespace: str) -
     that lock, and a delete that took the memory's row first deadlocked with it (the delete
     waiting for the memory's parameters, the refit waiting to reference the memory)."""
     await namespace_state(session, namespace, for_update=True)
-    if not await memory_table.delete_memory(session, memory_id):
+    if not await memory_table.delete_memory(session, namespace, memory_id):
         raise NotFound(f"memory {memory_id} does not exist")

@@ -63,8 +63,8 @@ async def _delete_expired(
             await namespace_state(session, namespace, for_update=True)
         except NotFound:  # erased meanwhile, its documents with it
             return 0
-        expired = await document_table.still_expired(session, memory_ids, ttl_s)
-        deleted = await memory_table.delete_memories(session, expired)
+        expired = await document_table.still_expired(session, namespace, memory_ids, ttl_s)
+        deleted = await memory_table.delete_memories(session, namespace, expired)
         await session.commit()
     return deleted
 

@@ -120,11 +120,13 @@ class Learner:
                 await self.refit_logged(retrieve.namespace)
         return recorded
 
-    async def read_rows(self, memory_ids: np.ndarray) -> StoredRows:
+    async def read_rows(self, namespace: str, memory_ids: np.ndarray) -> StoredRows:
         """What the online update of these memories' rows starts from (a retrieve reads its
         anchors' while the scorer works, so its record needs one round trip)."""
         async with self.sessions() as session:
-            return await memory_rows.read_rows(session, memory_ids, self.settings.rank)
+            return await memory_rows.read_rows(
+                session, namespace, memory_ids, self.settings.rank
+            )
 
     async def refit_logged(self, namespace: str) -> bool:
         """:meth:`refit` for background callers (a query's refit, the worker's loop): a
@@ -236,11 +238,12 @@ class Learner:
         again from all of them, then the memory rows relearned (``mean_score``: the
         namespace's, as read under its lock). Under the namespace's lock."""
         observed, cell_similarities, bias, factors = await experience.query_observations(
-            session, query_id, self.settings.rank
+            session, namespace, query_id, self.settings.rank
         )
         query = fold_in(mean_score, bias, factors, cell_similarities, observed, self.settings.reg)
         await model_state.update_query_factors(
             session,
+            namespace,
             np.array([query_id]),
             np.array([query.bias]),
             np.array([query.slope]),
@@ -282,10 +285,14 @@ class Learner:
         """The query's parameters moved: the statistics of every memory it observed are
         rebuilt and stored, and the rows that got feedback re-solved
         (:func:`~service.retrieve.online.feedback_rows`)."""
-        ids = np.unique(await experience.query_memory_ids(session, query_id))
-        history = await memory_rows.memory_row_observations(session, ids, self.settings.rank)
+        ids = np.unique(await experience.query_memory_ids(session, namespace, query_id))
+        history = await memory_rows.memory_row_observations(
+            session, namespace, ids, self.settings.rank
+        )
         rows = feedback_rows(history, ids, fed_back_ids, mean_score, self.settings.memory_reg)
-        await memory_rows.store_row_statistics(session, rows.memory_ids, rows.statistics)
+        await memory_rows.store_row_statistics(
+            session, namespace, rows.memory_ids, rows.statistics
+        )
         await model_state.upsert_memory_factors(session, namespace, rows.fed_back)
 
     # ------------------------------------------------------------------------------- refit

@@ -77,7 +77,9 @@ class _RowReads:
 
     def start(self, positions: np.ndarray) -> None:
         self.tasks.append(
-            asyncio.create_task(self.learner.read_rows(self.candidates.ids[positions]))
+            asyncio.create_task(
+                self.learner.read_rows(self.candidates.namespace, self.candidates.ids[positions])
+            )
         )
 
     async def result(self) -> StoredRows:

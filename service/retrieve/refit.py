@@ -54,7 +54,7 @@ async def _refit_locked(
         np.unique, observations.memory_ids, return_inverse=True
     )
     embeddings = await memory_embeddings(
-        session, memory_ids, settings.embedding_dim, commit=False
+        session, namespace, memory_ids, settings.embedding_dim, commit=False
     )
     read = time.perf_counter()
     fitted = await asyncio.to_thread(

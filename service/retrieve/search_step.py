@@ -246,7 +246,7 @@ class SearchStep:
         if not self.scorer_reads_embeddings:
             return np.zeros((len(anchors), 0), dtype=np.float32)
         return await memory_embeddings(
-            session, candidates.ids[anchors], self.settings.embedding_dim
+            session, candidates.namespace, candidates.ids[anchors], self.settings.embedding_dim
         )
 
 

@@ -1,6 +1,7 @@
-"""A small namespace in a table dominated by another one: the search's top-N is the exact
-scan's, with and without a metadata filter, and the statement takes the branch (exact scan
-below ``exact_below`` memories, else the shared HNSW index) its size calls for."""
+"""A small namespace in a table (a partition of it, since migration 0017) dominated by another
+one: the search's top-N is the exact scan's, with and without a metadata filter, and the
+statement takes the branch (exact scan below ``exact_below`` memories, else the HNSW index the
+partition's namespaces share) its size calls for."""
 
 from __future__ import annotations
 
@@ -25,7 +26,9 @@ INDEX_SQL = (
     "CREATE INDEX ix_memories_embedding_hnsw ON memories USING hnsw "
     "(embedding vector_cosine_ops) WITH (m = 16, ef_construction = 128) WHERE indexed"
 )
-SIZES = {"big": 3_000, "small": 30}
+# "small-13" hashes into big's partition (migration 0017): the two share its HNSW graph.
+SMALL = "small-13"
+SIZES = {"big": 3_000, SMALL: 30}
 TAGS = 3
 # Memories of the small namespace the indexer has not reached yet: found by its exact scan.
 SMALL_UNINDEXED = 5
@@ -50,19 +53,24 @@ def tenancy_url(migrated_database: Callable[[str], str]) -> str:
         register_vector(conn)
         # Built after the load: faster than inserting each row into the graph.
         conn.execute("DROP INDEX ix_memories_embedding_hnsw")
-        conn.execute("INSERT INTO namespaces (name) VALUES ('big'), ('small')")
+        conn.execute("INSERT INTO namespaces (name) SELECT unnest(%s::text[])", (list(SIZES),))
         with conn.cursor().copy(
             "COPY memories (namespace, text, embedding, embedding_model, indexed, metadata) "
             "FROM STDIN WITH (FORMAT BINARY)"
         ) as copy:
             copy.set_types(["text", "text", "vector", "text", "bool", "jsonb"])
             for i, (owner, vector) in enumerate(zip(owners, vectors, strict=True)):
-                indexed = owner != "small" or small_seen >= SMALL_UNINDEXED
-                small_seen += owner == "small"
+                indexed = owner != SMALL or small_seen >= SMALL_UNINDEXED
+                small_seen += owner == SMALL
                 copy.write_row((str(owner), f"memory {i}", vector.astype(np.float32), "client",
                                 indexed, Jsonb({"tag": i % TAGS})))
         conn.execute(INDEX_SQL)
         conn.execute("VACUUM ANALYZE memories")
+        shared = conn.execute(
+            "SELECT count(DISTINCT tableoid) FROM memories WHERE namespace = ANY(%s)",
+            (list(SIZES),),
+        ).fetchone()
+    assert shared == (1,), "both namespaces are in one partition, under one HNSW graph"
     return url
 
 
@@ -110,14 +118,14 @@ def test_a_small_namespace_gets_the_exact_top_n(
     tenancy_url: str, exact_below: int, filters: dict[str, Any] | None, limit: int
 ) -> None:
     queries = _queries(6)
-    requests = [CandidateSearch("small", q, limit, rank=8, filters=filters,
+    requests = [CandidateSearch(SMALL, q, limit, rank=8, filters=filters,
                                 exact_below=exact_below) for q in queries]
     found = _search_ids(tenancy_url, requests)
-    expected = [_exact_ids(tenancy_url, "small", q, limit, filters) for q in queries]
+    expected = [_exact_ids(tenancy_url, SMALL, q, limit, filters) for q in queries]
     assert found == expected
     # Complete: every memory of the namespace (matching the filter) when it has fewer.
-    matching = SIZES["small"] if filters is None else len(_exact_ids(
-        tenancy_url, "small", queries[0], 1_000, filters))
+    matching = SIZES[SMALL] if filters is None else len(_exact_ids(
+        tenancy_url, SMALL, queries[0], 1_000, filters))
     assert all(len(ids) == min(limit, matching) for ids in found)
 
 
@@ -131,8 +139,10 @@ def test_a_large_namespace_below_the_threshold_is_scanned_exactly(tenancy_url: s
 
 
 def _executed_scans(url: str, namespace: str, exact_below: int,
-                    plan_nodes: Callable[[dict[str, Any]], list[dict[str, Any]]]) -> set[str]:
-    """The indexes and tables the candidate statement actually scanned (loops > 0)."""
+                    plan_nodes: Callable[[dict[str, Any]], list[dict[str, Any]]],
+                    parents: dict[str, str]) -> set[str]:
+    """The indexes and tables the candidate statement actually scanned (loops > 0), by the
+    names the schema gives them (a plan names the partition's, ``parents`` the schema's)."""
     params = {"namespace": namespace, "query": _queries(1)[0], "limit": 50,
               "exact_below": exact_below, "ef": "50"}
     with psycopg.connect(_libpq(url)) as conn:
@@ -144,21 +154,26 @@ def _executed_scans(url: str, namespace: str, exact_below: int,
             params,
         ).fetchone()
     assert plan is not None
-    return {
+    scanned = {
         node.get("Index Name", node.get("Relation Name", ""))
         for node in plan_nodes(plan[0][0]["Plan"])
         if node["Node Type"].endswith("Scan") and node.get("Actual Loops", 0) > 0
-        and node.get("Relation Name") != "memory_factors"
+        and parents.get(node.get("Relation Name", "")) != "memory_factors"
     }
+    return {parents.get(name, name) for name in scanned}
 
 
 def test_the_statement_takes_the_branch_the_namespace_size_calls_for(
-    tenancy_url: str, plan_nodes: Callable[[dict[str, Any]], list[dict[str, Any]]]
+    tenancy_url: str,
+    plan_nodes: Callable[[dict[str, Any]], list[dict[str, Any]]],
+    partition_parents: dict[str, str],
 ) -> None:
-    small = _executed_scans(tenancy_url, "small", 10_000, plan_nodes)
-    big = _executed_scans(tenancy_url, "big", 1_000, plan_nodes)
-    assert "ix_memories_embedding_hnsw" not in small
-    assert "ix_memories_embedding_hnsw" in big
-    assert "ix_memories_embedding_hnsw" not in _executed_scans(
-        tenancy_url, "big", 5_000, plan_nodes
-    )
+    scans = {
+        (namespace, exact_below): _executed_scans(
+            tenancy_url, namespace, exact_below, plan_nodes, partition_parents
+        )
+        for namespace, exact_below in ((SMALL, 10_000), ("big", 1_000), ("big", 5_000))
+    }
+    assert "ix_memories_embedding_hnsw" not in scans[SMALL, 10_000]
+    assert "ix_memories_embedding_hnsw" in scans["big", 1_000]
+    assert "ix_memories_embedding_hnsw" not in scans["big", 5_000]

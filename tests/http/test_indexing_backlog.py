@@ -147,7 +147,9 @@ def test_without_a_limit_ingests_are_never_refused_for_the_backlog(clean_databas
 
 
 def test_the_backlog_count_reads_the_partial_index_even_when_statistics_overrate_the_backlog(
-    clean_database: str, plan_nodes: Callable[[dict[str, Any]], list[dict[str, Any]]]
+    clean_database: str,
+    plan_nodes: Callable[[dict[str, Any]], list[dict[str, Any]]],
+    partition_parents: dict[str, str],
 ) -> None:
     """The count reads ``ix_memories_unindexed`` (migration 0006), never the table: here the
     statistics say a fifth of the rows are unindexed, spread evenly, so a plain ``LIMIT`` query
@@ -175,6 +177,7 @@ def test_the_backlog_count_reads_the_partial_index_even_when_statistics_overrate
     finally:
         engine.dispose()
     nodes = plan_nodes(plan[0]["Plan"])
-    on_memories = [n for n in nodes if n.get("Relation Name") == "memories"]
-    assert [n.get("Index Name") for n in on_memories] == ["ix_memories_unindexed"], plan
+    parents = partition_parents  # the plan names a's partition and its index
+    on_memories = [n for n in nodes if parents.get(n.get("Relation Name", "")) == "memories"]
+    assert [parents[n["Index Name"]] for n in on_memories] == ["ix_memories_unindexed"], plan
     assert backlog == LIMIT

@@ -56,7 +56,7 @@ async def _resolved_from_history(
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The rows as a re-solve from the whole history computes them: every observation of each
     memory read back, re-solved with the mean the request saw."""
-    history = await memory_rows.memory_row_observations(session, memory_ids, RANK)
+    history = await memory_rows.memory_row_observations(session, NAMESPACE, memory_ids, RANK)
     rows, compact = np.unique(history.memory_ids, return_inverse=True)
     bias, factors = solve_rows_batch(
         mean, compact, np.arange(len(history.scores)), history.scores,
@@ -71,7 +71,7 @@ async def _assert_statistics_match_a_rebuild(session: AsyncSession) -> int:
         await session.scalars(text("SELECT memory_id FROM memory_factors ORDER BY memory_id"))
     )
     ids, _, _, stored, counts = await _stored_rows(session, memory_ids)
-    history = await memory_rows.memory_row_observations(session, ids, RANK)
+    history = await memory_rows.memory_row_observations(session, NAMESPACE, ids, RANK)
     rebuilt = history.statistics(ids)
     assert all(packed is not None for packed in stored)
     kept = RowStatistics.unpack(stored, RANK)

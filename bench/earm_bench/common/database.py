@@ -15,9 +15,12 @@ def libpq_url(url: str) -> str:
 
 
 @contextmanager
-def migrated_database(database_url: str | None, dim: int, tmp: Path) -> Iterator[str]:
+def migrated_database(
+    database_url: str | None, dim: int, tmp: Path, partitions: int | None = None
+) -> Iterator[str]:
     """URL of a database at the schema head: ``database_url``, or a temporary embedded one
-    in ``tmp`` (stopped on exit)."""
+    in ``tmp`` (stopped on exit), migrated with ``partitions`` per table (None: the schema's
+    16; an existing database keeps its own)."""
     from service.db import migrate
     from service.db.engine import EmbeddedPostgres, sqlalchemy_url
 
@@ -29,7 +32,7 @@ def migrated_database(database_url: str | None, dim: int, tmp: Path) -> Iterator
     server = EmbeddedPostgres(tmp / "pgdata")
     url = server.start()
     try:
-        migrate.upgrade_to_head(url, dim)
+        migrate.upgrade_to_head(url, dim, partitions)
         yield url
     finally:
         server.stop()

@@ -128,15 +128,18 @@ async def database_sizes(run: LoadRun) -> dict[str, Any]:
     try:
         sizes: dict[str, Any] = {}
         for name in SIZED_TABLES:
+            # Summed over the table's partitions (a partitioned table holds no rows itself).
             cursor = await conn.execute(
-                sql.SQL("SELECT pg_total_relation_size(%s::regclass), count(*) FROM {}").format(
-                    sql.Identifier(name)
-                ),
+                sql.SQL(
+                    "SELECT (SELECT sum(pg_total_relation_size(relid))::bigint "
+                    "FROM pg_partition_tree(%s::regclass)), count(*) FROM {}"
+                ).format(sql.Identifier(name)),
                 (name,),
             )
             sizes[name] = dict(zip(("bytes", "rows"), await cursor.fetchone(), strict=True))
         cursor = await conn.execute(
-            "SELECT pg_relation_size('ix_memories_embedding_hnsw'::regclass), "
+            "SELECT (SELECT sum(pg_relation_size(relid))::bigint "
+            "FROM pg_partition_tree('ix_memories_embedding_hnsw'::regclass)), "
             "(SELECT count(*) FROM memories WHERE indexed)"
         )
         sizes["hnsw_index"] = dict(zip(("bytes", "rows"), await cursor.fetchone(), strict=True))

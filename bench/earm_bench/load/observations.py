@@ -34,9 +34,13 @@ async def _insert_queries(run: LoadRun, conn: Any, base: int, numbers: list[int]
                 run.namespace, base + j, run.world.query_text(number, int(topics[j])),
                 embeddings[j], "earm", candidates, per_query, per_query,
             ))
+    # Located as the service's record locates a query (GET /queries/{id} reads the locator).
     cursor = await conn.execute(
-        "SELECT id FROM queries WHERE namespace = %s AND query_index >= %s ORDER BY query_index",
-        (run.namespace, base),
+        "WITH loaded AS (SELECT id FROM queries WHERE namespace = %(ns)s "
+        "AND query_index >= %(base)s), located AS (INSERT INTO query_locator (id, namespace) "
+        "SELECT id, %(ns)s FROM loaded) SELECT id FROM queries WHERE namespace = %(ns)s "
+        "AND query_index >= %(base)s ORDER BY query_index",
+        {"ns": run.namespace, "base": base},
     )
     query_ids = [r[0] for r in await cursor.fetchall()]
     return _BulkQueries(query_ids, topics, embeddings, latents)

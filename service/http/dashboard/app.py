@@ -332,8 +332,9 @@ async def trace_page(
     components = _components(request)
 
     async def read(session: AsyncSession) -> QueryTraceResult:
-        require_namespace(principal, await query_namespace(session, query_id))
-        return await query_trace(session, query_id)
+        namespace = await query_namespace(session, query_id)
+        require_namespace(principal, namespace)
+        return await query_trace(session, namespace, query_id)
 
     trace = await components.database.replicas.read(None, read)
     return _page(request, "trace.html", {"principal": principal, "trace": trace})

@@ -34,7 +34,7 @@ async def read_query_trace(
         namespace = await query_namespace(session, query_id)
         annotate(request, namespace=namespace)
         require_namespace(principal, namespace)
-        return await query_trace(session, query_id)
+        return await query_trace(session, namespace, query_id)
 
     # By id: the replica must have replayed this process's last write of any namespace.
     return await components.database.replicas.read(None, read)
