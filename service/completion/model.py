@@ -110,9 +110,7 @@ def solve_content_prior(
         [[similarities @ residuals], memory_embeddings.T @ np.bincount(memory_idx, residuals, n_m)]
     )
     theta = inverse_factor.T @ (inverse_factor @ rhs)
-    # No copy (copy=False): only states the dtype numpy's stubs lose in linalg.solve
-    # (typed floating[Any]; float64 in, float64 out).
-    return ContentPrior(float(theta[0]), theta[1:].astype(np.float64, copy=False))
+    return ContentPrior(float(theta[0]), theta[1:])
 
 
 def content_gram(
@@ -124,16 +122,14 @@ def content_gram(
 ) -> NDArray[np.float64]:
     """The inverse of the lower Cholesky factor of the ridge normal matrix of the features
     [cos, e_m] over all cells, built per memory (Σ_cells e_m e_mᵀ = Eᵀ diag(n_m) E), never per
-    cell. Inverted once per fit: each ALS iteration's solve is then two matrix-vector products,
-    where two (d+1)-sized linear solves per iteration were most of a small refit's time."""
+    cell. Inverted once per fit: each ALS iteration's solve is two matrix-vector products."""
     n_m, d = memory_embeddings.shape
     counts = np.bincount(memory_idx, minlength=n_m).astype(np.float64)
     gram = np.empty((d + 1, d + 1))
     gram[0, 0] = similarities @ similarities + slope_reg
     gram[0, 1:] = gram[1:, 0] = memory_embeddings.T @ np.bincount(memory_idx, similarities, n_m)
     gram[1:, 1:] = (memory_embeddings.T * counts) @ memory_embeddings + content_reg * np.eye(d)
-    # No copy (copy=False): only states the dtype numpy's stubs lose in linalg (float64 in,
-    # float64 out).
+    # copy=False only states the dtype numpy's stubs lose in linalg (float64 in, float64 out).
     return np.linalg.inv(np.linalg.cholesky(gram)).astype(np.float64, copy=False)
 
 
