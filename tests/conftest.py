@@ -13,18 +13,26 @@ from sqlalchemy import create_engine, text
 from service.http.app import create_app
 from service.settings import Settings
 
+#: Every table of the schema, each after the tables whose rows reference it.
 TABLES = (
-    "namespaces, memories, queries, scores, score_history, memory_factors, rerank_documents, "
-    "memory_locator, query_locator, api_keys, auth_settings"
+    "score_history", "scores", "memory_factors", "rerank_documents", "memory_locator",
+    "query_locator", "queries", "memories", "namespaces", "api_keys", "auth_settings",
 )
 
 
 @pytest.fixture
 def clean_database(database_url: str) -> str:
-    """Every test starts from empty tables (schema kept)."""
+    """Every test starts from empty tables (schema kept) and identities that start at 1.
+    DELETE, not TRUNCATE: a test's few rows go in ~20 ms, where TRUNCATE gives each of the
+    partitions and their indexes a new file (~100 ms a test at 16 partitions per table)."""
     engine = create_engine(database_url)
     with engine.begin() as conn:
-        conn.execute(text(f"TRUNCATE {TABLES} RESTART IDENTITY CASCADE"))
+        for table in TABLES:
+            conn.execute(text(f"DELETE FROM {table}"))
+        conn.execute(text(
+            "SELECT setval(format('%I.%I', schemaname, sequencename)::regclass, 1, false)"
+            " FROM pg_sequences WHERE schemaname = current_schema()"
+        ))
     engine.dispose()
     return database_url
 
