@@ -30,8 +30,8 @@ must set something says so in its ``setting`` column; nothing else is set.
 
 The report (markdown on stdout, JSON with ``--out``) has each row's figure, bound, ratio and
 verdict, the phases' own figures, the config, the command and the load average at start and
-end. ``--quick`` runs every row at small sizes (what the smoke test runs); its verdicts say
-little. ``--database-url``: an empty scratch database; T7 truncates it.
+end. ``--quick`` runs every row at small sizes with faster backends (what the smoke test
+runs); its verdicts say little. ``--database-url``: an empty scratch database; T7 truncates it.
 """
 
 from earm_bench.capacity.cli import add_capacity_parser, render_markdown
