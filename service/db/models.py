@@ -24,7 +24,7 @@ from sqlalchemy import (
     func,
 )
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB
-from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy.orm import DeclarativeBase, Mapped, declared_attr, mapped_column
 
 NAMING_CONVENTION = {
     "ix": "ix_%(column_0_label)s",
@@ -249,34 +249,36 @@ class MemoryFactor(Base):
     statistics: Mapped[list[float] | None] = mapped_column(ARRAY(Double))
 
 
-class MemoryLocator(Base):
-    """Which namespace holds a memory id: how a route that names an id and no namespace finds
-    the one partition to read. Written in the statement that inserts the memory; deleted with
-    it (explicitly, and by the foreign key's cascade)."""
+class _Locator:
+    """Which namespace holds an id of ``_located``: how a route that names an id and no
+    namespace finds the one partition to read."""
+
+    _located: str
+
+    id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)
+    namespace: Mapped[str] = mapped_column(Text)
+
+    @declared_attr.directive
+    def __table_args__(cls) -> tuple[ForeignKeyConstraint]:
+        return (ForeignKeyConstraint(
+            ["namespace", "id"], [f"{cls._located}.namespace", f"{cls._located}.id"],
+            ondelete="CASCADE",
+        ),)
+
+
+class MemoryLocator(_Locator, Base):
+    """Written in the statement that inserts the memory; deleted with it (explicitly, and by
+    the foreign key's cascade)."""
 
     __tablename__ = "memory_locator"
-    __table_args__ = (
-        ForeignKeyConstraint(
-            ["namespace", "id"], ["memories.namespace", "memories.id"], ondelete="CASCADE"
-        ),
-    )
-
-    id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)
-    namespace: Mapped[str] = mapped_column(Text)
+    _located = "memories"
 
 
-class QueryLocator(Base):
-    """Which namespace holds a query id (``GET /queries/{id}``), as :class:`MemoryLocator`."""
+class QueryLocator(_Locator, Base):
+    """``GET /queries/{id}``'s way to its query, as :class:`MemoryLocator`."""
 
     __tablename__ = "query_locator"
-    __table_args__ = (
-        ForeignKeyConstraint(
-            ["namespace", "id"], ["queries.namespace", "queries.id"], ondelete="CASCADE"
-        ),
-    )
-
-    id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)
-    namespace: Mapped[str] = mapped_column(Text)
+    _located = "queries"
 
 
 class ApiKey(Base):
