@@ -65,8 +65,9 @@ class ChildRefits:
     process with threads and an event loop is unsafe). The server is started once per process,
     with this module and what it imports (numpy, SQLAlchemy, psycopg, the completion model)
     already loaded, so a new child (the first refit, or a child after one died) costs a fork,
-    not a new interpreter's seconds of imports. When this process dies, the server sees its
-    pipe close and exits, and its children are killed with it (:func:`_die_with_parent`)."""
+    not a new interpreter's seconds of imports. When this process dies, the kernel kills the
+    server (``service.retrieve.refit_server``) and the server's children with it
+    (:func:`die_with_parent`)."""
 
     def __init__(self, database_url: str, settings: Settings) -> None:
         self.database_url = database_url
@@ -110,7 +111,7 @@ def refits_for(
 
 def _fork_server() -> multiprocessing.context.BaseContext:
     context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload([__name__])
+    context.set_forkserver_preload(["service.retrieve.refit_server"])
     return context
 
 
@@ -118,13 +119,13 @@ def _configure_child(log_level: str) -> None:
     from service.logs import configure_logging
 
     configure_logging(log_level)  # the same JSON lines on the same stderr as the parent
-    _die_with_parent()
+    die_with_parent()
 
 
-def _die_with_parent() -> None:
-    """On Linux, the kernel kills the child when the process that started it dies: a refit
-    of a killed server is abandoned (its transaction rolls back), as it would be in the server
-    itself, instead of running on in an orphan. Elsewhere the child ends after its refit."""
+def die_with_parent() -> None:
+    """On Linux, the kernel kills this process when the one that started it dies: a refit of
+    a killed service is abandoned (its transaction rolls back), as it would be in the service
+    itself, instead of running on in an orphan. Elsewhere a child ends after its refit."""
     if sys.platform != "linux":
         return
     libc = ctypes.CDLL(None, use_errno=True)

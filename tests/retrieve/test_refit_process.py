@@ -8,6 +8,10 @@ import asyncio
 import multiprocessing
 import os
 import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -132,5 +136,86 @@ def test_a_refit_child_killed_mid_refit_leaves_the_namespace_due_and_the_next_re
                 assert await model_rows(db.engine) != online
             finally:
                 refits.close()
+
+    asyncio.run(scenario())
+
+
+# A service whose refits run in a child process: one refit, then idle.
+SERVICE_WITH_A_REFIT_CHILD = """
+import asyncio, sys
+from service.db.engine import open_database
+from service.retrieve.refit_process import ChildRefits
+from service.settings import Settings
+
+async def main() -> None:
+    settings = Settings()
+    async with open_database(settings) as db:
+        await ChildRefits(db.url, settings).refit(sys.argv[1])
+        await asyncio.sleep(3600)
+
+asyncio.run(main())
+"""
+
+
+def descendants(pid: int) -> set[int]:
+    parents = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            # pid (comm) state ppid ...: comm may hold spaces, so split after its ")"
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:  # the process ended meanwhile
+            continue
+        parents[int(stat.parent.name)] = int(fields[1])
+    found, frontier = set(), {pid}
+    while frontier:
+        frontier = {child for child, parent in parents.items() if parent in frontier}
+        found |= frontier
+    return found
+
+
+def running(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"  # a zombie has ended; only its parent's wait is missing
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="the death signal is Linux's (prctl)")
+def test_a_service_killed_mid_refit_takes_its_refit_processes_and_the_refit_with_it(
+    settings: Settings, tmp_path: Path
+) -> None:
+    environment = os.environ | {
+        "EARM_DATABASE_URL": settings.database_url, "EARM_EMBEDDER": "none",
+        "EARM_SCORER": "local", "EARM_BACKGROUND_WORK": "false",
+    }
+
+    async def scenario() -> None:
+        async with open_database(settings) as db:
+            await populate(db, settings)
+            due = await queries_since_refit(db.engine)
+            # The namespace's row held: the refit waits at its first statement.
+            async with db.engine.connect() as holder:
+                await holder.execute(
+                    text("SELECT FROM namespaces WHERE name = :name FOR UPDATE"),
+                    {"name": NAMESPACE},
+                )
+                service = subprocess.Popen(
+                    [sys.executable, "-c", SERVICE_WITH_A_REFIT_CHILD, NAMESPACE],
+                    cwd=tmp_path, env=environment,
+                )
+                try:
+                    await until_the_refit_waits(db.engine)
+                    helpers = descendants(service.pid)  # the fork server, the refit child...
+                    assert len(helpers) >= 2
+                finally:
+                    service.kill()
+                    service.wait()
+                deadline = time.monotonic() + WAIT_S
+                while any(running(pid) for pid in helpers):
+                    assert time.monotonic() < deadline, "a refit process outlived its service"
+                    await asyncio.sleep(0.05)
+                await holder.rollback()
+            assert await queries_since_refit(db.engine) == due  # the refit was abandoned
 
     asyncio.run(scenario())
