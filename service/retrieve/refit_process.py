@@ -15,7 +15,7 @@ import multiprocessing
 import os
 import signal
 import sys
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from typing import Protocol
 
@@ -67,7 +67,8 @@ class ChildRefits:
     already loaded, so a new child (the first refit, or a child after one died) costs a fork,
     not a new interpreter's seconds of imports. When this process dies, the kernel kills the
     server (``service.retrieve.refit_server``) and the server's children with it
-    (:func:`die_with_parent`)."""
+    (:func:`die_with_parent`). Servers and children are started on :data:`_STARTER`'s thread,
+    so the event loop never waits for them."""
 
     def __init__(self, database_url: str, settings: Settings) -> None:
         self.database_url = database_url
@@ -75,7 +76,9 @@ class ChildRefits:
         self._pool: ProcessPoolExecutor | None = None
 
     async def refit(self, namespace: str) -> bool:
-        pool = self._pool or self._start()
+        pool = self._pool
+        if pool is None:
+            pool = await asyncio.wrap_future(_STARTER.submit(self._start))
         future = pool.submit(refit_in_child, self.database_url, self.settings, namespace)
         try:
             return await asyncio.wrap_future(future)
@@ -87,13 +90,19 @@ class ChildRefits:
             ) from error
 
     def _start(self) -> ProcessPoolExecutor:
-        self._pool = ProcessPoolExecutor(
+        """The pool, with its child running (on :data:`_STARTER`'s one thread: two refits
+        that both found no pool get the same one)."""
+        if self._pool is not None:
+            return self._pool
+        pool = ProcessPoolExecutor(
             max_workers=1,
             mp_context=_fork_server(),
             initializer=_configure_child,
             initargs=(self.settings.log_level,),
         )
-        return self._pool
+        pool.submit(int).result()  # the server's imports and the child's start, waited here
+        self._pool = pool
+        return pool
 
     def close(self) -> None:
         if self._pool is not None:
@@ -107,6 +116,12 @@ def refits_for(
     if settings.refit_process == "child":
         return ChildRefits(database_url, settings)
     return InProcessRefits(sessions, settings)
+
+
+# The thread that starts the fork server and its children. The server's death signal follows
+# the thread that started it, not the process: this one lasts as long as the process, where
+# an event loop's thread (a test client's, an embedding application's) may end long before.
+_STARTER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="earm-refit-starter")
 
 
 def _fork_server() -> multiprocessing.context.BaseContext:
