@@ -67,8 +67,9 @@ class TenancyConfig:
     topics: int = 64
     seed: int = 0
     database_url: str | None = None
-    # Partitions per table of the database it migrates: 1, every namespace under one graph.
-    partitions: int = 1
+    # Partitions per table of the database it migrates: 1, every namespace under one graph;
+    # None, the schema's own (16).
+    partitions: int | None = 1
 
 
 @dataclass(frozen=True)
@@ -301,7 +302,7 @@ def render_markdown(report: dict[str, Any], command: str) -> str:
     lines = [
         f"# earm bench tenancy — {config['memories']:,} memories; {config['tenants']:,} "
         f"tenants of {config['tenant_size']}; top {config['candidates']}; "
-        f"{config.get('partitions', 1)} partition(s) per table",
+        f"{config.get('partitions', 1) or 16} partition(s) per table",
         "",
         f"`{command}`",
         "",

@@ -120,7 +120,7 @@ def _tenancy(report: dict[str, Any]) -> Iterator[Row]:
     for v in report["tenancy"]["verdicts"]:
         what = (f"{v['layout']}: {v['small_memories']:,} beside {v['large_memories']:,}"
                 f"{', tag filter' if v['filtered'] else ''}")
-        setting = "the service's search (`earm bench tenancy`)"
+        setting = "the service's search on the shipped schema (`earm bench tenancy`)"
         yield verdict("T7", f"{what}: search p50 ms", v["small_p50_ms"],
                       1.3 * v["large_p50_ms"], setting=setting,
                       note=f"1.3 × the large namespace's {v['large_p50_ms']} ms")
