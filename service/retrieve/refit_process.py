@@ -100,7 +100,11 @@ class ChildRefits:
             initializer=_configure_child,
             initargs=(self.settings.log_level,),
         )
-        pool.submit(int).result()  # the server's imports and the child's start, waited here
+        try:
+            pool.submit(int).result()  # the server's imports and the child's start, waited here
+        except BaseException:
+            pool.shutdown(wait=False, cancel_futures=True)  # a child that died starting
+            raise
         self._pool = pool
         return pool
 
