@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import psutil
 import pytest
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -157,28 +158,12 @@ asyncio.run(main())
 """
 
 
-def descendants(pid: int) -> set[int]:
-    parents = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            # pid (comm) state ppid ...: comm may hold spaces, so split after its ")"
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:  # the process ended meanwhile
-            continue
-        parents[int(stat.parent.name)] = int(fields[1])
-    found, frontier = set(), {pid}
-    while frontier:
-        frontier = {child for child, parent in parents.items() if parent in frontier}
-        found |= frontier
-    return found
-
-
-def running(pid: int) -> bool:
+def running(process: psutil.Process) -> bool:
     try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
+        # a zombie has ended; only its parent's wait is missing
+        return process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
         return False
-    return state != "Z"  # a zombie has ended; only its parent's wait is missing
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="the death signal is Linux's (prctl)")
@@ -206,13 +191,14 @@ def test_a_service_killed_mid_refit_takes_its_refit_processes_and_the_refit_with
                 )
                 try:
                     await until_the_refit_waits(db.engine)
-                    helpers = descendants(service.pid)  # the fork server, the refit child...
+                    # the fork server, the refit child, multiprocessing's resource tracker
+                    helpers = psutil.Process(service.pid).children(recursive=True)
                     assert len(helpers) >= 2
                 finally:
                     service.kill()
                     service.wait()
                 deadline = time.monotonic() + WAIT_S
-                while any(running(pid) for pid in helpers):
+                while any(running(helper) for helper in helpers):
                     assert time.monotonic() < deadline, "a refit process outlived its service"
                     await asyncio.sleep(0.05)
                 await holder.rollback()
