@@ -24,6 +24,7 @@ from service.providers.local_embedder import LocalEmbedder
 from service.providers.scorer_health import ScorerHealth
 from service.providers.scorers import observe_all
 from service.retrieve.pipeline import RetrievalPipeline
+from service.retrieve.refit_health import RefitHealth
 from service.retrieve.refit_process import refits_for
 from service.settings import Settings
 
@@ -87,7 +88,8 @@ def _lifespan(
             scorer = build_scorer(
                 settings, observer=observe_all(metrics.observe_scorer_call, scorer_health)
             )
-            refits = refits_for(settings, database.url, database.sessions)
+            refit_health = RefitHealth(metrics.observe_refit)
+            refits = refits_for(settings, database.url, database.sessions, refit_health)
             pipeline = RetrievalPipeline(
                 database.sessions, embedder, scorer, settings,
                 late_observer=metrics.observe_late_anchors, replicas=database.replicas,
@@ -104,6 +106,7 @@ def _lifespan(
                 embedder=embedder,
                 scorer=scorer,
                 scorer_health=scorer_health,
+                refit_health=refit_health,
                 pipeline=pipeline,
                 indexer=indexer,
                 metrics=metrics,

@@ -21,6 +21,7 @@ from service.providers.embedders import Embedder
 from service.providers.scorer_health import ScorerHealth
 from service.providers.scorers import RelevanceScorer
 from service.retrieve.pipeline import RetrievalPipeline
+from service.retrieve.refit_health import RefitHealth
 from service.settings import Settings
 
 
@@ -33,6 +34,7 @@ class Components:
     embedder: Embedder | None
     scorer: RelevanceScorer
     scorer_health: ScorerHealth
+    refit_health: RefitHealth
     pipeline: RetrievalPipeline
     indexer: BackgroundIndexer
     # Built by create_app before the lifespan (the middleware needs it); one per app.

@@ -31,6 +31,7 @@ from service.db.models import MAX_BIGINT
 from service.db.stats import NamespaceStats
 from service.ingest.validation import storable_text_problem
 from service.providers.scorer_health import ScorerHealthSnapshot
+from service.retrieve.refit_health import RefitHealthSnapshot
 from service.settings import NAMESPACE_PATTERN
 
 NamespaceName = Annotated[
@@ -183,6 +184,12 @@ class HealthOut(BaseModel):
 class ReadyOut(BaseModel):
     status: Literal["ready"]
     schema_revision: str | None
+    # Refits failing do not make the process unready (every request still answers), so they
+    # are a detail here, not the status.
+    refits: Annotated[
+        RefitHealthSnapshot,
+        Field(description="How this process's full refits have gone (they fail no request)."),
+    ]
 
 
 class RetrieveIn(StrictModel):

@@ -193,6 +193,19 @@ class _ReplicaMetrics:
         )
 
 
+class _RefitMetrics:
+    """Full refits run by this process, by how they ended (service.retrieve.refit_health)."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.refits = Counter(
+            "earm_refits",
+            "Full refits by outcome: refitted, skipped (another process held the namespace's "
+            "refit lock), erased (the namespace was deleted first), failed (it stays due).",
+            ["outcome"],
+            registry=registry,
+        )
+
+
 def _app_registry(multiprocess: bool) -> CollectorRegistry:
     registry = CollectorRegistry()
     if not multiprocess:
@@ -219,6 +232,7 @@ class Metrics:
         self.retrieve = _RetrieveMetrics(self.registry)
         self.scorer = _ScorerMetrics(self.registry)
         self.replica = _ReplicaMetrics(self.registry)
+        self.refit = _RefitMetrics(self.registry)
 
     # ------------------------------------------------------------------------- recording
 
@@ -241,6 +255,10 @@ class Metrics:
     def observe_replica_read(self, outcome: str) -> None:
         """A :data:`service.db.replicas.ReadObserver`."""
         self.replica.reads.labels(outcome=outcome).inc()
+
+    def observe_refit(self, outcome: str) -> None:
+        """A :data:`service.retrieve.refit_health.RefitObserver`."""
+        self.refit.refits.labels(outcome=outcome).inc()
 
     # ------------------------------------------------------------------------- exposition
 

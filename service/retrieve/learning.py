@@ -22,6 +22,7 @@ from service.db.record import RecordedQuery, RecordedRetrieve, record_query
 from service.errors import InvalidInput, NotFound
 from service.ingest.validation import repeats
 from service.retrieve.online import feedback_rows, new_cells, update_memory_rows
+from service.retrieve.refit_health import RefitOutcome
 from service.retrieve.refit_process import InProcessRefits, Refits
 from service.settings import Settings
 
@@ -130,18 +131,24 @@ class Learner:
 
     async def refit_logged(self, namespace: str) -> bool:
         """:meth:`refit` for background callers (a query's refit, the worker's loop): a
-        failure is logged, not raised; whether the namespace was refitted."""
+        failure is counted and logged by the refits' health, not raised; whether the
+        namespace was refitted."""
+        health = self.refits.health
         try:
-            return await self.refit(namespace)
+            refitted = await self.refit(namespace)
         except NotFound:
             # Erased (DELETE /namespaces) after the refit was due: nothing left to refit.
             log.info("namespace %r was erased before its refit", namespace)
-        except Exception:
+            health.ended(namespace, RefitOutcome.ERASED)
+            return False
+        except Exception as error:
             # The query is committed and the online state is consistent; a failed refit is
             # retried later (its counter was not reset), so a client gets its answer instead
             # of an error that would invite a duplicate retry.
-            log.exception("full refit of namespace %r failed", namespace)
-        return False
+            health.failed(namespace, error)
+            return False
+        health.ended(namespace, RefitOutcome.REFITTED if refitted else RefitOutcome.SKIPPED)
+        return refitted
 
     def _start_background_refit(self, namespace: str) -> None:
         """At most one refit task per namespace in this process. A query that finds one

@@ -15,7 +15,7 @@ import multiprocessing
 import os
 import signal
 import sys
-from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from typing import Protocol
 
@@ -23,13 +23,18 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from service.db.engine import create_engine
 from service.retrieve.refit import refit_namespace
+from service.retrieve.refit_health import RefitHealth
 from service.settings import Settings
 
 log = logging.getLogger(__name__)
 
 
 class Refits(Protocol):
-    """Runs a namespace's full refit; False when another process holds its refit lock."""
+    """Runs a namespace's full refit; False when another process holds its refit lock. Its
+    ``health`` hears how each refit ended (:meth:`service.retrieve.learning.Learner.refit_logged`
+    tells it)."""
+
+    health: RefitHealth
 
     async def refit(self, namespace: str) -> bool: ...
 
@@ -45,9 +50,15 @@ class RefitChildDied(RuntimeError):
 class InProcessRefits:
     """Refits in this process: the fit in a thread, the read and the write on its event loop."""
 
-    def __init__(self, sessions: async_sessionmaker[AsyncSession], settings: Settings) -> None:
+    def __init__(
+        self,
+        sessions: async_sessionmaker[AsyncSession],
+        settings: Settings,
+        health: RefitHealth | None = None,
+    ) -> None:
         self.sessions = sessions
         self.settings = settings
+        self.health = health or RefitHealth()
 
     async def refit(self, namespace: str) -> bool:
         return await refit_namespace(self.sessions, self.settings, namespace)
@@ -70,24 +81,47 @@ class ChildRefits:
     (:func:`die_with_parent`). Servers and children are started on :data:`_STARTER`'s thread,
     so the event loop never waits for them."""
 
-    def __init__(self, database_url: str, settings: Settings) -> None:
+    def __init__(
+        self, database_url: str, settings: Settings, health: RefitHealth | None = None
+    ) -> None:
         self.database_url = database_url
         self.settings = settings
+        self.health = health or RefitHealth()
         self._pool: ProcessPoolExecutor | None = None
 
     async def refit(self, namespace: str) -> bool:
-        pool = self._pool
-        if pool is None:
-            pool = await asyncio.wrap_future(_STARTER.submit(self._start))
-        future = pool.submit(refit_in_child, self.database_url, self.settings, namespace)
+        pool, future = await self._submit(namespace)
         try:
             return await asyncio.wrap_future(future)
         except BrokenProcessPool as error:
-            if self._pool is pool:
-                self._pool = None
+            self._discard(pool)
             raise RefitChildDied(
                 f"the refit process died while refitting namespace {namespace!r}"
             ) from error
+
+    async def _submit(
+        self, namespace: str
+    ) -> tuple[ProcessPoolExecutor, Future[bool]]:
+        """The refit handed to a live child. A pool whose child died between refits (killed,
+        out of memory) refuses new work for good: it is replaced here, so no refit is lost to
+        a death that happened while nothing ran."""
+        for _ in range(2):
+            pool = self._pool
+            if pool is None:
+                pool = await asyncio.wrap_future(_STARTER.submit(self._start))
+            try:
+                return pool, pool.submit(
+                    refit_in_child, self.database_url, self.settings, namespace
+                )
+            except BrokenProcessPool:
+                log.warning("the idle refit process had died; starting a new one")
+                self._discard(pool)
+        raise RefitChildDied(f"no refit process could be started for namespace {namespace!r}")
+
+    def _discard(self, pool: ProcessPoolExecutor) -> None:
+        if self._pool is pool:
+            self._pool = None
+        pool.shutdown(wait=False, cancel_futures=True)
 
     def _start(self) -> ProcessPoolExecutor:
         """The pool, with its child running (on :data:`_STARTER`'s one thread: two refits
@@ -115,11 +149,14 @@ class ChildRefits:
 
 
 def refits_for(
-    settings: Settings, database_url: str, sessions: async_sessionmaker[AsyncSession]
+    settings: Settings,
+    database_url: str,
+    sessions: async_sessionmaker[AsyncSession],
+    health: RefitHealth | None = None,
 ) -> Refits:
     if settings.refit_process == "child":
-        return ChildRefits(database_url, settings)
-    return InProcessRefits(sessions, settings)
+        return ChildRefits(database_url, settings, health)
+    return InProcessRefits(sessions, settings, health)
 
 
 # The thread that starts the fork server and its children. The server's death signal follows

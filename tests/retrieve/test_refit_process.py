@@ -16,13 +16,17 @@ from pathlib import Path
 import numpy as np
 import psutil
 import pytest
+from fastapi.testclient import TestClient
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.db.engine import Database, open_database
+from service.http.app import create_app
 from service.ingest.memories import NewMemory, ingest
 from service.providers.scorers import LocalScorer
+from service.retrieve.learning import Learner
 from service.retrieve.pipeline import RetrievalPipeline, RetrieveRequest
+from service.retrieve.refit_health import RefitHealth, RefitOutcome
 from service.retrieve.refit_process import ChildRefits, InProcessRefits, RefitChildDied
 from service.settings import Settings
 
@@ -139,6 +143,117 @@ def test_a_refit_child_killed_mid_refit_leaves_the_namespace_due_and_the_next_re
                 refits.close()
 
     asyncio.run(scenario())
+
+
+def test_a_refit_child_killed_while_idle_is_replaced_and_the_next_refit_runs(
+    settings: Settings,
+) -> None:
+    async def scenario() -> None:
+        async with open_database(settings) as db:
+            await populate(db, settings)
+            refits = ChildRefits(db.url, settings)
+            try:
+                assert await refits.refit(NAMESPACE) is True
+                idle = multiprocessing.active_children()
+                assert idle, "no refit child"
+                for child in idle:
+                    os.kill(child.pid, signal.SIGKILL)  # type: ignore[arg-type]
+                    child.join(WAIT_S)
+                await populate_more(db, settings)
+                assert await queries_since_refit(db.engine) > 0
+                # The dead child was between refits: no refit was lost, the next one runs.
+                assert await refits.refit(NAMESPACE) is True
+                assert await queries_since_refit(db.engine) == 0
+                assert await refits.refit(NAMESPACE) is True  # and so does every later one
+            finally:
+                refits.close()
+
+    asyncio.run(scenario())
+
+
+async def populate_more(db: Database, settings: Settings) -> None:
+    rng = np.random.default_rng(1)
+    pipeline = RetrievalPipeline(db.sessions, None, LocalScorer(), settings)
+    await pipeline.retrieve(RetrieveRequest(
+        namespace=NAMESPACE, query="again", query_embedding=rng.normal(size=384).tolist(),
+        candidates=30, budget=10,
+    ))
+
+
+def test_a_refit_that_fails_shows_in_the_refits_health_and_the_next_success_clears_it(
+    settings: Settings,
+) -> None:
+    outcomes: list[RefitOutcome] = []
+
+    async def scenario() -> None:
+        async with open_database(settings) as db:
+            await populate(db, settings)
+            refits = ChildRefits(db.url, settings, RefitHealth(outcomes.append))
+            learner = Learner(db.sessions, settings, refits)
+            try:
+                async with db.engine.connect() as holder:
+                    await holder.execute(
+                        text("SELECT FROM namespaces WHERE name = :name FOR UPDATE"),
+                        {"name": NAMESPACE},
+                    )
+                    refit = asyncio.create_task(learner.refit_logged(NAMESPACE))
+                    await until_the_refit_waits(db.engine)
+                    for child in multiprocessing.active_children():
+                        os.kill(child.pid, signal.SIGKILL)  # type: ignore[arg-type]
+                    assert await refit is False
+                    await holder.rollback()
+                failing = refits.health.snapshot()
+                assert not failing.healthy and failing.consecutive_failures == 1
+                assert failing.last_error is not None
+                assert failing.last_error.startswith("RefitChildDied")
+                assert await learner.refit_logged(NAMESPACE) is True
+                assert refits.health.snapshot().healthy
+            finally:
+                refits.close()
+
+    asyncio.run(scenario())
+    assert outcomes == [RefitOutcome.FAILED, RefitOutcome.REFITTED]
+
+
+def test_a_served_apps_idle_refit_child_killed_costs_no_refit_and_readyz_and_metrics_say_so(
+    settings: Settings,
+) -> None:
+    app_settings = settings.model_copy(update={"background_work": True})
+    rng = np.random.default_rng(2)
+    memories = [{"text": f"m{i}", "embedding": rng.normal(size=384).tolist()}
+                for i in range(40)]
+
+    def retrieve(client: TestClient, i: int) -> None:
+        response = client.post("/retrieve", json={
+            "namespace": NAMESPACE, "query": f"q{i}", "candidates": 30,
+            "query_embedding": rng.normal(size=384).tolist(),
+        })
+        assert response.status_code == 200, response.text
+
+    with TestClient(create_app(app_settings)) as client:
+        assert client.post(
+            "/memories", json={"namespace": NAMESPACE, "memories": memories}
+        ).status_code == 201
+        pipeline = client.app.state.components.pipeline  # type: ignore[attr-defined]
+        for i in range(4):  # a young namespace refits at each doubling of its queries
+            retrieve(client, i)
+        client.portal.call(pipeline.drain)  # type: ignore[union-attr]
+        children = multiprocessing.active_children()
+        assert children, "no refit ran in a child"
+        for child in children:
+            os.kill(child.pid, signal.SIGKILL)  # type: ignore[arg-type]
+            child.join(WAIT_S)
+        for i in range(4, 16):
+            retrieve(client, i)
+            client.portal.call(pipeline.drain)  # type: ignore[union-attr]
+        ready = client.get("/readyz").json()
+        metrics = client.get("/metrics").text
+    assert ready["refits"]["healthy"] is True
+    assert ready["refits"]["consecutive_failures"] == 0
+    refitted = [line for line in metrics.splitlines()
+                if line.startswith('earm_refits_total{outcome="refitted"}')]
+    assert refitted and float(refitted[0].split()[-1]) >= 2
+    assert 'earm_refits_total{outcome="failed"}' not in metrics
 
 
 # A service whose refits run in a child process: one refit, then idle.

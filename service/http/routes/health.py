@@ -24,7 +24,8 @@ async def healthz() -> HealthOut:
 @router.get("/readyz", response_model=ReadyOut, responses={503: {"model": ErrorResponse}})
 @router.head("/readyz", response_model=ReadyOut, include_in_schema=False)
 async def readyz(components: ComponentsDep) -> ReadyOut:
-    """The database answers and its schema is at the head this code expects."""
+    """The database answers and its schema is at the head this code expects; with how this
+    process's full refits have gone (a detail: failing refits fail no request)."""
     try:
         async with components.database.engine.connect() as conn:
             revision = await conn.run_sync(migrate.current_revision)
@@ -34,4 +35,8 @@ async def readyz(components: ComponentsDep) -> ReadyOut:
         raise SchemaOutOfDate(
             f"schema at {revision}, expected {migrate.head_revision()}: run `earm migrate`"
         )
-    return ReadyOut(status="ready", schema_revision=revision)
+    return ReadyOut(
+        status="ready",
+        schema_revision=revision,
+        refits=components.refit_health.snapshot(),
+    )
