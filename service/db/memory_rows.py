@@ -23,7 +23,7 @@ from service.db.codecs import (
 )
 from service.db.engine import driver_connection
 from service.db.model_state import ROW_VERSION_SQL, content_sql
-from service.db.statements import execute, fetch_all
+from service.db.statements import execute, fetch_all, pipeline
 
 # e_m·w of the content prior per memory, once per memory rather than once per observation:
 # with 100 observations per memory, fetching and multiplying the embedding for each was most of
@@ -120,7 +120,8 @@ async def read_rows(
     conn = await driver_connection(session)
     ids = {"namespace": namespace, "ids": array_literal(memory_ids)}
     statistics = float8_arrays_as_numpy(conn.cursor(binary=True))
-    async with conn.pipeline():
+    statements = [(_ROW_STATISTICS_SQL, ids), (_HISTORY_WITHOUT_STATISTICS_SQL, ids)]
+    async with pipeline(conn, statements):
         await statistics.execute(_ROW_STATISTICS_SQL, ids)
         history = await conn.execute(_HISTORY_WITHOUT_STATISTICS_SQL, ids)
         await conn.commit()

@@ -147,7 +147,7 @@ async def erase_namespace(session: AsyncSession, namespace: str) -> ErasedNamesp
     if await fetch_value(session, _LOCK_FOR_ERASE_SQL, parameters) is None:
         raise NotFound(f"namespace {namespace!r} does not exist")
     conn = await driver_connection(session)
-    async with conn.pipeline():
+    async with conn.pipeline():  # four statements of one short parameter
         counted = await conn.execute(_ERASE_OBSERVATIONS_SQL, parameters)
         queries = await conn.execute(_ERASE_QUERIES_SQL, parameters)
         memories = await conn.execute(_ERASE_MEMORIES_SQL, parameters)

@@ -1,7 +1,7 @@
 """The record of one retrieve: the query's row (with its trace), its observations, the
 namespace's counters and the online update of the memory rows it observed, written in one
-pipelined round trip with the COMMIT, before the response (docs/design.md "The retrieve
-pipeline").
+pipelined round trip with the COMMIT (one per statement when too large), before the response
+(docs/design.md "The retrieve pipeline").
 
 What is recorded travels as one :class:`RecordedRetrieve`, built once by the pipeline;
 :func:`_record_parameters` is the one place that maps it to the statement's parameters.
@@ -22,6 +22,7 @@ from service.db.codecs import Float8Rows, array_literal, as_real, real_values
 from service.db.engine import driver_connection
 from service.db.model_state import OnlineUpdate, online_update_statement
 from service.db.namespaces import STATE_SQL
+from service.db.statements import pipeline
 
 #: The origin of an observation the scorer made for the query (``scores.source``, as
 #: _RECORD_SQL writes it).
@@ -178,7 +179,8 @@ async def record_query(
     session: AsyncSession, retrieve: RecordedRetrieve, update: OnlineUpdate | None
 ) -> RecordedQuery | None:
     """Record a retrieve and its observations, write the online ``update`` of the memory rows
-    it observed, and commit: one round trip for all (pipelined).
+    it observed, and commit: one round trip for all (pipelined), one per statement for a
+    record too large to pipeline (:func:`~service.db.statements.pipeline`).
 
     The namespace row is locked first, so concurrent requests get consecutive indexes and a
     rolled-back request leaves no gap; and in a statement of its own, so the record's snapshot,
@@ -188,14 +190,17 @@ async def record_query(
     nothing recorded, when ``DELETE /namespaces`` erased the namespace since the search.
     """
     namespace = retrieve.namespace
+    statements = [
+        (_LOCK_SQL, {"namespace": namespace}),
+        (_RECORD_SQL, _record_parameters(retrieve)),
+    ]
+    if update is not None and len(update.memory_ids):
+        statements.append(online_update_statement(namespace, update))
     conn = await driver_connection(session)
-    async with conn.pipeline():
-        await conn.execute(_LOCK_SQL, {"namespace": namespace})
-        cursor = await conn.execute(_RECORD_SQL, _record_parameters(retrieve))
-        if update is not None and len(update.memory_ids):
-            await conn.execute(*online_update_statement(namespace, update))
+    async with pipeline(conn, statements):
+        cursors = [await conn.execute(sql, parameters) for sql, parameters in statements]
         await conn.commit()
-    row = await cursor.fetchone()
+    row = await cursors[1].fetchone()
     if row is None:
         return None
     query_id, query_index, since_refit = row

@@ -25,6 +25,7 @@ from service.db.candidate_sql import (
 from service.db.codecs import cosine_similarities, factor_matrix
 from service.db.engine import driver_connection
 from service.db.namespaces import STATE_SQL, NamespaceState, state_from_row
+from service.db.statements import pipeline
 
 
 @dataclass(frozen=True)
@@ -194,7 +195,8 @@ async def search(
     conn = await driver_connection(session)
     params = _search_parameters(query)
     filtered = query.filters is not None
-    async with conn.pipeline():
+    # Up to six statements, each sent with (at most) every parameter.
+    async with pipeline(conn, [("", params)] * 6):
         state_cursor = await conn.execute(STATE_SQL, params)
         family_cursor = (
             await conn.execute(_FAMILY_SQL, params) if query.family_key is not None else None
@@ -220,7 +222,7 @@ async def search(
     rows = await candidates_cursor.fetchall()
     # row[7]: complete, false when the index may have missed some
     if query.memory_ids is None and (not rows or not rows[0][7]):
-        async with conn.pipeline():
+        async with pipeline(conn, [("", params)]):
             exact_cursor = await conn.execute(EXACT_CANDIDATES_SQL[filtered], params)
             await conn.commit()
         rows = await exact_cursor.fetchall()
@@ -317,12 +319,9 @@ async def memory_embeddings(
     if len(memory_ids) == 0:
         return np.zeros((0, dim), dtype=np.float32)
     conn = await driver_connection(session)
-    async with conn.pipeline():
-        cursor = await conn.execute(
-            _EMBEDDINGS_SQL,
-            {"namespace": namespace, "ids": [int(m) for m in memory_ids]},
-            binary=True,
-        )
+    parameters = {"namespace": namespace, "ids": [int(m) for m in memory_ids]}
+    async with pipeline(conn, [(_EMBEDDINGS_SQL, parameters)]):
+        cursor = await conn.execute(_EMBEDDINGS_SQL, parameters, binary=True)
         if commit:
             await conn.commit()
     embeddings = np.zeros((len(memory_ids), dim), dtype=np.float32)
