@@ -57,6 +57,12 @@ class DatabaseUnavailable(EarmError):
     code = "database_unavailable"
 
 
+class NamespaceBusy(EarmError):
+    """A lock of the namespace was held longer than EARM_DB_LOCK_TIMEOUT_S (503, retry)."""
+
+    code = "namespace_busy"
+
+
 class SchemaOutOfDate(EarmError):
     """The database schema is not at the Alembic head this code was written for."""
 

@@ -76,6 +76,14 @@ class Settings(BaseSettings):
         "last commit of the namespace before it reads from the primary instead.",
     )
     db_pool_size: int = Field(default=10, ge=1, le=200)
+    db_lock_timeout_s: float = Field(
+        default=10.0,
+        ge=0,
+        le=3600,
+        description="The longest a request waits for a lock (a namespace's row, which its "
+        "writers take in turn) before it is answered 503 namespace_busy; 0: no bound. Set on "
+        "each connection of the serving pool (refits wait as long as they need).",
+    )
     db_prepared_statements: bool = Field(
         default=True,
         description="Let psycopg prepare a statement on a connection from its 5th execution "
@@ -334,6 +342,12 @@ class Settings(BaseSettings):
         gt=0,
         description="A request's body must arrive within this time of its headers (408 "
         "request_timeout, connection closed otherwise).",
+    )
+    shutdown_timeout_s: float = Field(
+        default=30.0,
+        gt=0,
+        description="On SIGTERM or SIGINT, requests still running after this long are "
+        "cancelled (their transactions roll back) and the process stops.",
     )
 
     @field_validator("budget_schedule")

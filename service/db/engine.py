@@ -7,6 +7,7 @@ embedded server is started, migrated and stopped the same way everywhere.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import os
@@ -177,18 +178,30 @@ REPLICA_CONNECT_TIMEOUT_S = 2  # libpq's shortest
 
 
 def create_engine(
-    url: str, pool_size: int, prepared_statements: bool = True, connect_timeout_s: int = 0
+    url: str,
+    pool_size: int,
+    prepared_statements: bool = True,
+    connect_timeout_s: int = 0,
+    lock_timeout_s: float = 0.0,
 ) -> AsyncEngine:
     """The engine over ``url``: ``pool_size`` connections plus as many overflow. Without
     ``prepared_statements`` psycopg never prepares one (``prepare_threshold=None``), for a
-    transaction-pooling pooler that does not track them. ``connect_timeout_s`` 0: none."""
+    transaction-pooling pooler that does not track them. ``connect_timeout_s`` 0: none.
+    ``lock_timeout_s``: each connection's ``lock_timeout`` (0: none), set once as it connects,
+    not as a startup parameter, which poolers refuse."""
     connect_args: dict[str, Any] = {} if prepared_statements else {"prepare_threshold": None}
     if connect_timeout_s:
         connect_args["connect_timeout"] = connect_timeout_s
     engine = create_async_engine(
         sqlalchemy_url(url), pool_size=pool_size, max_overflow=pool_size, connect_args=connect_args
     )
-    event.listen(engine.sync_engine, "connect", _register_adapters)
+    event.listen(
+        engine.sync_engine,
+        "connect",
+        lambda dbapi_connection, _: dbapi_connection.run_async(
+            functools.partial(_set_up_connection, lock_timeout_s=lock_timeout_s)
+        ),
+    )
     event.listen(engine.sync_engine, "checkin", _mark_idle)
     event.listen(
         engine.sync_engine,
@@ -225,17 +238,14 @@ def _ping_if_idle(
         raise InvalidatePoolError(f"the ping of a pooled connection failed: {exc}") from exc
 
 
-def _register_adapters(
-    dbapi_connection: AdaptedConnection, connection_record: ConnectionPoolEntry
+async def _set_up_connection(
+    connection: psycopg.AsyncConnection[Any], lock_timeout_s: float
 ) -> None:
     """Our binary adapters on every new connection: pgvector's, so vectors can travel in
     binary (numpy arrays are dumped as ``vector``; ``vector`` values load as
     ``pgvector.Vector``; a database without the extension yet, before ``earm migrate``, is left
-    without them), and the one for :class:`~service.db.codecs.Float8Rows`."""
-    dbapi_connection.run_async(_register_adapters_async)
-
-
-async def _register_adapters_async(connection: psycopg.AsyncConnection[Any]) -> None:
+    without them), and the one for :class:`~service.db.codecs.Float8Rows`; and its lock
+    timeout, committed (a setting made in a transaction that rolls back is undone)."""
     from pgvector.psycopg.vector import register_vector_info
     from psycopg.types import TypeInfo
 
@@ -243,6 +253,11 @@ async def _register_adapters_async(connection: psycopg.AsyncConnection[Any]) -> 
     info = await TypeInfo.fetch(connection, "vector")
     if info is not None:
         register_vector_info(connection, info)
+    if lock_timeout_s:
+        await connection.execute(
+            "SELECT set_config('lock_timeout', %s, false)", (f"{round(lock_timeout_s * 1000)}ms",)
+        )
+        await connection.commit()
 
 
 @asynccontextmanager
@@ -264,7 +279,10 @@ async def open_database(
         embedded = EmbeddedPostgres(settings.data_dir)
         url = await asyncio.to_thread(embedded.start)
         await asyncio.to_thread(migrate.upgrade_to_head, url, settings.embedding_dim)
-    engine = create_engine(url, settings.db_pool_size, settings.db_prepared_statements)
+    engine = create_engine(
+        url, settings.db_pool_size, settings.db_prepared_statements,
+        lock_timeout_s=settings.db_lock_timeout_s,
+    )
     sessions = async_sessionmaker(engine, expire_on_commit=False)
     replica_engines = [
         (make_url(sqlalchemy_url(replica)).render_as_string(), create_engine(

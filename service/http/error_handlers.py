@@ -21,10 +21,12 @@ from service.errors import (
     IndexingBacklog,
     InvalidInput,
     LimitExceeded,
+    NamespaceBusy,
     NotFound,
     SchemaOutOfDate,
     Unauthenticated,
 )
+from service.http.middleware import annotated
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +47,8 @@ RETRY_AFTER_S = "5"
 # rollbacks (serialization failure, deadlock), insufficient resources, operator intervention
 # (shutdown, "cannot connect now"). They are answered 503 + Retry-After, never 500.
 TRANSIENT_SQLSTATE_CLASSES = ("08", "40", "53", "57")
+#: lock_timeout ran out (EARM_DB_LOCK_TIMEOUT_S): 503 namespace_busy.
+LOCK_NOT_AVAILABLE = "55P03"
 
 
 def is_transient_database_error(exc: BaseException) -> bool:
@@ -56,6 +60,26 @@ def is_transient_database_error(exc: BaseException) -> bool:
         sqlstate = getattr(exc.orig, "sqlstate", None) or ""
         return sqlstate[:2] in TRANSIENT_SQLSTATE_CLASSES
     return False
+
+
+def _sqlstate(exc: BaseException) -> str:
+    return str(getattr(getattr(exc, "orig", None) or exc, "sqlstate", None) or "")
+
+
+def _namespace_busy(request: Request) -> JSONResponse:
+    """A lock the request needed (its namespace's row, which the namespace's writers take in
+    turn) was held longer than ``EARM_DB_LOCK_TIMEOUT_S``: the request let go of its connection
+    instead of queueing with it, so one busy namespace cannot take the pool from the others."""
+    namespace = annotated(request).get("namespace")
+    subject = "a namespace" if namespace is None else f"namespace {namespace!r}"
+    log.warning("lock wait timed out: %s is busy", subject)
+    return error_response(
+        503,
+        NamespaceBusy.code,
+        f"{subject} is busy (a lock it needs was held over EARM_DB_LOCK_TIMEOUT_S); retry "
+        "shortly",
+        {"Retry-After": RETRY_AFTER_S},
+    )
 
 
 def error_response(
@@ -119,6 +143,8 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(PoolTimeout)
     @app.exception_handler(psycopg.Error)
     async def _database_error(request: Request, exc: Exception) -> JSONResponse:
+        if _sqlstate(exc) == LOCK_NOT_AVAILABLE:
+            return _namespace_busy(request)
         if is_transient_database_error(exc):
             log.warning(
                 "database unavailable: %s", type(getattr(exc, "orig", None) or exc).__name__

@@ -219,6 +219,12 @@ def annotate(request: Request, **fields: Any) -> None:
     state.setdefault(_LOG_FIELDS, {}).update(fields)
 
 
+def annotated(request: Request) -> dict[str, Any]:
+    """The fields :func:`annotate` has added to this request's log line so far."""
+    fields: dict[str, Any] = request.scope.get("state", {}).get(_LOG_FIELDS, {})
+    return fields
+
+
 def _request_id(scope: Scope) -> str:
     for name, value in scope.get("headers", ()):
         if name == b"x-request-id":

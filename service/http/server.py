@@ -109,6 +109,8 @@ def uvicorn_options(settings: Settings) -> dict[str, Any]:
         "log_level": settings.log_level.lower(),
         "log_config": logging_config(settings.log_level),
         "access_log": False,
+        # A request that never ends (a wedged dependency) must not keep the process alive.
+        "timeout_graceful_shutdown": settings.shutdown_timeout_s,
         # A partial of a module-level class: workers receive it pickled.
         "http": functools.partial(HeadTimeoutProtocol, head_timeout_s=settings.header_timeout_s),
     }
