@@ -413,3 +413,16 @@ def test_langchain_coheres_reranker_compresses_documents_through_earm(earm: Earm
     compressed = reranker.compress_documents(documents, QUERY)
     assert [d.metadata["n"] for d in compressed][:1] == [2] and len(compressed) == 2
     assert compressed[0].metadata["relevance_score"] >= compressed[1].metadata["relevance_score"]
+
+
+def test_two_calls_of_the_largest_allowed_document_set_are_both_answered(earm: Earm) -> None:
+    # The second call records 1,000 observations and updates as many memory rows: a record
+    # that once outgrew the socket and hung for ever (tests/retrieve/test_large_records.py).
+    client = earm()
+    documents = [f"Note {i}: Alice mentioned topic {i % 37} on day {i}." for i in range(1000)]
+    for query in ("What did Alice say about topic 5?", "When did Alice mention topic 9?"):
+        response = client.post(
+            "/v1/rerank", json=cohere_body(query=query, documents=documents), timeout=120
+        )
+        assert earm_of(response)["scorer_calls"] > 0
+        assert len(response.json()["results"]) == len(documents)
