@@ -1,7 +1,9 @@
 """Completion core: the bias-aware low-rank model of the memory x query relevance matrix
 (docs/design.md "The completion model"). Pure numpy; no I/O.
 
-- ``model``: the model the service runs (fit, fold-in, prediction, leave-one-out, content prior).
+- ``model``: the model the service runs (fit, fold-in, prediction, leave-one-out).
+- ``prior``: its content prior, the namespace-level term every query and memory shares.
+- ``strength``: how strongly the factors are regularised, chosen per namespace by causal error.
 - ``statistics``: per-memory sufficient statistics, what the online row update re-solves from.
 - ``calibration``: similarity calibrated on a query's anchors (the non-completion policies).
 - ``ridge``: the per-row ridge solves both the model and the references are built from.

@@ -111,12 +111,13 @@ def solve_groups(
     groups: RowGroups,
     other_bias: NDArray[np.float64],
     other_factors: NDArray[np.float64],
-    reg: float,
+    reg: NDArray[np.float64],
 ) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
-    """Ridge-solve (bias, factor) of every row of ``groups`` with the other side fixed.
+    """Ridge-solve (bias, factor) of every row of ``groups`` with the other side fixed; ``reg``
+    is the ridge's diagonal (the bias's weight, then each factor's).
 
     Rows without cells get bias 0 and zero factors (the ridge solution of an empty system).
-    Inputs are assumed validated (finite, matching shapes, reg > 0).
+    Inputs are assumed validated (finite, matching shapes, every reg > 0).
     """
     rank = other_factors.shape[1]
     k = rank + 1
@@ -130,7 +131,7 @@ def solve_groups(
     factors = np.zeros((groups.n_rows, rank))
     scratch = np.empty(groups.max_chunk_cells * (k + 1))
     other_bias_buf = np.empty(groups.max_chunk_cells)
-    ridge = reg * np.eye(k)
+    ridge = np.diag(reg)
     for chunk in groups.chunks:
         n, width = chunk.other.shape
         # Per row a (k+1) x L block: [bias column; factor columns; target]. Its Gram matrix holds

@@ -34,9 +34,17 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
+from service.completion.prior import (
+    ContentPrior,
+    content_gram,
+    content_offsets,
+    solve_content_prior,
+)
 from service.completion.ridge import (
     INIT_SCALE,
+    Ridge,
     leave_one_out_predictions,
+    penalty,
     predict_scores,
     solve_rows_batch,
     solve_side,
@@ -70,69 +78,6 @@ class QueryParameters:
     factors: NDArray[np.float64]
 
 
-@dataclass(frozen=True, eq=False)
-class ContentPrior:
-    """The namespace-level term γ·cos(q, m) + w·e_m, a known per-cell offset to everything
-    per-query or per-memory. ``weights`` is empty before the first refit (no prior)."""
-
-    slope: float
-    weights: NDArray[np.float64]  # (d,) or (0,)
-
-    @classmethod
-    def empty(cls) -> ContentPrior:
-        return cls(0.0, np.zeros(0))
-
-    def offsets(self, similarities: ArrayLike, content_scores: ArrayLike) -> NDArray[np.float64]:
-        return content_offsets(self.slope, similarities, content_scores)
-
-
-def content_offsets(
-    slope: float, similarities: ArrayLike, content_scores: ArrayLike
-) -> NDArray[np.float64]:
-    """p(q, m) = γ·cos(q, m) + e_m·w per cell, from each cell's cosine and its memory's e_m·w
-    (``content_scores``, computed where the embeddings are, e.g. in SQL)."""
-    return slope * np.asarray(similarities, dtype=np.float64) + np.asarray(
-        content_scores, dtype=np.float64
-    )
-
-
-def solve_content_prior(
-    memory_idx: NDArray[np.intp],
-    similarities: NDArray[np.float64],
-    residuals: NDArray[np.float64],
-    inverse_factor: NDArray[np.float64],
-    memory_embeddings: NDArray[np.float64],
-) -> ContentPrior:
-    """Ridge solve of (γ, w) against per-cell residuals, given the inverse Cholesky factor of
-    the normal matrix (:func:`content_gram`; it does not change across ALS iterations)."""
-    n_m = memory_embeddings.shape[0]
-    rhs = np.concatenate(
-        [[similarities @ residuals], memory_embeddings.T @ np.bincount(memory_idx, residuals, n_m)]
-    )
-    theta = inverse_factor.T @ (inverse_factor @ rhs)
-    return ContentPrior(float(theta[0]), theta[1:])
-
-
-def content_gram(
-    memory_idx: NDArray[np.intp],
-    similarities: NDArray[np.float64],
-    memory_embeddings: NDArray[np.float64],
-    slope_reg: float,
-    content_reg: float,
-) -> NDArray[np.float64]:
-    """The inverse of the lower Cholesky factor of the ridge normal matrix of the features
-    [cos, e_m] over all cells, built per memory (Σ_cells e_m e_mᵀ = Eᵀ diag(n_m) E), never per
-    cell. Inverted once per fit: each ALS iteration's solve is two matrix-vector products."""
-    n_m, d = memory_embeddings.shape
-    counts = np.bincount(memory_idx, minlength=n_m).astype(np.float64)
-    gram = np.empty((d + 1, d + 1))
-    gram[0, 0] = similarities @ similarities + slope_reg
-    gram[0, 1:] = gram[1:, 0] = memory_embeddings.T @ np.bincount(memory_idx, similarities, n_m)
-    gram[1:, 1:] = (memory_embeddings.T * counts) @ memory_embeddings + content_reg * np.eye(d)
-    # copy=False only states the dtype numpy's stubs lose in linalg (float64 in, float64 out).
-    return np.linalg.inv(np.linalg.cholesky(gram)).astype(np.float64, copy=False)
-
-
 def _with_similarity(
     similarities: NDArray[np.float64], factors: NDArray[np.float64]
 ) -> NDArray[np.float64]:
@@ -147,8 +92,10 @@ def fold_in(
     anchor_scores: ArrayLike,
     reg: float,
     min_slope: float = 1e-3,
+    factor_reg: float | None = None,
 ) -> QueryParameters:
-    """Causal fold-in of a new query: (c_q, β_q, v_q) by ridge over its anchors, memory side fixed.
+    """Causal fold-in of a new query: (c_q, β_q, v_q) by ridge over its anchors, memory side fixed
+    (c_q and β_q weighted ``reg``, v_q ``factor_reg``; all ``reg`` without it).
 
     The slope is floored at ``min_slope``: among memories the model knows nothing about, the
     estimate must never reverse the semantic order (a few noisy anchors can fit a negative slope).
@@ -158,11 +105,17 @@ def fold_in(
     factors = float_array("anchor_memory_factors", anchor_memory_factors, ndim=2)
     sims = float_array("anchor_similarities", anchor_similarities, ndim=1)
     check_length("anchor_similarities", sims, factors.shape[0], "anchor_memory_factors")
-    query_bias, theta = solve_side(mu, bias, _with_similarity(sims, factors), anchor_scores, reg)
+    rank = factors.shape[1]
+    query_bias, theta = solve_side(
+        mu, bias, _with_similarity(sims, factors), anchor_scores,
+        penalty(reg, factor_reg, 2, rank),
+    )
     slope, query_factors = float(theta[0]), theta[1:]
     if slope < min_slope:
         slope = float(min_slope)
-        query_bias, query_factors = solve_side(mu, bias + slope * sims, factors, anchor_scores, reg)
+        query_bias, query_factors = solve_side(
+            mu, bias + slope * sims, factors, anchor_scores, penalty(reg, factor_reg, 1, rank)
+        )
     return QueryParameters(float(query_bias), slope, query_factors)
 
 
@@ -187,12 +140,14 @@ def leave_one_out(
     anchor_similarities: ArrayLike,
     anchor_scores: ArrayLike,
     reg: float,
+    factor_reg: float | None = None,
 ) -> NDArray[np.float64]:
     """Each anchor's estimate from a fold-in over the other anchors (unfloored slope)."""
     factors = float_array("anchor_memory_factors", anchor_memory_factors, ndim=2)
     sims = float_array("anchor_similarities", anchor_similarities, ndim=1)
     return leave_one_out_predictions(
-        mu, anchor_memory_bias, _with_similarity(sims, factors), anchor_scores, reg
+        mu, anchor_memory_bias, _with_similarity(sims, factors), anchor_scores,
+        penalty(reg, factor_reg, 2, factors.shape[1]),
     )
 
 
@@ -260,6 +215,7 @@ def fit_model(
     memory_embeddings: ArrayLike | None = None,
     content_reg: float = 100.0,
     memory_reg: float | None = None,
+    factor_reg: float | None = None,
 ) -> CompletionModel:
     """Full refit by ALS over observed cells (COO triplets with each cell's cosine similarity).
 
@@ -270,16 +226,21 @@ def fit_model(
     With ``memory_embeddings`` ((n_memories, d) unit vectors) each iteration first solves the
     content prior (γ, w) against what the rest of the model leaves unexplained (γ penalised by
     ``reg``, w by ``content_reg``); without, the prior stays empty. The memory side (b_m, u_m)
-    is regularised by ``memory_reg`` (default ``reg``).
+    is regularised by ``memory_reg`` (default ``reg``). ``factor_reg`` weights both sides'
+    factors (u_m, v_q) alike: unbalanced weights act on the product u_m·v_q like a trace norm
+    of 2·√(memory_reg·reg), which at a large ``memory_reg`` shrinks every factor to zero.
     """
     cells = _observed_cells(memory_idx, query_idx, similarities, scores, n_memories, n_queries)
-    query_reg = finite_scalar("reg", reg)
-    memory_reg_ = query_reg if memory_reg is None else finite_scalar("memory_reg", memory_reg)
+    lead_reg = finite_scalar("reg", reg)
+    bias_reg = lead_reg if memory_reg is None else finite_scalar("memory_reg", memory_reg)
+    factors_reg = None if factor_reg is None else finite_scalar("factor_reg", factor_reg)
+    query_reg = penalty(lead_reg, factors_reg, 2, rank)
+    memory_reg_ = penalty(bias_reg, factors_reg, 1, rank)
     sides = _initial_sides(cells, rank, seed)
     content = (
         None
         if memory_embeddings is None
-        else _content_fit(cells, memory_embeddings, query_reg, content_reg)
+        else _content_fit(cells, memory_embeddings, lead_reg, content_reg)
     )
     for _ in range(n_iterations):
         if content is not None:
@@ -366,7 +327,7 @@ def _solve_prior(
 
 
 def _solve_queries(
-    cells: _Cells, sides: _Sides, reg: float
+    cells: _Cells, sides: _Sides, reg: Ridge
 ) -> tuple[NDArray[np.float64], NDArray[np.float64], NDArray[np.float64]]:
     """Every query's (c_q, β_q, v_q), the memory side and the prior fixed."""
     m = cells.memory_idx
@@ -384,7 +345,7 @@ def _solve_queries(
 
 
 def _solve_memories(
-    cells: _Cells, sides: _Sides, reg: float
+    cells: _Cells, sides: _Sides, reg: Ridge
 ) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
     """Every memory's (b_m, u_m), the query side and the prior fixed."""
     q = cells.query_idx

@@ -282,13 +282,10 @@ class BiasedALS:
         by_query = group_rows(q, m, centred, n_q, n_m)
         query_bias, query_factors = start.query_bias, start.query_factors
         memory_bias, memory_factors = start.memory_bias, start.memory_factors
+        ridge = np.full(self.rank + 1, self.reg)
         for _ in range(self.n_iterations):
-            memory_bias, memory_factors = solve_groups(
-                by_memory, query_bias, query_factors, self.reg
-            )
-            query_bias, query_factors = solve_groups(
-                by_query, memory_bias, memory_factors, self.reg
-            )
+            memory_bias, memory_factors = solve_groups(by_memory, query_bias, query_factors, ridge)
+            query_bias, query_factors = solve_groups(by_query, memory_bias, memory_factors, ridge)
         logger.debug(
             "ALS fit: %d observations, %d memories, %d queries, %r", s.size, n_m, n_q, self
         )

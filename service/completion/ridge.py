@@ -23,18 +23,33 @@ from service.completion.validation import (
     first_index,
     index_array,
     non_negative_int,
-    positive_reg,
+    ridge_diagonal,
     side_arrays,
     unit_scores,
 )
 
 __all__ = [
     "INIT_SCALE",
+    "Ridge",
     "leave_one_out_predictions",
+    "penalty",
     "predict_scores",
     "solve_rows_batch",
     "solve_side",
 ]
+
+#: A row's ridge penalty: one weight for all its parameters, or one per parameter (the bias
+#: first, then each column of the other side's factors), as :func:`ridge_diagonal` reads it.
+Ridge = float | NDArray[np.float64]
+
+def penalty(lead_reg: float, factor_reg: float | None, lead: int, rank: int) -> Ridge:
+    """The ridge of a row whose ``lead`` first parameters (its bias, and a query's similarity
+    slope) are weighted ``lead_reg`` and whose ``rank`` factors ``factor_reg``; one weight for
+    all without ``factor_reg``."""
+    if factor_reg is None:
+        return lead_reg
+    return np.concatenate([np.full(lead, lead_reg), np.full(rank, factor_reg)])
+
 
 #: Standard deviation of the seeded initial factors. Small, so the first half-step is driven by
 #: the biases, but non-zero: all-zero factors are a fixed point of ALS (the bias-only solution).
@@ -77,7 +92,7 @@ def solve_side(
     other_bias: ArrayLike,
     other_factors: ArrayLike,
     scores: ArrayLike,
-    reg: float,
+    reg: Ridge,
 ) -> tuple[float, NDArray[np.float64]]:
     """Ridge solve of one row's (bias, factor) from its observed cells, the other side fixed.
 
@@ -88,18 +103,18 @@ def solve_side(
     fold-in of a new query.
     """
     mu_ = finite_scalar("mu", mu)
-    lam = positive_reg(reg)
     b, f = side_arrays("other_bias", other_bias, "other_factors", other_factors)
     s = unit_scores("scores", scores)
     check_length("scores", s, f.shape[0], "other_factors")
     n, rank = f.shape
+    lam = np.diag(ridge_diagonal(reg, rank + 1))
     if n == 0:
         return 0.0, np.zeros(rank)
     design = np.empty((n, rank + 1))
     design[:, 0] = 1.0
     design[:, 1:] = f
     target = s - mu_ - b
-    theta = np.linalg.solve(design.T @ design + lam * np.eye(rank + 1), design.T @ target)
+    theta = np.linalg.solve(design.T @ design + lam, design.T @ target)
     # astype copies (not a view of theta) and states the dtype numpy's stubs lose in
     # linalg.solve (typed floating[Any]; float64 in, float64 out).
     return float(theta[0]), theta[1:].astype(np.float64)
@@ -110,7 +125,7 @@ def leave_one_out_predictions(
     anchor_memory_bias: ArrayLike,
     anchor_memory_factors: ArrayLike,
     anchor_scores: ArrayLike,
-    reg: float,
+    reg: Ridge,
 ) -> NDArray[np.float64]:
     """For each anchor, ŝ predicted by a fold-in from the *other* anchors, clipped to [0, 1].
 
@@ -120,20 +135,20 @@ def leave_one_out_predictions(
     predictions cost one (r+1)x(r+1) solve instead of n.
     """
     mu_ = finite_scalar("mu", mu)
-    lam = positive_reg(reg)
     b, f = side_arrays(
         "anchor_memory_bias", anchor_memory_bias, "anchor_memory_factors", anchor_memory_factors
     )
     s = unit_scores("anchor_scores", anchor_scores)
     check_length("anchor_scores", s, f.shape[0], "anchor_memory_factors")
     n, rank = f.shape
+    lam = np.diag(ridge_diagonal(reg, rank + 1))
     if n == 0:
         return np.zeros(0)
     design = np.empty((n, rank + 1))
     design[:, 0] = 1.0
     design[:, 1:] = f
     target = s - mu_ - b
-    gram_inverse = np.linalg.inv(design.T @ design + lam * np.eye(rank + 1))
+    gram_inverse = np.linalg.inv(design.T @ design + lam)
     leverage: NDArray[np.float64] = np.einsum("ij,jk,ik->i", design, gram_inverse, design)
     residual = target - design @ (gram_inverse @ (design.T @ target))
     # λ > 0 keeps every leverage strictly below 1.
@@ -148,7 +163,7 @@ def solve_rows_batch(
     scores: ArrayLike,
     other_bias: ArrayLike,
     other_factors: ArrayLike,
-    reg: float,
+    reg: Ridge,
     n_rows: int | None = None,
 ) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
     """:func:`solve_side` for many rows at once, vectorised (the ALS half-step).
@@ -161,8 +176,8 @@ def solve_rows_batch(
     Repeated (row, other) pairs are separate observations (each adds its own squared error).
     """
     mu_ = finite_scalar("mu", mu)
-    lam = positive_reg(reg)
     b, f = side_arrays("other_bias", other_bias, "other_factors", other_factors)
+    lam = ridge_diagonal(reg, f.shape[1] + 1)
     s = unit_scores("scores", scores)
     rows_raw = np.asarray(row_idx)
     if n_rows is None:

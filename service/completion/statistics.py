@@ -31,7 +31,7 @@ from service.completion.validation import (
     finite_scalar,
     float_array,
     index_array,
-    positive_reg,
+    ridge_diagonal,
     side_arrays,
 )
 
@@ -130,16 +130,16 @@ def row_statistics(
 
 
 def solve_from_statistics(
-    mu: float, statistics: RowStatistics, reg: float
+    mu: float, statistics: RowStatistics, reg: float | NDArray[np.float64]
 ) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
     """Each row's ridge solution (bias (n,), factors (n, r)) from its statistics, with mean
     ``mu``: the same as :func:`~service.completion.ridge.solve_rows_batch` over the cells the
     statistics were built from. Rows without cells get (0, zeros)."""
     mu_ = finite_scalar("mu", mu)
-    lam = positive_reg(reg)
     size = statistics.gram.shape[1]
+    lam = np.diag(ridge_diagonal(reg, size))
     rhs = statistics.moment - mu_ * statistics.gram[:, :, 0]
-    theta = np.linalg.solve(statistics.gram + lam * np.eye(size), rhs[:, :, None])[:, :, 0]
+    theta = np.linalg.solve(statistics.gram + lam, rhs[:, :, None])[:, :, 0]
     return theta[:, 0].astype(np.float64), theta[:, 1:].astype(np.float64)
 
 

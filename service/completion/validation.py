@@ -58,6 +58,18 @@ def positive_reg(reg: object) -> float:
     return value
 
 
+def ridge_diagonal(reg: float | ArrayLike, size: int) -> NDArray[np.float64]:
+    """``reg`` as the diagonal of a ``size`` × ``size`` ridge: one value for every entry, or
+    one per entry (a row's bias and factors may be penalised apart); each > 0."""
+    if np.ndim(reg) == 0:
+        return np.full(size, positive_reg(reg))
+    diagonal = float_array("reg", reg, ndim=1)
+    check_length("reg", diagonal, size, "the row's parameters")
+    if not np.all(diagonal > 0.0):
+        raise ModelFitError(f"reg must be > 0, got {diagonal.min()}")
+    return diagonal
+
+
 def first_index(mask: NDArray[np.bool_]) -> int:
     """The position of the first true entry (the caller knows there is one)."""
     return int(np.flatnonzero(mask)[0])
