@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 from urllib.parse import urlsplit
 
 import platformdirs
@@ -182,6 +182,13 @@ class Settings(BaseSettings):
     )
     content_reg: float = Field(
         default=100.0, gt=0, description="L2 weight of the content prior's embedding weights w."
+    )
+    factor_reg: Literal["auto", "off"] | Annotated[float, Field(gt=0)] = Field(
+        default="auto",
+        description="L2 weight of the completion's factors u_m and v_q alike: auto, chosen by "
+        "each full refit from the namespace's own causal error among off, 3, 1 and 0.3; off, "
+        "weighted as the memory bias (EARM_MEMORY_REG), which shrinks them to nothing; or a "
+        "number.",
     )
     refit_every: int = Field(default=50, ge=1, description="Full refit every this many queries.")
     refit_growth: float = Field(default=0.25, ge=0, description="A full refit also waits until "

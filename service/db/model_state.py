@@ -253,6 +253,7 @@ class RefittedModel:
     query_slope: np.ndarray
     query_factors: np.ndarray
     prior: ContentPrior
+    factor_reg: float | None  # the factors' weight the refit chose (None: unbalanced)
 
 
 async def replace_model(
@@ -275,7 +276,7 @@ async def replace_model(
     # Once the queries have the parameters the statistics were built with: a query without
     # any before (observations loaded in bulk) counts only from now on.
     await conn.execute(_INVALIDATE_STALE_STATISTICS_SQL, {"namespace": namespace})
-    await _reset_after_refit(session, namespace, model.prior, refitted_at)
+    await _reset_after_refit(session, namespace, model, refitted_at)
 
 
 _EMPTY_NAMESPACE_ROWS_SQL = "DELETE FROM memory_factors WHERE namespace = %(namespace)s"
@@ -364,7 +365,7 @@ async def _update_query_columns(
 _RESET_AFTER_REFIT_SQL = """
     UPDATE namespaces SET queries_since_refit = 0, last_refit_at = %(at)s,
         content_slope = %(content_slope)s,
-        content_weights = %(content_weights)s::vector,
+        content_weights = %(content_weights)s::vector, factor_reg = %(factor_reg)s,
         score_sum = live.score_sum, score_count = live.score_count
     FROM (SELECT coalesce(sum(score::text::float8 ORDER BY query_id, memory_id), 0)
                  AS score_sum, count(*) AS score_count
@@ -374,16 +375,18 @@ _RESET_AFTER_REFIT_SQL = """
 
 
 async def _reset_after_refit(
-    session: AsyncSession, namespace: str, prior: ContentPrior, refitted_at: datetime
+    session: AsyncSession, namespace: str, model: RefittedModel, refitted_at: datetime
 ) -> None:
-    """The namespace row after a refit: its content prior, the refit counter reset, and the
-    running mean recomputed."""
+    """The namespace row after a refit: its content prior and factor weight, the refit counter
+    reset, and the running mean recomputed."""
+    prior = model.prior
     await execute(
         session,
         _RESET_AFTER_REFIT_SQL,
         {
             "namespace": namespace,
             "at": refitted_at,
+            "factor_reg": model.factor_reg,
             "content_slope": prior.slope if len(prior.weights) else None,
             "content_weights": (
                 # float32 values (what the vector stores), as every value bound for it is

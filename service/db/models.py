@@ -68,6 +68,8 @@ class Namespace(Base):
     # The completion model's content prior γ·cos + w·e_m, written by each full refit.
     content_slope: Mapped[float | None] = mapped_column(Double)
     content_weights: Mapped[np.ndarray | None] = mapped_column(VECTOR())
+    # The completion factors' weight the last refit chose (NULL: not balanced; 0018).
+    factor_reg: Mapped[float | None] = mapped_column(Double)
 
 
 def _by_namespace() -> dict[str, Any]:

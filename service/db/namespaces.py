@@ -25,13 +25,17 @@ class NamespaceState:
     # When the namespace's model was last refitted (None before its first refit): what the
     # content prior and every query's parameters are as of.
     refitted_at: datetime | None
+    # The weight of the completion's factors the last refit chose (None: weighted as the
+    # memory bias, which shrinks them to nothing; service.completion.strength)
+    factor_reg: float | None = None
 
 
 #: The namespace's counters, in the order :func:`state_from_row` reads them (pipelined by the
 #: search, and by the record with a lock).
 STATE_SQL = (
     "SELECT next_query_index, score_sum, score_count, queries_since_refit, "
-    "coalesce(content_slope, 0), last_refit_at FROM namespaces WHERE name = %(namespace)s"
+    "coalesce(content_slope, 0), last_refit_at, factor_reg FROM namespaces "
+    "WHERE name = %(namespace)s"
 )
 
 
@@ -52,11 +56,11 @@ async def namespace_state(
 def state_from_row(row: Sequence[Any] | None, namespace: str) -> NamespaceState:
     if row is None:
         raise NotFound(f"namespace {namespace!r} has no memories")
-    next_index, score_sum, score_count, since_refit, content_slope, refitted_at = row
+    next_index, score_sum, score_count, since_refit, content_slope, refitted_at, factor_reg = row
     mean = float(score_sum) / score_count if score_count else 0.0
     return NamespaceState(
         int(next_index), mean, int(score_count), int(since_refit), float(content_slope),
-        refitted_at,
+        refitted_at, None if factor_reg is None else float(factor_reg),
     )
 
 

@@ -208,9 +208,7 @@ class Learner:
             written = await experience.record_feedback(
                 session, namespace, query_id, ids, similarities, values
             )
-            await self._relearn_query(
-                session, namespace, query_id, written.memory_ids, state.mean_score
-            )
+            await self._relearn_query(session, namespace, query_id, written.memory_ids, state)
             await session.commit()
         return FeedbackResult(recorded=len(written.memory_ids), replaced=written.replaced)
 
@@ -227,9 +225,7 @@ class Learner:
                 (late.similarities, late.scores, late.anchor_kinds), late.requests,
             )
             if len(written):
-                await self._relearn_query(
-                    session, namespace, query_id, written, state.mean_score
-                )
+                await self._relearn_query(session, namespace, query_id, written, state)
             await session.commit()
         return len(written)
 
@@ -239,15 +235,18 @@ class Learner:
         namespace: str,
         query_id: int,
         changed_ids: np.ndarray,
-        mean_score: float,
+        state: NamespaceState,
     ) -> None:
         """The query's observations of ``changed_ids`` changed: its parameters are solved
-        again from all of them, then the memory rows relearned (``mean_score``: the
-        namespace's, as read under its lock). Under the namespace's lock."""
+        again from all of them, then the memory rows relearned (``state``: the namespace's, as
+        read under its lock). Under the namespace's lock."""
         observed, cell_similarities, bias, factors = await experience.query_observations(
             session, namespace, query_id, self.settings.rank
         )
-        query = fold_in(mean_score, bias, factors, cell_similarities, observed, self.settings.reg)
+        query = fold_in(
+            state.mean_score, bias, factors, cell_similarities, observed, self.settings.reg,
+            factor_reg=state.factor_reg,
+        )
         await model_state.update_query_factors(
             session,
             namespace,
@@ -256,7 +255,7 @@ class Learner:
             np.array([query.slope]),
             query.factors[None, :],
         )
-        await self._relearn_after_feedback(session, namespace, query_id, changed_ids, mean_score)
+        await self._relearn_after_feedback(session, namespace, query_id, changed_ids, state)
 
     @staticmethod
     async def _memory_ids(
@@ -287,7 +286,7 @@ class Learner:
         namespace: str,
         query_id: int,
         fed_back_ids: np.ndarray,
-        mean_score: float,
+        state: NamespaceState,
     ) -> None:
         """The query's parameters moved: the statistics of every memory it observed are
         rebuilt and stored, and the rows that got feedback re-solved
@@ -296,7 +295,10 @@ class Learner:
         history = await memory_rows.memory_row_observations(
             session, namespace, ids, self.settings.rank
         )
-        rows = feedback_rows(history, ids, fed_back_ids, mean_score, self.settings.memory_reg)
+        rows = feedback_rows(
+            history, ids, fed_back_ids, state.mean_score, self.settings.memory_reg,
+            state.factor_reg,
+        )
         await memory_rows.store_row_statistics(
             session, namespace, rows.memory_ids, rows.statistics
         )

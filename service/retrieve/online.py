@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from service.completion import CompletionModel, QueryParameters
+from service.completion.ridge import penalty
 from service.completion.statistics import (
     RowObservations,
     RowStatistics,
@@ -65,7 +66,9 @@ def update_memory_rows(
     statistics = _stored_statistics(stored, rank)
     added = cells.subset(np.isin(cells.memory_ids, ids)).statistics(ids)
     statistics = statistics + added + stored.history.statistics(ids)
-    bias, factors = solve_from_statistics(state.mean_score, statistics, reg)
+    bias, factors = solve_from_statistics(
+        state.mean_score, statistics, penalty(reg, state.factor_reg, 1, rank)
+    )
     return OnlineUpdate(
         ids, bias, factors, statistics.counts, statistics.packed(),
         versions=stored.versions, added=added.packed(), added_counts=added.counts,
@@ -137,6 +140,7 @@ def feedback_rows(
     fed_back_ids: np.ndarray,
     mean_score: float,
     reg: float,
+    factor_reg: float | None = None,
 ) -> FeedbackRows:
     """The query's parameters moved, so the statistics of every memory it observed
     (``memory_ids``, ascending, with their live ``history``) are rebuilt: they hold its old
@@ -144,7 +148,10 @@ def feedback_rows(
     statistics = history.statistics(memory_ids)
     fed_back = np.isin(memory_ids, fed_back_ids)
     touched = RowStatistics(statistics.gram[fed_back], statistics.moment[fed_back])
-    bias, factors = solve_from_statistics(mean_score, touched, reg)
+    rank = statistics.gram.shape[1] - 1
+    bias, factors = solve_from_statistics(
+        mean_score, touched, penalty(reg, factor_reg, 1, rank)
+    )
     return FeedbackRows(
         memory_ids,
         statistics,

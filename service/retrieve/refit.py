@@ -12,6 +12,7 @@ import numpy as np
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from service.completion import fit_model
+from service.completion.strength import FitOptions, StrengthChoice, choose_factor_reg
 from service.db import experience, model_state
 from service.db.experience import NamespaceObservations
 from service.db.model_state import RefittedModel
@@ -70,6 +71,7 @@ async def _refit_locked(
     log.info(
         "refitted namespace %r", namespace,
         extra={"namespace": namespace, "observations": len(observations.scores),
+               "factor_reg": fitted.factor_reg,
                "read_s": round(read - started, 3), "fit_s": round(fit - read, 3),
                "write_s": round(time.perf_counter() - fit, 3)},
     )
@@ -90,7 +92,21 @@ def _fit(
     unit_embeddings = np.divide(
         embeddings, norms, out=np.zeros(embeddings.shape), where=norms > 0
     )
+    # Query ids ascend in the order the queries were asked: the choice below holds out the
+    # latest ones.
     query_ids, query_idx = np.unique(observations.query_ids, return_inverse=True)
+    options = FitOptions(
+        rank=settings.rank, reg=settings.reg, memory_reg=settings.memory_reg,
+        content_reg=settings.content_reg, n_iterations=settings.als_iterations,
+    )
+    strength = (
+        choose_factor_reg(
+            memory_idx, query_idx, observations.similarities, observations.scores,
+            unit_embeddings, options=options,
+        )
+        if settings.factor_reg == "auto"
+        else StrengthChoice(None if settings.factor_reg == "off" else settings.factor_reg)
+    )
     model = fit_model(
         memory_idx,
         query_idx,
@@ -104,6 +120,7 @@ def _fit(
         memory_embeddings=unit_embeddings,
         content_reg=settings.content_reg,
         memory_reg=settings.memory_reg,
+        factor_reg=strength.factor_reg,
     )
     cells = RefitCells(observations, memory_idx, query_idx, len(memory_ids))
     statistics = refit_statistics(cells, unit_embeddings, model)
@@ -118,4 +135,5 @@ def _fit(
         query_slope=model.query_slope,
         query_factors=model.query_factors,
         prior=model.prior,
+        factor_reg=strength.factor_reg,
     )

@@ -39,6 +39,9 @@ class CandidateState:
     # (n,) the namespace's content prior γ·cos + w·e_m per candidate; zeros before the first
     # refit, when the namespace has no prior yet
     prior_offsets: np.ndarray
+    # The weight of the factors the namespace's model was fitted with (None: unbalanced):
+    # a query folded in against them must be solved with the same one.
+    factor_reg: float | None = None
 
 
 @dataclass(frozen=True)
@@ -197,10 +200,10 @@ def _fold_in_query(
         observed.scores,
         reg,
     )
-    query = fold_in(*anchors)
+    query = fold_in(*anchors, factor_reg=candidates.factor_reg)
     prequential_errors = np.zeros(0)
     measured = (candidates.observation_count[positions] > 0) & ~observed.reused
     if np.any(measured):
-        left_out = leave_one_out(*anchors)
+        left_out = leave_one_out(*anchors, factor_reg=candidates.factor_reg)
         prequential_errors = np.abs(left_out - observed.scores)[measured]
     return query, prequential_errors

@@ -93,6 +93,7 @@ class FoundCandidates:
             content_offsets(
                 self.state.content_slope, candidates.similarities, candidates.content_scores
             ),
+            self.state.factor_reg,
         )
 
 

@@ -16,6 +16,8 @@ from alembic import command
 from service.db import migrate
 
 PREVIOUS = "0016"
+#: The revision under test (later ones change other things).
+PARTITIONED = "0017"
 NAMESPACES = ("agent-a", "agent-b", "tenant-with-a-much-longer-name-0001", "z")
 TABLES = ("namespaces", "memories", "queries", "scores", "score_history", "memory_factors",
           "api_keys", "auth_settings")
@@ -147,7 +149,7 @@ def test_the_upgrade_keeps_every_row_and_the_downgrade_gives_them_back(populated
         before, order, counters = _rows(conn), _scan_orders(conn), _sequences(conn)
     assert all(before[table] for table in (*TABLES, "rerank_documents")), "every table has rows"
 
-    command.upgrade(config, "head")
+    command.upgrade(config, PARTITIONED)
     with psycopg.connect(_libpq(populated), autocommit=True) as conn:
         assert _rows(conn) == before
         assert _scan_orders(conn) == order
@@ -182,7 +184,7 @@ def test_the_upgrade_keeps_every_row_and_the_downgrade_gives_them_back(populated
 def test_the_upgraded_tables_are_hash_partitioned_by_namespace_with_an_hnsw_graph_each(
     populated: str,
 ) -> None:
-    command.upgrade(migrate.alembic_config(populated, 384), "head")
+    command.upgrade(migrate.alembic_config(populated, 384), PARTITIONED)
     with psycopg.connect(_libpq(populated)) as conn:
         keys = dict(conn.execute(
             "SELECT c.relname, pg_get_partkeydef(c.oid) FROM pg_partitioned_table p "
