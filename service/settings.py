@@ -177,8 +177,8 @@ class Settings(BaseSettings):
     memory_reg: float = Field(
         default=1000.0,
         gt=0,
-        description="L2 weight of a memory's own terms (b_m, u_m): how much history a memory "
-        "needs before it departs from the content prior (docs/benchmarks.md).",
+        description="L2 weight of a memory's bias b_m (and of its factors at factor_reg=off): "
+        "how much history a memory needs before it departs from the content prior.",
     )
     content_reg: float = Field(
         default=100.0, gt=0, description="L2 weight of the content prior's embedding weights w."
