@@ -170,7 +170,7 @@ def _check_header(header: dict[str, Any], deployment: Deployment) -> dict[str, A
     return header
 
 
-def malformed(number: int, kind: str | None, problem: str) -> ImportRefused:
+def _malformed(number: int, kind: str | None, problem: str) -> ImportRefused:
     """The refusal of the record on line ``number`` (of ``kind``, if known)."""
     record = f", {'an' if kind[:1] in 'aeiou' else 'a'} {kind} record" if kind else ""
     return ImportRefused(f"malformed file at line {number}{record}: {problem}")
@@ -195,7 +195,7 @@ class _Reader:
             raise ImportRefused(f"line {self.number} is not JSON (a truncated file?)") from None
         except RecursionError:  # nested deeper than the parser goes, far beyond any limit
             deepest = nesting(line)
-            raise malformed(
+            raise _malformed(
                 self.number, deepest.kind, f"{deepest.field or 'the line'} is nested "
                 f"{deepest.depth} levels deep; the limit is {self._max_depth}",
             ) from None
@@ -244,13 +244,13 @@ class _Writer:
                 continue
             kind = _KINDS.get(name) if isinstance(name, str) else None
             if kind is None:
-                raise malformed(number, None, f"unknown record kind {name!r}")
+                raise _malformed(number, None, f"unknown record kind {name!r}")
             await self._switch_to(kind)
             _check_fields(kind, record)
             try:
                 self.checker.check(kind, record)
             except EarmError as exc:
-                raise malformed(number, kind.name, exc.message) from None
+                raise _malformed(number, kind.name, exc.message) from None
             self._batch.append(record)
             if len(self._batch) >= BATCH_SIZE:
                 await self._flush()
