@@ -20,7 +20,9 @@ order) and rewrites every reference: observations, replaced observations and mod
 memory and query, a query's reused and traced memory ids. A traced memory deleted before the
 export gets a new id no memory has, so its trace still shows it as deleted.
 
-The import is one transaction: a refused or broken file leaves nothing behind.
+Import checks each record before it is written (``service.namespace_validation``: every field
+by the live API's rules and the model's invariants), and is one transaction: a refused or
+broken file leaves nothing behind.
 """
 
 from __future__ import annotations
@@ -36,7 +38,8 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from service.db import export
 from service.db.export import RECORD_KINDS, RecordKind
-from service.errors import ConfigurationError, NotFound
+from service.errors import ConfigurationError, EarmError, NotFound
+from service.namespace_validation import RecordChecker, RecordLimits, nesting
 from service.settings import namespace_name
 
 FORMAT = "earm-namespace"
@@ -54,10 +57,12 @@ class ImportRefused(ConfigurationError):
 
 @dataclass(frozen=True)
 class Deployment:
-    """What vectors the deployment stores: its embedder's model id and the dimension."""
+    """What vectors the deployment stores (its embedder's model id and the dimension), and
+    the limits on what it stores (an import's records are held to them)."""
 
     embedding_model: str
     embedding_dim: int
+    limits: RecordLimits
     schema_revision: str | None = None
 
 
@@ -109,12 +114,12 @@ async def import_namespace(
     """Write the file's namespace (named ``as_name`` if given) in the session's transaction,
     which the caller commits; ImportRefused, having written nothing the caller commits, for a
     file this deployment cannot take."""
-    reader = _Reader(iter(lines))
+    reader = _Reader(iter(lines), deployment.limits)
     header = _check_header(reader.header(), deployment)
     namespace = _target_name(as_name or header["namespace"])
     if await export.namespace_exists(session, namespace):
         raise _exists(namespace)
-    writer = _Writer(session, namespace)
+    writer = _Writer(session, namespace, RecordChecker(deployment.limits))
     try:
         trailer = await writer.write_all(reader.records())
     except psycopg.Error as exc:
@@ -165,11 +170,18 @@ def _check_header(header: dict[str, Any], deployment: Deployment) -> dict[str, A
     return header
 
 
+def _malformed(number: int, kind: str | None, problem: str) -> ImportRefused:
+    """The refusal of the record on line ``number`` (of ``kind``, if known)."""
+    record = f", {'an' if kind[:1] in 'aeiou' else 'a'} {kind} record" if kind else ""
+    return ImportRefused(f"malformed file at line {number}{record}: {problem}")
+
+
 class _Reader:
     """The file's lines parsed one at a time, with the number of the last one read."""
 
-    def __init__(self, lines: Iterator[str]) -> None:
+    def __init__(self, lines: Iterator[str], limits: RecordLimits) -> None:
         self._lines = lines
+        self._max_depth = limits.max_metadata_depth
         self.number = 0
 
     def _next(self) -> dict[str, Any] | None:
@@ -181,6 +193,12 @@ class _Reader:
             record = json.loads(line)
         except ValueError:
             raise ImportRefused(f"line {self.number} is not JSON (a truncated file?)") from None
+        except RecursionError:  # nested deeper than the parser goes, far beyond any limit
+            deepest = nesting(line)
+            raise _malformed(
+                self.number, deepest.kind, f"{deepest.field or 'the line'} is nested "
+                f"{deepest.depth} levels deep; the limit is {self._max_depth}",
+            ) from None
         if not isinstance(record, dict):
             raise ImportRefused(f"line {self.number} is not a JSON object")
         return record
@@ -191,11 +209,11 @@ class _Reader:
             raise ImportRefused("the file is empty")
         return header
 
-    def records(self) -> Iterator[dict[str, Any]]:
-        """Each record up to the trailer, which ends the iteration (nothing may follow it); a
-        file that ends before it is truncated."""
+    def records(self) -> Iterator[tuple[int, dict[str, Any]]]:
+        """Each record, with its line number, up to the trailer, which ends the iteration
+        (nothing may follow it); a file that ends before it is truncated."""
         while (record := self._next()) is not None:
-            yield record
+            yield self.number, record
             if record.get("kind") == END:
                 if self._next() is not None:
                     raise ImportRefused(f"line {self.number} follows the trailer")
@@ -206,27 +224,33 @@ class _Reader:
 class _Writer:
     """Batches of records of one kind at a time, written under new ids."""
 
-    def __init__(self, session: AsyncSession, namespace: str) -> None:
+    def __init__(self, session: AsyncSession, namespace: str, checker: RecordChecker) -> None:
         self.session = session
         self.namespace = namespace
+        self.checker = checker
         self.counts = Counts()
         self.ids = _IdMap()
         self._kind_index = -1
         self._batch: list[dict[str, Any]] = []
 
-    async def write_all(self, records: Iterator[dict[str, Any]]) -> dict[str, Any]:
-        """Write every record; the trailer's counts (the reader ends with the trailer)."""
+    async def write_all(self, records: Iterator[tuple[int, dict[str, Any]]]) -> dict[str, Any]:
+        """Write every record, each checked first; the trailer's counts (the reader ends with
+        the trailer)."""
         trailer: dict[str, Any] = {}
-        for record in records:
+        for number, record in records:
             name = record.get("kind")
             if name == END:
                 trailer = record
                 continue
             kind = _KINDS.get(name) if isinstance(name, str) else None
             if kind is None:
-                raise ImportRefused(f"unknown record kind {name!r}")
+                raise _malformed(number, None, f"unknown record kind {name!r}")
             await self._switch_to(kind)
             _check_fields(kind, record)
+            try:
+                self.checker.check(kind, record)
+            except EarmError as exc:
+                raise _malformed(number, kind.name, exc.message) from None
             self._batch.append(record)
             if len(self._batch) >= BATCH_SIZE:
                 await self._flush()

@@ -21,6 +21,8 @@ from service.budget import DEFAULT_BUDGET_SCHEDULE, BudgetSchedule
 #: because a setting (``mcp_default_namespace``) names a namespace too; ``service.http.schemas``
 #: builds its ``NamespaceName`` from it.
 NAMESPACE_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$"
+#: The largest rank r of the completion model (EARM_RANK).
+MAX_RANK = 64
 
 
 def namespace_name(namespace: str) -> str:
@@ -170,7 +172,9 @@ class Settings(BaseSettings):
     scorer_chat_batch: int = Field(default=1, ge=1, le=64)
 
     # --- completion model and budget ------------------------------------------------------
-    rank: int = Field(default=8, ge=1, le=64, description="Rank r of the completion model.")
+    rank: int = Field(
+        default=8, ge=1, le=MAX_RANK, description="Rank r of the completion model."
+    )
     reg: float = Field(
         default=1.0, gt=0, description="L2 weight of the query-side ridge solves (c_q, β_q, v_q)."
     )

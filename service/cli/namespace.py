@@ -12,6 +12,7 @@ from service.db import migrate
 from service.db.engine import open_database
 from service.errors import NotFound
 from service.namespace_file import Deployment, export_namespace, import_namespace
+from service.namespace_validation import RecordLimits
 from service.providers.factory import embedding_model_id
 from service.settings import Settings
 
@@ -41,7 +42,8 @@ def add_namespace_parser(commands: argparse._SubParsersAction[argparse.ArgumentP
 
 def _deployment(settings: Settings) -> Deployment:
     return Deployment(
-        embedding_model_id(settings), settings.embedding_dim, migrate.head_revision()
+        embedding_model_id(settings), settings.embedding_dim, RecordLimits.of(settings),
+        migrate.head_revision(),
     )
 
 

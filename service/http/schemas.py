@@ -69,6 +69,8 @@ MemoryId = Annotated[int, Path(ge=1, le=MAX_BIGINT, description="A memory id.")]
 # NaN and infinities are legal in Python's JSON parser; refuse them at the edge.
 FiniteFloat = Annotated[float, Strict(), Field(allow_inf_nan=False)]
 Embedding = Annotated[list[FiniteFloat], Field(min_length=1)]
+#: A relevance score, observed or given as feedback.
+Score = Annotated[FiniteFloat, Field(ge=0.0, le=1.0)]
 
 
 def _storable(value: str) -> str:
@@ -220,7 +222,7 @@ class FeedbackScore(StrictModel):
 
     memory_id: DatabaseId | None = None
     external_id: ExternalId | None = None
-    score: Annotated[FiniteFloat, Field(ge=0.0, le=1.0)]
+    score: Score
 
     @model_validator(mode="after")
     def _one_memory(self) -> FeedbackScore:

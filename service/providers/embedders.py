@@ -26,7 +26,7 @@ from service.errors import (
 
 __all__ = [
     "CLIENT_MODEL_ID", "Embedder", "EmbedderError", "check_embedding", "embed_texts",
-    "l2_normalise",
+    "float32_vector", "l2_normalise",
 ]
 
 #: The model id stored with a vector the client sent (whose model earm does not know).
@@ -70,17 +70,11 @@ def l2_normalise(vectors: NDArray[np.floating[Any]]) -> NDArray[np.float32]:
     return unit_rows
 
 
-def check_embedding(vector: Sequence[float], dim: int, what: str) -> NDArray[np.float32]:
-    """A client-supplied vector (a memory's or a query's) as float32, or a precise error.
-
-    The checks look at the float32 values pgvector stores, not at the JSON numbers: 1e-50 is
-    not zero but becomes 0, 1e39 is finite but becomes infinite. pgvector's cosine distance
-    also sums the squares in float32, so the squared length must be positive and finite there
-    too (384 x 1e-30 or 384 x 1e38 have none); a vector without one would make every
-    similarity to it NaN, and the content prior divide by its zero norm."""
+def float32_vector(vector: Sequence[float], dim: int, what: str) -> NDArray[np.float32]:
+    """A vector as the float32 values pgvector stores, or a precise error: ``dim`` of them,
+    all finite (1e39 is finite as a JSON number but infinite as a 32-bit float)."""
     with np.errstate(over="ignore", under="ignore"):
         array = np.asarray(vector, dtype=np.float32)
-        squared_length = np.sum(np.square(array), dtype=np.float32)
     if array.ndim != 1 or array.shape[0] != dim:
         raise DimensionMismatch(
             f"{what} has {array.shape[0] if array.ndim == 1 else array.shape} dimensions; "
@@ -91,6 +85,20 @@ def check_embedding(vector: Sequence[float], dim: int, what: str) -> NDArray[np.
             f"{what} has NaN, infinite or out-of-range values: vectors are stored as 32-bit "
             "floats, whose magnitude ends at 3.4e38"
         )
+    return array
+
+
+def check_embedding(vector: Sequence[float], dim: int, what: str) -> NDArray[np.float32]:
+    """A client-supplied vector (a memory's or a query's) as float32, or a precise error.
+
+    The checks look at the float32 values pgvector stores, not at the JSON numbers: 1e-50 is
+    not zero but becomes 0, 1e39 is finite but becomes infinite. pgvector's cosine distance
+    also sums the squares in float32, so the squared length must be positive and finite there
+    too (384 x 1e-30 or 384 x 1e38 have none); a vector without one would make every
+    similarity to it NaN, and the content prior divide by its zero norm."""
+    array = float32_vector(vector, dim, what)
+    with np.errstate(over="ignore", under="ignore"):
+        squared_length = np.sum(np.square(array), dtype=np.float32)
     if not np.any(array):
         raise InvalidInput(
             f"{what} is all zeros as 32-bit floats (magnitudes below 1.4e-45 round to 0), "

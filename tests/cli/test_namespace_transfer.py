@@ -338,3 +338,72 @@ def test_the_commands_pipe_through_files_as_an_operator_runs_them(
     assert importing.stderr.startswith("imported namespace 'piped': namespace 1, memory 39")
     trailer = json.loads(file.read_text().splitlines()[-1])
     assert namespace_rows(target, "piped") == sum(trailer["records"].values())
+
+
+def with_field(file: str, kind: str, field: str, raw: str) -> tuple[str, int]:
+    """The file with the first ``kind`` record's ``field`` set to ``raw`` (JSON text, written as
+    it is: it may be deeper than json.dumps writes, or hold a bare NaN), and that record's line
+    number."""
+    lines = file.splitlines(keepends=True)
+    index = next(i for i, line in enumerate(lines) if json.loads(line).get("kind") == kind)
+    record = json.loads(lines[index]) | {field: "\x00placeholder"}
+    lines[index] = json.dumps(record).replace('"\\u0000placeholder"', raw) + "\n"
+    return "".join(lines), index + 1
+
+
+DEEP = '{"a":' * 5000 + "1" + "}" * 5000
+
+
+@pytest.mark.parametrize(
+    ("kind", "field", "raw", "named", "hint"),
+    [
+        pytest.param("namespace", "content_weights", '"[1,2,3]"', None, "3 dimensions",
+                     id="content-weights-of-another-length"),
+        pytest.param("query", "slope", '"NaN"', None, "number", id="nan-slope"),
+        pytest.param("namespace", "score_sum", '"NaN"', None, "number", id="nan-score-sum"),
+        pytest.param("namespace", "content_slope", "Infinity", None, "infinite",
+                     id="infinite-content-slope"),
+        pytest.param("model_row", "factors", "[1e39, 0.5]", None, "32-bit",
+                     id="factor-beyond-float32"),
+        pytest.param("namespace", "next_query_index", "0", ("query", "query_index"),
+                     "next_query_index", id="next-query-index-below-the-stored-queries"),
+        pytest.param("memory", "occurred_at", '"infinity"', None, "date", id="infinite-time"),
+        pytest.param("memory", "created_at", '"0001-01-01T00:00:00+05:00"', None, "UTC",
+                     id="year-0"),
+        pytest.param("query", "created_at", '"10000-01-01T00:00:00+00:00"', None, "date",
+                     id="far-future"),
+        pytest.param("query", "trace_scores", "[0.5]", None, "trace_memory_ids",
+                     id="trace-arrays-of-unequal-lengths"),
+        pytest.param("memory", "metadata", '{"blob": "' + "x" * 2_000_000 + '"}', None,
+                     "the limit is 65536", id="oversize-metadata"),
+        pytest.param("memory", "text", '"' + "x" * 200_000 + '"', None, "the limit is 8000",
+                     id="oversize-text"),
+        pytest.param("memory", "text", '" \\u200b\\t "', None, "no visible character",
+                     id="blank-text"),
+        pytest.param("memory", "metadata", '{"a":' * 17 + "1" + "}" * 17, None,
+                     "17 levels deep; the limit is 16", id="metadata-beyond-the-depth-limit"),
+        pytest.param("memory", "metadata", DEEP, None, "5000 levels deep; the limit is 16",
+                     id="metadata-5000-levels-deep"),
+    ],
+)
+def test_import_refuses_a_field_the_live_api_or_the_model_would_not_hold(
+    exported: tuple[str, str], target: str, kind: str, field: str, raw: str,
+    named: tuple[str, str] | None, hint: str, request: pytest.FixtureRequest,
+) -> None:
+    """A file that parses but holds a value the service could not serve from (or that the live
+    API refuses) is refused before it is written: exit 2, one line naming the record (its line
+    and kind) and the field, and no row of the namespace."""
+    file, line = with_field(exported[1], kind, field, raw)
+    if named is not None:  # the refusal names a later record the value contradicts
+        kind, field = named
+        line = next(i for i, text in enumerate(file.splitlines(), 1)
+                    if json.loads(text).get("kind") == kind)
+    name = "refused-" + request.node.callspec.id
+    ran = run_earm(["namespace", "import", "--as", name], target, stdin=file)
+    lines = ran.stderr.strip().splitlines()
+    assert (ran.returncode, len(lines)) == (2, 1), ran.stderr[-2000:]
+    assert lines[0].startswith(f"earm: malformed file at line {line}, a {kind} record: {field} "), (
+        lines[0]
+    )
+    assert hint in lines[0], lines[0]
+    assert namespace_rows(target, name) == 0

@@ -28,7 +28,7 @@ from service.http.schemas import (
 )
 from service.ingest import memories
 from service.ingest.memories import IngestResult, MemoryPage, StoredMemory, UpdatedMemory
-from service.ingest.validation import check_metadata
+from service.ingest.validation import check_metadata, check_text_length
 
 router = APIRouter(
     tags=["memories"],
@@ -42,11 +42,6 @@ router = APIRouter(
         503: {"model": ErrorResponse},
     },
 )
-
-
-def check_text_length(text: str, max_chars: int, what: str) -> None:
-    if len(text) > max_chars:
-        raise LimitExceeded(f"{what} has {len(text)} characters; the limit is {max_chars}")
 
 
 @router.post("/memories", status_code=status.HTTP_201_CREATED, response_model=IngestResult)
