@@ -93,6 +93,13 @@ def double(value: Any, field: str) -> float:
     return value  # type: ignore[no-any-return]
 
 
+def positive_double(value: Any, field: str) -> float:
+    """A finite number above 0 (a ridge weight)."""
+    if double(value, field) <= 0:
+        raise _invalid(field, f"is not above 0: {_shown(value)}")
+    return value  # type: ignore[no-any-return]
+
+
 def real(value: Any, field: str) -> float:
     """A finite number within a 32-bit float's range (``real``)."""
     if abs(double(value, field)) > _FLOAT32_MAX:

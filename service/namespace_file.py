@@ -284,8 +284,8 @@ class _Writer:
 
 
 def _check_fields(kind: RecordKind, record: dict[str, Any]) -> None:
-    if record.keys() != kind.fields:
-        missing = sorted(kind.fields - record.keys())
+    if not kind.required <= record.keys() <= kind.fields:
+        missing = sorted(kind.required - record.keys())
         unknown = sorted(record.keys() - kind.fields)
         raise ImportRefused(f"a {kind.name} record lacks {missing} or has unknown {unknown}")
 

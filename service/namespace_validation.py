@@ -86,6 +86,7 @@ def _namespace_checks(limits: RecordLimits) -> dict[str, Check]:
         "queries_since_refit": fields.integer(32), "last_refit_at": nullable(fields.timestamp),
         "content_slope": nullable(fields.double),
         "content_weights": nullable(fields.vector(limits, embedding=False)),
+        "factor_reg": nullable(fields.positive_double),
     }
 
 
@@ -123,10 +124,10 @@ class RecordChecker:
         self._query_indexes: set[int] = set()
 
     def check(self, kind: RecordKind, record: dict[str, Any]) -> None:
-        """Check ``record`` (of ``kind``, with exactly its fields) in place, each field replaced
+        """Check ``record`` (of ``kind``, with its fields) in place, each field replaced
         by the value to write (times in UTC); InvalidInput naming the field."""
         for field, check in self._checks[kind.name].items():
-            record[field] = check(record[field], field)
+            record[field] = check(record.get(field), field)  # an optional one absent: None
         if kind is export.NAMESPACE:
             self._namespace(record)
         elif kind is export.QUERY:

@@ -52,19 +52,26 @@ class RecordKind:
     order_by: str
     # The column that names the namespace (``namespaces`` is keyed by its name).
     namespace_column: str = "namespace"
+    # Columns a file from an earlier schema lacks (import writes NULL, their meaning there).
+    optional: tuple[str, ...] = ()
 
     @property
     def fields(self) -> frozenset[str]:
         """The keys of one record of this kind in the file."""
         return frozenset(self.columns) | {"kind"}
 
+    @property
+    def required(self) -> frozenset[str]:
+        """The keys every record of this kind has, whichever schema exported it."""
+        return self.fields - set(self.optional)
+
 
 NAMESPACE = RecordKind(
     "namespace", "namespaces",
     ("created_at", "next_query_index", "score_sum", "score_count", "scorer_calls",
      "scorer_requests", "full_rerank_calls", "reused_cells", "reuse_saved_calls",
-     "queries_since_refit", "last_refit_at", "content_slope", "content_weights"),
-    "name", namespace_column="name",
+     "queries_since_refit", "last_refit_at", "content_slope", "content_weights", "factor_reg"),
+    "name", namespace_column="name", optional=("factor_reg",),
 )
 MEMORY = RecordKind(
     "memory", "memories",

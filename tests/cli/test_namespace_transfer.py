@@ -340,6 +340,25 @@ def test_the_commands_pipe_through_files_as_an_operator_runs_them(
     assert namespace_rows(target, "piped") == sum(trailer["records"].values())
 
 
+def test_a_file_from_before_the_factor_weight_imports_with_none_chosen(
+    exported: tuple[str, str], target: str
+) -> None:
+    lines = exported[1].splitlines(keepends=True)
+    index = next(i for i, line in enumerate(lines) if json.loads(line).get("kind") == "namespace")
+    record = json.loads(lines[index])
+    record.pop("factor_reg")
+    lines[index] = json.dumps(record) + "\n"
+    ran = run_earm(["namespace", "import", "--as", "older"], target, stdin="".join(lines))
+    assert ran.returncode == 0, ran.stderr
+    engine = create_engine(target)
+    try:
+        with engine.connect() as conn:
+            weight = conn.scalar(text("SELECT factor_reg FROM namespaces WHERE name = 'older'"))
+    finally:
+        engine.dispose()
+    assert weight is None
+
+
 def with_field(file: str, kind: str, field: str, raw: str) -> tuple[str, int]:
     """The file with the first ``kind`` record's ``field`` set to ``raw`` (JSON text, written as
     it is: it may be deeper than json.dumps writes, or hold a bare NaN), and that record's line
@@ -365,6 +384,8 @@ DEEP = '{"a":' * 5000 + "1" + "}" * 5000
                      id="infinite-content-slope"),
         pytest.param("model_row", "factors", "[1e39, 0.5]", None, "32-bit",
                      id="factor-beyond-float32"),
+        pytest.param("namespace", "factor_reg", "-1", None, "above 0",
+                     id="negative-factor-weight"),
         pytest.param("namespace", "next_query_index", "0", ("query", "query_index"),
                      "next_query_index", id="next-query-index-below-the-stored-queries"),
         pytest.param("memory", "occurred_at", '"infinity"', None, "date", id="infinite-time"),
