@@ -47,10 +47,12 @@ PIECE = b'{"choices": [{"message": {"content": "0.5"}}], "padding": "' + b"x" * 
 @dataclass
 class Sent:
     """One connection's answer: the body bytes written (whole pieces; ``sendall`` calls that
-    returned), and whether the client closed the connection while the body was being sent."""
+    returned), and whether the client closed the connection while the body was being sent;
+    ``ended`` is set once the backend is done with the connection."""
 
     body: int = 0
     cut_off: bool = False
+    ended: threading.Event = field(default_factory=threading.Event, repr=False)
 
 
 @dataclass
@@ -69,6 +71,13 @@ class EndlessBackend:
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
+
+    def sent(self) -> list[Sent]:
+        """The connections' answers, once the backend is done with each: its write that failed
+        as the client hung up may still be under way when the client's call has returned."""
+        for sent in self.connections:
+            assert sent.ended.wait(30.0), "the backend is still writing"
+        return self.connections
 
     def answer(self, stream: socket.socket, sent: Sent) -> None:
         stream.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
@@ -126,10 +135,13 @@ def endless_backend() -> Iterator[Callable[..., EndlessBackend]]:
                 stream.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 64 * 1024)
                 sent = Sent()
                 backend.connections.append(sent)
-                if read_request(stream):
-                    backend.requests += 1
-                    backend.answer(stream, sent)
-                stream.close()
+                try:
+                    if read_request(stream):
+                        backend.requests += 1
+                        backend.answer(stream, sent)
+                finally:
+                    stream.close()
+                    sent.ended.set()
 
         tcp = socketserver.ThreadingTCPServer(("127.0.0.1", 0), Handler)
         tcp.daemon_threads = True
