@@ -160,6 +160,9 @@ class Settings(BaseSettings):
     score_deadline_ms: float | None = Field(default=None, ge=0)
     late_drain_s: float = Field(default=10.0, ge=0)
     scorer_max_retries: int = Field(default=2, ge=0, le=10)
+    # Bytes of a scorer answer's body read at most; beyond, its pairs fail (too_large). 8 MiB:
+    # twice a batch of 64 documents echoed back at 8000 chars (service.providers.http1).
+    scorer_max_answer_bytes: int = Field(default=8 * 1024 * 1024, ge=1024)
     # Documents per /rerank request (rerank, tei); a retrieve's batches run concurrently.
     scorer_batch_size: int = Field(default=64, ge=1, le=4096)
     # How a reranker's score becomes a relevance in [0, 1]: clip for probabilities, sigmoid

@@ -75,6 +75,7 @@ def build_scorer(settings: Settings, observer: ScorerObserver | None = None) -> 
             timeout_s=settings.scorer_timeout_s,
             max_retries=settings.scorer_max_retries,
             observer=observer,
+            max_answer_bytes=settings.scorer_max_answer_bytes,
         )
     return RerankScorer(
         base_url=base_url,
@@ -87,6 +88,7 @@ def build_scorer(settings: Settings, observer: ScorerObserver | None = None) -> 
         batch_size=settings.scorer_batch_size,
         transform=settings.scorer_score_transform,
         observer=observer,
+        max_answer_bytes=settings.scorer_max_answer_bytes,
     )
 
 

@@ -13,6 +13,11 @@ answers where it is configured), compression (it asks for none), HTTP/2, and pro
 (:func:`connection_factory` gives those backends the httpx connection, so ``HTTPS_PROXY`` and
 ``NO_PROXY`` keep working as they do for httpx). TLS uses the same context httpx would build
 (``SSL_CERT_FILE`` honoured).
+
+Both read an answer's body up to ``max_answer_bytes`` (:data:`MAX_ANSWER_BYTES` by default): a
+``Content-Length`` over it is refused once the head is in, a chunked or connection-delimited
+body as soon as it passes it, and the connection is closed (:class:`AnswerTooLarge`). A backend
+streaming an endless answer would otherwise be buffered until the scorer's timeout.
 """
 
 from __future__ import annotations
@@ -32,7 +37,9 @@ import httptools
 import httpx
 
 __all__ = [
+    "MAX_ANSWER_BYTES",
     "Answer",
+    "AnswerTooLarge",
     "ConnectionFailed",
     "ConnectionTimedOut",
     "CookieJar",
@@ -50,6 +57,24 @@ class ConnectionFailed(Exception):
 
 class ConnectionTimedOut(ConnectionFailed):
     """The backend did not answer in time (the httpx connection's own timeout)."""
+
+
+class AnswerTooLarge(ConnectionFailed):
+    """The answer's body is over the connection's ``max_answer_bytes`` (or its head is: the
+    lean connection counts a head that never ends too); the connection was closed."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(f"the backend's answer is over {limit} bytes")
+        self.limit = limit
+
+
+#: The default cap on an answer's body (``EARM_SCORER_MAX_ANSWER_BYTES``). A chat answer is a
+#: few KB (``max_tokens`` is 16 a pair); a rerank answer is ~60 bytes a document, or with the
+#: documents echoed back (vLLM always, Jina by default) up to a memory's 8000 characters each:
+#: a default batch of 64 such documents is at most 64 x 8000 x 6 bytes (JSON's \uXXXX escapes)
+#: = 3 MB. 8 MiB leaves more than twice that, and bounds what a backend that answers without
+#: end costs: 8 MiB a request in flight.
+MAX_ANSWER_BYTES = 8 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -115,6 +140,8 @@ class _Exchange:
 
     answered: asyncio.Future[Answer]
     received: bool = False  # any byte of the answer
+    head_bytes: int = 0  # of the answer's head while it is incomplete
+    body_bytes: int = 0
     headers: dict[str, str] = field(default_factory=dict)
     set_cookies: list[str] = field(default_factory=list)
     body: list[bytes] = field(default_factory=list)
@@ -124,8 +151,9 @@ class _Exchange:
 class _Protocol(asyncio.Protocol):
     """The socket's side: feeds httptools and completes the exchange in flight."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_answer_bytes: int) -> None:
         self.parser = httptools.HttpResponseParser(self)
+        self.max_answer_bytes = max_answer_bytes
         self.transport: asyncio.Transport | None = None
         self.exchange: _Exchange | None = None
         self.closed = False
@@ -140,14 +168,20 @@ class _Protocol(asyncio.Protocol):
         self.transport = cast(asyncio.Transport, transport)
 
     def data_received(self, data: bytes) -> None:
-        if self.exchange is None:  # nothing was asked: a server speaking out of turn
+        exchange = self.exchange
+        if exchange is None:  # nothing was asked: a server speaking out of turn
             self._fail(ConnectionFailed("the backend sent data no request asked for"))
             return
-        self.exchange.received = True
+        exchange.received = True
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserError as error:
             self._fail(ConnectionFailed(f"the backend's response is not HTTP/1.1: {error}"))
+            return
+        if not exchange.headers_complete:  # all of it was head (httptools buffers a header)
+            exchange.head_bytes += len(data)
+            if exchange.head_bytes > self.max_answer_bytes:
+                self._fail(AnswerTooLarge(self.max_answer_bytes))
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
@@ -170,10 +204,20 @@ class _Protocol(asyncio.Protocol):
     def on_headers_complete(self) -> None:
         assert self.exchange is not None
         self.exchange.headers_complete = True
+        length = self.exchange.headers.get("content-length", "")
+        if length.isdigit() and int(length) > self.max_answer_bytes:
+            self._fail(AnswerTooLarge(self.max_answer_bytes))
 
     def on_body(self, body: bytes) -> None:
-        assert self.exchange is not None
-        self.exchange.body.append(body)
+        exchange = self.exchange
+        assert exchange is not None
+        if exchange.answered.done():  # failed: the rest of the data at hand is dropped
+            return
+        exchange.body_bytes += len(body)
+        if exchange.body_bytes > self.max_answer_bytes:
+            self._fail(AnswerTooLarge(self.max_answer_bytes))
+            return
+        exchange.body.append(body)
 
     def on_message_complete(self) -> None:
         exchange, self.exchange = self.exchange, None
@@ -204,7 +248,8 @@ class Http1Connection:
     after the backend closed it or it idled ``keepalive_s`` (below the common 5 s server
     keep-alive, so a request is never sent on a connection the server is closing)."""
 
-    def __init__(self, url: str, tls: ssl.SSLContext | None, keepalive_s: float) -> None:
+    def __init__(self, url: str, tls: ssl.SSLContext | None, keepalive_s: float,
+                 max_answer_bytes: int = MAX_ANSWER_BYTES) -> None:
         parts = urlsplit(url)
         if parts.hostname is None:
             raise ValueError(f"no host in {url!r}")
@@ -212,6 +257,7 @@ class Http1Connection:
         self.tls = tls if parts.scheme == "https" else None
         self.port = parts.port or (443 if self.tls else 80)
         self.keepalive_s = keepalive_s
+        self.max_answer_bytes = max_answer_bytes
         default_port = self.port == (443 if self.tls else 80)
         authority = self.host if default_port else f"{self.host}:{self.port}"
         target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
@@ -254,12 +300,12 @@ class Http1Connection:
     async def _open(self) -> _Protocol:
         protocol = self._protocol
         stale = time.monotonic() - self._idle_since > self.keepalive_s
-        if protocol is not None and not protocol.closed and not stale:
+        if protocol is not None and not protocol.closed and protocol.reusable and not stale:
             return protocol
         self._drop()
         try:
             _, opened = await asyncio.get_running_loop().create_connection(
-                _Protocol, self.host, self.port, ssl=self.tls,
+                lambda: _Protocol(self.max_answer_bytes), self.host, self.port, ssl=self.tls,
                 server_hostname=self.host if self.tls else None,
             )
         except (OSError, ssl.SSLError) as error:  # refused, unreachable, name, certificate
@@ -281,33 +327,57 @@ class HttpxConnection:
     """The same connection over one single-connection httpx client: for backends reached
     through a proxy the environment names."""
 
-    def __init__(self, url: str, tls: ssl.SSLContext, keepalive_s: float, timeout_s: float):
+    def __init__(self, url: str, tls: ssl.SSLContext, keepalive_s: float, timeout_s: float,
+                 max_answer_bytes: int = MAX_ANSWER_BYTES):
         self.url = url
+        self.max_answer_bytes = max_answer_bytes
         self._client = httpx.AsyncClient(
             verify=tls, timeout=timeout_s,
             limits=httpx.Limits(max_connections=1, max_keepalive_connections=1,
                                 keepalive_expiry=keepalive_s),
+            # As the lean connection: no compression, so the bytes counted are the body's.
+            headers={"Accept-Encoding": "identity"},
         )
 
     async def post(self, body: bytes, headers: Mapping[str, str]) -> Answer:
         try:
-            response = await self._client.post(self.url, content=body, headers=dict(headers))
+            async with self._client.stream(
+                "POST", self.url, content=body, headers=dict(headers)
+            ) as response:
+                content = await self._read(response)
         except httpx.TimeoutException as error:
             raise ConnectionTimedOut(str(error) or "timed out") from None
         except httpx.HTTPError as error:  # connect/read/protocol errors
             raise ConnectionFailed(str(error) or type(error).__name__) from None
         return Answer(response.status_code, {k.lower(): v for k, v in response.headers.items()},
-                      response.content, tuple(response.headers.get_list("set-cookie")))
+                      content, tuple(response.headers.get_list("set-cookie")))
+
+    async def _read(self, response: httpx.Response) -> bytes:
+        """The body as it came (not decoded, as the lean connection's), up to the cap; leaving
+        the stream early closes the connection."""
+        length = response.headers.get("content-length", "")
+        if length.isdigit() and int(length) > self.max_answer_bytes:
+            raise AnswerTooLarge(self.max_answer_bytes)
+        pieces: list[bytes] = []
+        size = 0
+        async for piece in response.aiter_raw():
+            size += len(piece)
+            if size > self.max_answer_bytes:
+                raise AnswerTooLarge(self.max_answer_bytes)
+            pieces.append(piece)
+        return b"".join(pieces)
 
     async def aclose(self) -> None:
         await self._client.aclose()
 
 
-def connection_factory(url: str, keepalive_s: float, timeout_s: float
+def connection_factory(url: str, keepalive_s: float, timeout_s: float,
+                       max_answer_bytes: int = MAX_ANSWER_BYTES
                        ) -> Callable[[], ScorerConnection]:
     """What opens the scorer's connections to ``url``: httpx's where the environment routes the
     backend through a proxy (``HTTP(S)_PROXY``, ``ALL_PROXY``, less ``NO_PROXY``), the lean
-    connection otherwise. One TLS context for all of them: loading the CA bundle costs ~25 ms."""
+    connection otherwise. One TLS context for all of them: loading the CA bundle costs ~25 ms.
+    Either reads an answer's body up to ``max_answer_bytes``."""
     parts = urlsplit(url)
     tls = httpx.create_ssl_context() if parts.scheme == "https" else None
     proxies = urllib.request.getproxies()
@@ -315,5 +385,5 @@ def connection_factory(url: str, keepalive_s: float, timeout_s: float
         parts.hostname or "")
     if proxied:
         context = tls or httpx.create_ssl_context()
-        return lambda: HttpxConnection(url, context, keepalive_s, timeout_s)
-    return lambda: Http1Connection(url, tls, keepalive_s)
+        return lambda: HttpxConnection(url, context, keepalive_s, timeout_s, max_answer_bytes)
+    return lambda: Http1Connection(url, tls, keepalive_s, max_answer_bytes)

@@ -23,7 +23,9 @@ from typing import Any
 import numpy as np
 
 from service.providers.http1 import (
+    MAX_ANSWER_BYTES,
     Answer,
+    AnswerTooLarge,
     ConnectionFailed,
     ConnectionTimedOut,
     CookieJar,
@@ -118,8 +120,10 @@ class HTTPScorer:
     errors are retried (``max_retries``), with jittered exponential backoff or the server's
     ``Retry-After`` when it fits in the remaining time. A 429 backs off the whole backend: no
     request of any call is sent before its wait is over (a rate limit is the provider's, not
-    one request's), and a call whose deadline comes first fails its pairs at once. Outcomes of
-    every pair are tallied in :attr:`outcomes` and told to ``observer`` (for Prometheus).
+    one request's), and a call whose deadline comes first fails its pairs at once. An answer
+    whose body is over ``max_answer_bytes`` is cut off there and fails its pairs ``too_large``,
+    without retry. Outcomes of every pair are tallied in :attr:`outcomes` and told to
+    ``observer`` (for Prometheus).
     """
 
     name = "http"
@@ -135,6 +139,7 @@ class HTTPScorer:
         *,
         backoff_base_s: float = 0.25,
         observer: ScorerObserver | None = None,
+        max_answer_bytes: int = MAX_ANSWER_BYTES,
     ) -> None:
         if concurrency < 1:
             raise ValueError("concurrency must be >= 1")
@@ -152,7 +157,7 @@ class HTTPScorer:
         # used first, so idle ones expire). A slot's connection is created when no idle one is
         # left and fewer than `concurrency` exist: the connections follow the demand (a
         # retrieve's budget) up to the cap.
-        self._connect = connection_factory(url, KEEPALIVE_S, timeout_s)
+        self._connect = connection_factory(url, KEEPALIVE_S, timeout_s, max_answer_bytes)
         self._clients: asyncio.LifoQueue[ScorerConnection] = asyncio.LifoQueue()
         self._slots_opened = 0  # connections created for slots, idle or in use (≤ concurrency)
         # Event-loop time before which no request is sent: the backend's last 429 asked for it.
@@ -330,6 +335,9 @@ class HTTPScorer:
             attempts.count += 1
             try:
                 response = await client.post(body, self._headers | self._cookies.header())
+            except AnswerTooLarge as error:  # a faulty backend: asking again would not help
+                logger.debug("scorer endpoint: %s (EARM_SCORER_MAX_ANSWER_BYTES)", error)
+                raise RequestFailed("too_large") from None
             except ConnectionTimedOut:
                 outcome = "timeout"
             except ConnectionFailed:  # refused, reset, closed early, not HTTP

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from collections.abc import Sequence
 from typing import Any
@@ -17,11 +18,21 @@ from service.providers.retry import backoff_delay, retry_after_seconds, retryabl
 
 logger = logging.getLogger(__name__)
 
+#: An answer's bytes per number of its vectors, at most: float64's longest text (24 characters,
+#: ``-2.2250738585072014e-308``), a separator, and room for a pretty-printer's indentation.
+BYTES_PER_NUMBER = 48
+#: An answer's bytes besides its numbers, at most: indices, field names, usage, an error message.
+ANSWER_OVERHEAD_BYTES = 1024 * 1024
 
-def _error_message(response: httpx.Response) -> str:
+
+class _AnswerTooLarge(Exception):
+    """The answer's body is over the embedder's ``max_answer_bytes``."""
+
+
+def _error_message(response: httpx.Response, content: bytes) -> str:
     """The provider's error message, short; never the request (it holds memory text)."""
     try:
-        payload = response.json()
+        payload = json.loads(content)
         message = payload.get("error", {}).get("message") if isinstance(payload, dict) else None
         if isinstance(message, str) and message:
             return message[:200]
@@ -45,7 +56,9 @@ class OpenAIEmbedder:
     ``Retry-After`` up to ``max_retry_after_s`` (a longer requested wait fails at once: holding a
     request for minutes is worse than an error). Responses are validated strictly (count,
     ``index`` permutation, dimension, finite numbers) because a silently wrong vector would
-    corrupt the index for good.
+    corrupt the index for good. An answer is read up to :attr:`max_answer_bytes` (what a batch
+    of vectors can take, :data:`BYTES_PER_NUMBER` per number plus
+    :data:`ANSWER_OVERHEAD_BYTES`); a longer one fails the call at once, its connection closed.
     """
 
     def __init__(
@@ -75,6 +88,7 @@ class OpenAIEmbedder:
         self.max_retries = max_retries
         self.backoff_base_s = backoff_base_s
         self.max_retry_after_s = max_retry_after_s
+        self.max_answer_bytes = batch_size * dim * BYTES_PER_NUMBER + ANSWER_OVERHEAD_BYTES
         self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._owns_client = client is None
         self._client = client if client is not None else httpx.AsyncClient(timeout=timeout_s)
@@ -101,18 +115,21 @@ class OpenAIEmbedder:
             kind: str  # for the log: status or exception class only, never provider text
             wait: float | None = None
             try:
-                response = await self._client.post(
-                    self.url, json=body, headers=self._headers, timeout=self.timeout_s
-                )
+                response, content = await self._post(body)
             except httpx.TimeoutException:
                 problem = kind = f"timed out after {self.timeout_s} s"
             except httpx.HTTPError as exc:  # connect/read/protocol errors, undecodable bodies
                 problem = kind = f"transport error: {type(exc).__name__}"
+            except _AnswerTooLarge:  # a faulty endpoint: asking again would not help
+                raise EmbedderError(
+                    f"embeddings endpoint {self.url}: its answer is over "
+                    f"{self.max_answer_bytes} bytes, more than {len(batch)} vectors take"
+                ) from None
             else:
                 if response.status_code == 200:
-                    return self._parse(response, len(batch))
+                    return self._parse(content, len(batch))
                 kind = f"HTTP {response.status_code}"
-                problem = f"{kind}: {_error_message(response)}"
+                problem = f"{kind}: {_error_message(response, content)}"
                 if not retryable_status(response.status_code):
                     raise EmbedderError(f"embeddings endpoint {self.url} answered {problem}")
                 wait = retry_after_seconds(response.headers)
@@ -134,13 +151,31 @@ class OpenAIEmbedder:
             await asyncio.sleep(delay)
             attempt += 1
 
-    def _parse(self, response: httpx.Response, expected: int) -> NDArray[np.float32]:
+    async def _post(self, body: dict[str, Any]) -> tuple[httpx.Response, bytes]:
+        """The response to ``body`` and its body (decoded), read up to the cap: a longer one
+        raises :class:`_AnswerTooLarge` and closes its connection."""
+        async with self._client.stream(
+            "POST", self.url, json=body, headers=self._headers, timeout=self.timeout_s
+        ) as response:
+            length = response.headers.get("content-length", "")
+            if length.isdigit() and int(length) > self.max_answer_bytes:
+                raise _AnswerTooLarge
+            pieces: list[bytes] = []
+            size = 0
+            async for piece in response.aiter_bytes():
+                size += len(piece)
+                if size > self.max_answer_bytes:
+                    raise _AnswerTooLarge
+                pieces.append(piece)
+        return response, b"".join(pieces)
+
+    def _parse(self, content: bytes, expected: int) -> NDArray[np.float32]:
         """Validated ``(expected, dim)`` float32 rows in request order (sorted by ``index``)."""
         def bad(why: str) -> EmbedderError:
             return EmbedderError(f"invalid embeddings response from {self.url}: {why}")
 
         try:
-            payload: Any = response.json()
+            payload: Any = json.loads(content)
         except ValueError:
             raise bad("body is not JSON") from None
         data = payload.get("data") if isinstance(payload, dict) else None

@@ -21,7 +21,7 @@ import math
 from collections.abc import Sequence
 from typing import Any, Literal
 
-from service.providers.http1 import Answer
+from service.providers.http1 import MAX_ANSWER_BYTES, Answer
 from service.providers.http_scorer import HTTPScorer, RequestFailed, ScoringRequest
 from service.providers.scorers import ScorerObserver
 
@@ -69,6 +69,7 @@ class RerankScorer(HTTPScorer):
         transform: ScoreTransform = "clip",
         backoff_base_s: float = 0.25,
         observer: ScorerObserver | None = None,
+        max_answer_bytes: int = MAX_ANSWER_BYTES,
     ) -> None:
         if batch_size < 1:
             raise ValueError("batch_size must be >= 1")
@@ -80,6 +81,7 @@ class RerankScorer(HTTPScorer):
             max_retries,
             backoff_base_s=backoff_base_s,
             observer=observer,
+            max_answer_bytes=max_answer_bytes,
         )
         self.name = protocol
         self.protocol: RerankProtocol = protocol

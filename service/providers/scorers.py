@@ -45,7 +45,9 @@ LOCAL_CENTER = 0.35
 LOCAL_TEMPERATURE = 0.08
 
 #: How one pair's call ended; "error" is an unexpected exception (a bug), logged with traceback.
-Outcome = Literal["ok", "http_error", "timeout", "unparseable", "transport_error", "error"]
+Outcome = Literal[
+    "ok", "http_error", "timeout", "unparseable", "too_large", "transport_error", "error"
+]
 
 
 def cosine_to_score(cosine: np.ndarray | float) -> np.ndarray:

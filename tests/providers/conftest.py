@@ -1,8 +1,13 @@
-"""Fixtures of the provider tests: loopback stand-ins of the providers' HTTP APIs."""
+"""Fixtures of the provider tests: loopback stand-ins of the providers' HTTP APIs, and a
+loopback backend whose answers never end."""
 
 from __future__ import annotations
 
+import socket
+import socketserver
+import threading
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 
 import pytest
 
@@ -24,3 +29,128 @@ def serve() -> Iterator[Serve]:
     yield start
     for server in servers:
         server.stop()
+
+
+#: What an endless backend's answer heads say about the body's end: ``chunked`` (chunks that
+#: never stop), ``close`` (no length: the body would end with the connection, which it never
+#: closes), ``length`` (a Content-Length of a terabyte) and ``declared`` (the same length, and
+#: then no body at all, as if the backend were slow to send it).
+FRAMINGS = {
+    "chunked": b"Transfer-Encoding: chunked\r\n",
+    "close": b"",
+    "length": b"Content-Length: %d\r\n" % 2**40,
+    "declared": b"Content-Length: %d\r\n" % 2**40,
+}
+PIECE = b'{"choices": [{"message": {"content": "0.5"}}], "padding": "' + b"x" * 16_000
+
+
+@dataclass
+class Sent:
+    """One connection's answer: the body bytes written (whole pieces; ``sendall`` calls that
+    returned), and whether the client closed the connection while the body was being sent;
+    ``ended`` is set once the backend is done with the connection."""
+
+    body: int = 0
+    cut_off: bool = False
+    ended: threading.Event = field(default_factory=threading.Event, repr=False)
+
+
+@dataclass
+class EndlessBackend:
+    """An HTTP/1.1 backend on loopback that answers every request ``200`` with a body that
+    never ends (``framing``, one of :data:`FRAMINGS`), until the client closes the connection.
+    So that a client without a cap is not fed for ever, it stops at ``ceiling`` body bytes
+    and closes the connection. One :class:`Sent` per connection, in ``connections``."""
+
+    framing: str
+    ceiling: int
+    port: int = 0
+    requests: int = 0
+    connections: list[Sent] = field(default_factory=list)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def sent(self) -> list[Sent]:
+        """The connections' answers, once the backend is done with each: its write that failed
+        as the client hung up may still be under way when the client's call has returned."""
+        for sent in self.connections:
+            assert sent.ended.wait(30.0), "the backend is still writing"
+        return self.connections
+
+    def answer(self, stream: socket.socket, sent: Sent) -> None:
+        stream.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                       + FRAMINGS[self.framing] + b"\r\n")
+        if self.framing == "declared":
+            stream.settimeout(5.0)  # the client has the head: it should hang up at once
+            try:
+                sent.cut_off = stream.recv(1) == b""
+            except TimeoutError:
+                pass
+            except OSError:
+                sent.cut_off = True
+            return
+        frame = (b"%x\r\n%s\r\n" % (len(PIECE), PIECE)) if self.framing == "chunked" else PIECE
+        while sent.body < self.ceiling:
+            try:
+                stream.sendall(frame)
+            except OSError:  # reset or broken pipe: the client hung up
+                sent.cut_off = True
+                return
+            sent.body += len(PIECE)
+
+
+def read_request(stream: socket.socket) -> bool:
+    """Read one request (head and ``Content-Length`` body); False at the connection's end."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = stream.recv(65536)
+        if not chunk:
+            return False
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                   if line.lower().startswith(b"content-length:")), 0)
+    while len(body) < length:
+        chunk = stream.recv(65536)
+        if not chunk:
+            return False
+        body += chunk
+    return True
+
+
+@pytest.fixture
+def endless_backend() -> Iterator[Callable[..., EndlessBackend]]:
+    """Starts :class:`EndlessBackend` servers, stopped when the test ends."""
+    started: list[socketserver.ThreadingTCPServer] = []
+
+    def start(framing: str, ceiling: int = 64 * 2**20) -> EndlessBackend:
+        backend = EndlessBackend(framing, ceiling)
+
+        class Handler(socketserver.BaseRequestHandler):
+            def handle(self) -> None:
+                stream: socket.socket = self.request
+                # A small send buffer: what the backend counts as sent is what left it.
+                stream.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 64 * 1024)
+                sent = Sent()
+                backend.connections.append(sent)
+                try:
+                    if read_request(stream):
+                        backend.requests += 1
+                        backend.answer(stream, sent)
+                finally:
+                    stream.close()
+                    sent.ended.set()
+
+        tcp = socketserver.ThreadingTCPServer(("127.0.0.1", 0), Handler)
+        tcp.daemon_threads = True
+        backend.port = tcp.server_address[1]
+        threading.Thread(target=tcp.serve_forever, daemon=True).start()
+        started.append(tcp)
+        return backend
+
+    yield start
+    for tcp in started:
+        tcp.shutdown()
+        tcp.server_close()

@@ -297,6 +297,22 @@ def test_openai_embedder_raises_when_nothing_listens() -> None:
             asyncio.run(embed_once(embedder, ["a"]))
 
 
+@pytest.mark.parametrize("framing", ["chunked", "close", "length"])
+def test_openai_embedder_fails_an_endless_answer_after_reading_at_most_its_cap(
+    endless_backend, framing: str,
+) -> None:
+    backend = endless_backend(framing)
+    embedder = OpenAIEmbedder(base_url=backend.url + "/v1", model="m", dim=DIM, max_retries=2,
+                              backoff_base_s=0.01)
+    with pytest.raises(EmbedderError) as failed:
+        asyncio.run(embed_once(embedder, ["a", "b"]))
+    # 64 vectors of 8 numbers leave the answer about 1 MiB; 4 MiB: the loopback's buffers.
+    for sent in backend.sent():
+        assert sent.cut_off and sent.body <= 2 * 2**20 + 4 * 2**20, sent
+    assert "answer is over" in str(failed.value)
+    assert backend.requests == 1  # not asked again
+
+
 def test_openai_embedder_sends_bearer_api_key(serve: Serve) -> None:
     app = embeddings_app(lambda texts: [fake_vector(t) for t in texts])
     server = serve(app)

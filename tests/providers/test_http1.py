@@ -1,7 +1,8 @@
 """The scorers' lean HTTP/1.1 connection against raw loopback servers that write the bytes a
 backend may send: bodies by length, chunked and until the connection closes; keep-alive and its
 end; answers that are not HTTP; TLS verified against the CA the environment names; and a proxy
-in the environment, which hands the backend to httpx."""
+in the environment, which hands the backend to httpx; and answers that never end, which both
+connections cut off at their size cap."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
+import httpx
 import pytest
 import trustme
 import uvloop
@@ -220,3 +222,83 @@ def test_the_cookie_jar_keeps_what_the_backend_set_until_it_expires_it() -> None
     assert jar.header() == {"Cookie": "lb=node-2; zone=a"}
     jar.take(Answer(200, {}, b"", ("lb=; Max-Age=0", "not a cookie;;=")))
     assert jar.header() == {"Cookie": "zone=a"}
+
+
+# --- answers over the size cap ----------------------------------------------------------------
+
+#: The connections' default cap on an answer's body.
+DEFAULT_CAP = 8 * 2**20
+#: What a backend can have sent beyond what the client read when the client hangs up: its own
+#: send buffer (64 KiB, the endless backend's), the client's receive queue, which Linux lets
+#: grow with the receive window (net.ipv4.tcp_rmem) while the client's event loop is busy, and
+#: the client's last read (256 KiB). Seen on loopback: up to 0.5 MiB; 4 MiB leaves room.
+SLACK = 4 * 2**20
+
+
+def connection_to(kind: str, url: str, **cap: int) -> Http1Connection | HttpxConnection:
+    """The lean connection or the httpx one to ``url``, with its default cap unless given one."""
+    if kind == "lean":
+        return Http1Connection(url, None, 4.0, **cap)
+    return HttpxConnection(url, httpx.create_ssl_context(), 4.0, 30.0, **cap)
+
+
+@pytest.mark.parametrize("framing", ["chunked", "close", "length"])
+@pytest.mark.parametrize(("kind", "loop"), [("lean", "asyncio"), ("lean", "uvloop"),
+                                            ("httpx", "asyncio")])
+def test_an_endless_answer_is_cut_off_past_the_cap_and_its_connection_closed(
+    endless_backend, kind: str, loop: str, framing: str,
+) -> None:
+    backend = endless_backend(framing)
+    with pytest.raises(ConnectionFailed, match=f"over {DEFAULT_CAP} bytes"):
+        post_all(connection_to(kind, backend.url + "/v1/score"), 1, loop)
+    [sent] = backend.sent()
+    assert sent.cut_off, f"the client read {sent.body} bytes and did not hang up"
+    if framing == "length":  # refused by its head: the body was never read
+        assert sent.body <= SLACK, sent
+    else:
+        assert DEFAULT_CAP <= sent.body <= DEFAULT_CAP + SLACK, sent
+
+
+@pytest.mark.parametrize("kind", ["lean", "httpx"])
+def test_an_answer_declaring_a_length_over_the_cap_is_refused_before_its_body_comes(
+    endless_backend, kind: str,
+) -> None:
+    backend = endless_backend("declared")  # the head, then nothing until the client hangs up
+    with pytest.raises(ConnectionFailed, match=f"over {DEFAULT_CAP} bytes"):
+        post_all(connection_to(kind, backend.url + "/v1/score"), 1)
+    [sent] = backend.sent()
+    assert sent.cut_off and sent.body == 0
+
+
+@pytest.mark.parametrize("kind", ["lean", "httpx"])
+def test_an_answer_of_exactly_the_cap_is_read_and_one_byte_more_is_refused(
+    raw_server, kind: str,
+) -> None:
+    def chunked(body: bytes) -> bytes:
+        return b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n%x\r\n%s\r\n0\r\n\r\n" % (
+            len(body), body)
+
+    def by_length(body: bytes) -> bytes:
+        return b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
+
+    cap = 64
+    at_cap, over_cap = b'"' + b"x" * (cap - 2) + b'"', b'"' + b"x" * (cap - 1) + b'"'
+    replies = iter([chunked(at_cap), chunked(over_cap), by_length(at_cap), by_length(over_cap)])
+    server = raw_server(lambda head: (next(replies), False))
+    connection = connection_to(kind, server.url, max_answer_bytes=cap)
+
+    async def run() -> list[Answer | str]:
+        answers: list[Answer | str] = []
+        for _ in range(4):
+            try:
+                answers.append(await connection.post(b"{}", {}))
+            except ConnectionFailed as failed:
+                answers.append(str(failed))
+        await connection.aclose()
+        return answers
+
+    first, second, third, fourth = asyncio.run(run())
+    assert isinstance(first, Answer) and first.content == at_cap
+    assert second == fourth == f"the backend's answer is over {cap} bytes"
+    assert isinstance(third, Answer) and third.content == at_cap
+    assert server.connections == 2  # a connection whose answer was refused is not used again

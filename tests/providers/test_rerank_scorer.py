@@ -304,6 +304,30 @@ def test_rerank_scorer_gives_none_for_a_body_that_is_not_the_protocol(
     assert scorer.outcomes == {"unparseable": 2}
 
 
+#: The answer cap the scorers of the test below get (EARM_SCORER_MAX_ANSWER_BYTES), and what a
+#: backend can have sent beyond what the scorer read when it hangs up (test_http1.py: SLACK).
+ANSWER_CAP = 2**20
+SLACK = 4 * 2**20
+
+
+@pytest.mark.parametrize("framing", ["chunked", "close", "length"])
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_rerank_scorer_fails_endless_answers_as_too_large_after_reading_at_most_the_cap(
+    endless_backend, protocol: RerankProtocol, framing: str,
+) -> None:
+    backend = endless_backend(framing)
+    settings = Settings(scorer=protocol, scorer_base_url=backend.url, scorer_timeout_s=60.0,
+                        scorer_max_answer_bytes=ANSWER_CAP, _env_file=None)
+    scorer = build_scorer(settings)
+    assert isinstance(scorer, RerankScorer)
+    scores = asyncio.run(score_with(scorer, "q", [f"m{i}" for i in range(192)]))
+    assert scores.values == [None] * 192
+    for sent in backend.sent():
+        assert sent.cut_off and sent.body <= ANSWER_CAP + SLACK, sent
+    assert scorer.outcomes == {"too_large": 192}
+    assert backend.requests == 3  # one per batch of 64: an answer over the cap is not asked again
+
+
 @pytest.mark.parametrize("protocol", PROTOCOLS)
 def test_rerank_scorer_slots_survive_a_cancellation_at_any_point_of_a_call(
     serve: Serve, protocol: RerankProtocol

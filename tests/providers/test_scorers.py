@@ -498,6 +498,48 @@ def test_openai_scorer_sends_bearer_api_key(serve: Serve) -> None:
     assert "sk-judge-1" not in repr(scorer)
 
 
+#: The answer cap the scorers of the tests below get (EARM_SCORER_MAX_ANSWER_BYTES).
+ANSWER_CAP = 2**20
+#: What a backend can have sent beyond what the scorer read when it hangs up: the backend's send
+#: buffer and the scorer's receive queue (tests/providers/test_http1.py: SLACK).
+SLACK = 4 * 2**20
+
+
+def capped_settings(url: str, **more: object) -> Settings:
+    """The chat scorer of ``url`` with :data:`ANSWER_CAP`, a timeout the tests never reach and
+    the default retries."""
+    return Settings(scorer="openai", scorer_base_url=url + "/v1", scorer_timeout_s=60.0,
+                    scorer_max_answer_bytes=ANSWER_CAP, _env_file=None, **more)
+
+
+@pytest.mark.parametrize("framing", ["chunked", "close", "length"])
+def test_openai_scorer_fails_an_endless_answer_as_too_large_after_reading_at_most_the_cap(
+    endless_backend, framing: str,
+) -> None:
+    backend = endless_backend(framing)
+    scorer = build_scorer(capped_settings(backend.url))
+    assert isinstance(scorer, OpenAIChatScorer)
+    assert asyncio.run(score_with(scorer, "q", ["m1", "m2"])) == [None, None]
+    for sent in backend.sent():
+        assert sent.cut_off and sent.body <= ANSWER_CAP + SLACK, sent
+    assert scorer.outcomes == {"too_large": 2}
+    assert backend.requests == 2  # one per pair: an answer over the cap is not asked again
+
+
+def test_openai_scorer_does_not_ask_a_batch_pair_by_pair_after_an_answer_over_the_cap(
+    endless_backend,
+) -> None:
+    backend = endless_backend("chunked")
+    scorer = build_scorer(capped_settings(backend.url, scorer_chat_batch=4))
+    assert isinstance(scorer, OpenAIChatScorer)
+    assert asyncio.run(score_with(scorer, "q", ["m1", "m2", "m3"])) == [None] * 3
+    for sent in backend.sent():
+        assert sent.cut_off and sent.body <= ANSWER_CAP + SLACK, sent
+    assert scorer.outcomes == {"too_large": 3}
+    assert scorer.batch_fallbacks == 0
+    assert backend.requests == 1
+
+
 # --- factory ----------------------------------------------------------------------------------
 
 
