@@ -36,11 +36,11 @@ from typing import Any, TextIO
 import psycopg
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from service.checks import namespace_name
 from service.db import export
 from service.db.export import RECORD_KINDS, RecordKind
 from service.errors import ConfigurationError, EarmError, NotFound
 from service.namespace_validation import RecordChecker, RecordLimits, nesting
-from service.settings import namespace_name
 
 FORMAT = "earm-namespace"
 VERSION = 1

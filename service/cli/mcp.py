@@ -6,8 +6,9 @@ import argparse
 import importlib.util
 import sys
 
+from service.checks import namespace_name
 from service.integrations import MCP_MISSING
-from service.settings import Settings, namespace_name
+from service.settings import Settings
 
 
 def add_mcp_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -27,12 +27,12 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
+from service.checks import NAMESPACE_PATTERN
 from service.db.models import MAX_BIGINT
 from service.db.stats import NamespaceStats
 from service.ingest.validation import storable_text_problem
 from service.providers.scorer_health import ScorerHealthSnapshot
 from service.retrieve.refit_health import RefitHealthSnapshot
-from service.settings import NAMESPACE_PATTERN
 
 NamespaceName = Annotated[
     str,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pydantic import SecretStr
 
+from service.checks import missing_base_url
 from service.errors import ConfigurationError
 from service.providers.chat_scorer import USER_PROMPT, OpenAIChatScorer, check_template
 from service.providers.embedders import CLIENT_MODEL_ID, Embedder
@@ -11,7 +12,7 @@ from service.providers.local_embedder import LOCAL_DIM, LOCAL_MODEL_ID, LocalEmb
 from service.providers.openai_embedder import OpenAIEmbedder, openai_model_id
 from service.providers.rerank_scorer import RerankScorer
 from service.providers.scorers import LocalScorer, RelevanceScorer, ScorerObserver
-from service.settings import Settings, missing_base_url
+from service.settings import Settings
 
 
 def build_embedder(settings: Settings) -> Embedder | None:

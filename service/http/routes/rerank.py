@@ -12,6 +12,7 @@ from typing import Annotated
 from fastapi import APIRouter, Header, Request, Response
 
 from service.auth import require_namespace
+from service.checks import NAMESPACE_PATTERN, namespace_name
 from service.errors import InvalidInput
 from service.http.deps import (
     AUTH_RESPONSES,
@@ -35,7 +36,7 @@ from service.http.rerank_schemas import (
 )
 from service.http.schemas import ErrorResponse
 from service.retrieve.given import RerankRequest, RerankResult, rerank_documents
-from service.settings import NAMESPACE_PATTERN, Settings, namespace_name
+from service.settings import Settings
 
 MODEL_PREFIX = "earm/"
 EARM_HEADER = "X-Earm"
