@@ -39,6 +39,7 @@ STATUS_BY_ERROR: list[tuple[type[EarmError], int]] = [
     (Forbidden, 403),
     (EmbedderUnavailable, 503),
     (DatabaseUnavailable, 503),
+    (NamespaceBusy, 503),
     (IndexingBacklog, 503),
     (SchemaOutOfDate, 503),
 ]
