@@ -84,8 +84,8 @@ def _add_judge_flags(parser: argparse.ArgumentParser) -> None:
                         help="oracle: probability an evidence turn is missed (default 0.2)")
     parser.add_argument("--judge-false", type=_probability, default=0.05,
                         help="oracle: probability of a false positive (default 0.05); "
-                             "correlated/crossencoder: at no word in common, times "
-                             "1 + 12 x the content-word Jaccard overlap, at most 0.5")
+                             "correlated/crossencoder: the mean rate, times "
+                             "1 + 12 x (content-word Jaccard overlap - 0.05), at most 0.5")
     parser.add_argument("--judge-noise", type=float, default=0.1,
                         help="oracle: std of the Gaussian score noise (default 0.1; "
                              "correlated/crossencoder: added before the question's "

@@ -14,10 +14,13 @@
      the question in the same session (D3:5 next to D3:6) scores 0.3–0.6 at ±1 and half that,
      0.15–0.3, at ±2, instead of 0;
   3. **lexical false positives**: a non-evidence turn is a false positive (a graded draw as
-     for evidence) with probability ``false · (1 + 12 · jaccard)``, capped at 0.5, where
-     ``jaccard`` is the overlap of the question's and the turn's content words (lowercased
-     words of two letters or more minus a short stopword list; speaker names count);
-     ``--judge-false 0`` turns every false positive off;
+     for evidence) with probability ``false · (1 + 12 · (jaccard - 0.05))``, at least
+     ``0.4 · false`` and at most 0.5, where ``jaccard`` is the overlap of the question's and
+     the turn's content words (lowercased words of two letters or more minus a short stopword
+     list; speaker names count). 0.05 is about the mean overlap of the dev split's
+     non-evidence pairs (0.048), so on average they are false positives at the rate
+     ``false``, as under ``independent``, but more often where the words overlap, as in a
+     semantic first stage's candidates; ``--judge-false 0`` turns every false positive off;
   4. **per-memory bias**: each turn has an offset added to every question's score of it: 15%
      of the turns "look relevant to everything" (+0.2 to +0.5), the others +0 to +0.04;
   5. then N(0, ``noise``) is added, and
@@ -52,8 +55,8 @@ ERRORS_DESCRIPTIONS: dict[str, str] = {
     "correlated": (
         "errors shared across pairs: graded evidence scores (~0.8, missed with p=miss), "
         "partial scores for turns within 2 of an evidence turn of the same session, false "
-        "positives with p=false*(1+12*content-word jaccard) capped at 0.5, a per-turn bias "
-        "(15% of turns +0.2..0.5), N(0, noise), then per-question a*score+b "
+        "positives with p=false*(1+12*(content-word jaccard-0.05)) in [0.4*false, 0.5], a "
+        "per-turn bias (15% of turns +0.2..0.5), N(0, noise), then per-question a*score+b "
         "(a in [0.5,1.2], b in [-0.1,0.2]), clipped to [0,1]"
     ),
     "crossencoder": (
@@ -61,8 +64,12 @@ ERRORS_DESCRIPTIONS: dict[str, str] = {
         "relevant pairs around 0.1-0.3, irrelevant ones under 0.05"
     ),
 }
-#: Lexical false positives: p = false · (1 + LEXICAL_GAIN · jaccard), at most LEXICAL_CAP.
+#: Lexical false positives: p = false · (1 + LEXICAL_GAIN · (jaccard - LEXICAL_MEAN)), at
+#: least LEXICAL_FLOOR · false, at most LEXICAL_CAP. LEXICAL_MEAN: about the dev split's mean
+#: content-word Jaccard of non-evidence pairs (0.048), so their mean rate stays ``false``.
 LEXICAL_GAIN = 12.0
+LEXICAL_MEAN = 0.05
+LEXICAL_FLOOR = 1.0 - LEXICAL_GAIN * LEXICAL_MEAN
 LEXICAL_CAP = 0.5
 #: Partial relevance by distance to the nearest evidence turn of the same session:
 #: (low, high) of a uniform draw.
@@ -140,7 +147,8 @@ def evidence_distance(dia_ids: tuple[str, ...], evidence: frozenset[str]) -> int
 
 def false_positive_rate(false: float, overlap: float) -> float:
     """A non-evidence turn's false-positive probability at content-word Jaccard ``overlap``."""
-    return min(LEXICAL_CAP, false * (1.0 + LEXICAL_GAIN * overlap))
+    gain = max(LEXICAL_FLOOR, 1.0 + LEXICAL_GAIN * (overlap - LEXICAL_MEAN))
+    return min(LEXICAL_CAP, false * gain)
 
 
 def grade(u: float) -> float:
