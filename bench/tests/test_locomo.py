@@ -443,18 +443,25 @@ def test_locomo_replay_smoke(tmp_path: Path, postgres_server: str) -> None:
 
 
 @needs_locomo
-def test_locomo_judge_gives_the_same_recall_through_chat_and_rerank(postgres_server: str) -> None:
+@pytest.mark.parametrize("errors", ["independent", "correlated", "crossencoder"])
+def test_locomo_judge_gives_the_same_recall_through_chat_and_rerank(
+    postgres_server: str, errors: str
+) -> None:
+    # The other error models replay earm alone: the judge's scores are under test, not a policy.
+    policies = ("observed", "earm") if errors == "independent" else ("earm",)
+
     def run(protocol: str) -> dict[str, Any]:
         return run_locomo(LocomoConfig(
             data_dir=LOCOMO_DIR, conversations=("conv-26",), max_sessions=2, max_questions=6,
-            candidates=30, ks=(5, 10), policies=("observed", "earm"), schedule="0:1.0,2:0.5",
-            judge_protocol=protocol, seed=7, per_query=True, progress=False,
-            database_server=postgres_server,
+            candidates=30, ks=(5, 10), policies=policies, schedule="0:1.0,2:0.5",
+            judge_protocol=protocol, judge_errors=errors, seed=7, per_query=True,
+            progress=False, database_server=postgres_server,
         ))
 
     chat, rerank = run("chat"), run("rerank")
     assert rerank["settings"]["judge_model"]["protocol"] == "rerank"
-    for policy in ("observed", "earm"):
+    assert chat["settings"]["judge_model"]["errors"] == errors
+    for policy in policies:
         chat_entry, rerank_entry = chat["policies"][policy], rerank["policies"][policy]
         for k in (5, 10):
             assert rerank_entry[f"recall@{k}"] == chat_entry[f"recall@{k}"]

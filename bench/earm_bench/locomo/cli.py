@@ -10,6 +10,7 @@ from pathlib import Path
 
 from earm_bench.common.cli import add_command, config_from_args, csv, quiet
 from earm_bench.locomo.config import POLICIES, LocomoConfig
+from earm_bench.locomo.judge_errors import JUDGE_ERRORS
 from earm_bench.locomo.report import format_markdown
 from earm_bench.locomo.run import run_locomo
 
@@ -72,12 +73,23 @@ def _add_judge_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--judge-protocol", choices=("chat", "rerank"), default="chat",
                         help="oracle: served as chat completions (EARM_SCORER=openai) or as a "
                              "/rerank endpoint (EARM_SCORER=rerank); same scores either way")
+    parser.add_argument("--judge-errors", choices=JUDGE_ERRORS, default="independent",
+                        help="oracle: how its scores err. independent: each pair on its own "
+                             "(miss, false positive, noise); correlated: graded scores, "
+                             "partial scores next to evidence turns, false positives growing "
+                             "with word overlap, a per-turn bias, per-question miscalibration; "
+                             "crossencoder: correlated on a cross-encoder's scale (relevant "
+                             "around 0.1-0.3) (default independent)")
     parser.add_argument("--judge-miss", type=_probability, default=0.2,
                         help="oracle: probability an evidence turn is missed (default 0.2)")
     parser.add_argument("--judge-false", type=_probability, default=0.05,
-                        help="oracle: probability of a false positive (default 0.05)")
+                        help="oracle: probability of a false positive (default 0.05); "
+                             "correlated/crossencoder: the mean rate, times "
+                             "1 + 12 x (content-word Jaccard overlap - 0.05), at most 0.5")
     parser.add_argument("--judge-noise", type=float, default=0.1,
-                        help="oracle: std of the Gaussian score noise (default 0.1)")
+                        help="oracle: std of the Gaussian score noise (default 0.1; "
+                             "correlated/crossencoder: added before the question's "
+                             "miscalibration)")
     parser.add_argument("--judge-port", type=int, default=0,
                         help="oracle: fixed loopback port (for --url setups; default: any free)")
     parser.add_argument("--seed", type=int, default=0, help="judge noise and anchor sampling seed")

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from earm_bench.locomo.data import DEFAULT_CATEGORIES
+from earm_bench.locomo.judge_errors import JUDGE_ERRORS
 from service.budget import DEFAULT_BUDGET_SCHEDULE, BudgetSchedule
 
 ADVERSARIAL = 5
@@ -46,6 +47,9 @@ class LocomoConfig:
     judge_miss: float = 0.2
     judge_false: float = 0.05
     judge_noise: float = 0.1
+    # how the oracle's scores err (earm_bench.locomo.judge_errors): independent, correlated or
+    # crossencoder
+    judge_errors: str = "independent"
     judge_port: int = 0
     seed: int = 0
     url: str | None = None
@@ -92,6 +96,8 @@ class LocomoConfig:
             raise ValueError("--shift-window needs a positive integer")
         if self.shift and self.repeat:
             raise ValueError("--shift and --repeat are separate streams: choose one")
+        if self.judge_errors not in JUDGE_ERRORS:
+            raise ValueError(f"--judge-errors must be one of {', '.join(JUDGE_ERRORS)}")
         if self.judge_protocol not in ("chat", "rerank"):
             raise ValueError("--judge-protocol must be 'chat' or 'rerank'")
         if self.database_server and (self.database_url or self.url):

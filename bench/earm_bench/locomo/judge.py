@@ -21,6 +21,11 @@ Through the rerank protocol each (query, document) pair is resolved from the cha
 user prompt for it and answered the same 3-decimal score, so a run gives the same scores, hence
 the same recall, through either protocol.
 
+``--judge-errors`` selects how the scores err: ``independent`` (the default, above: each pair
+on its own), ``correlated`` (per-memory bias, partial relevance near the evidence, lexical
+false positives, per-query miscalibration, graded scores) or ``crossencoder`` (the correlated
+scores on a cross-encoder's scale); see :mod:`earm_bench.locomo.judge_errors`.
+
 The ``local`` judge is the service's own offline scorer: no judge server is started and the
 service is configured with ``scorer="local"``.
 """
@@ -29,13 +34,21 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import math
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
 from earm_bench.locomo.data import Conversation
+from earm_bench.locomo.judge_errors import (
+    ERRORS_DESCRIPTIONS,
+    JUDGE_ERRORS,
+    PairFacts,
+    correlated_score,
+    crossencoder_scale,
+    gaussian,
+    uniforms,
+)
 from service.providers.chat_scorer import USER_PROMPT, fill
 from service.testing import LoopbackServer, chat_completions_app, rerank_app
 
@@ -52,31 +65,25 @@ _CACHE_MAX = 400_000
 
 @dataclass(frozen=True)
 class NoiseModel:
-    """The oracle's noise model (see the module docstring)."""
+    """The oracle's noise model (see the module docstring); ``errors`` names the judge error
+    model (:mod:`earm_bench.locomo.judge_errors`)."""
 
     miss: float = 0.2
     false: float = 0.05
     noise: float = 0.1
     seed: int = 0
+    errors: str = "independent"
 
     def __post_init__(self) -> None:
+        if self.errors not in JUDGE_ERRORS:
+            raise ValueError(f"errors must be one of {', '.join(JUDGE_ERRORS)}, "
+                             f"got {self.errors!r}")
         for name in ("miss", "false"):
             value = getattr(self, name)
             if not 0.0 <= value <= 1.0:
                 raise ValueError(f"{name} must be a probability in [0, 1], got {value}")
         if self.noise < 0:
             raise ValueError(f"noise must be >= 0, got {self.noise}")
-
-
-def _uniforms(key: str) -> tuple[float, float, float]:
-    """Three independent uniforms in [0, 1) derived from a stable hash of ``key``."""
-    digest = hashlib.blake2b(key.encode("utf-8"), digest_size=24).digest()
-    scale = float(2**64)
-    return (
-        int.from_bytes(digest[0:8], "big") / scale,
-        int.from_bytes(digest[8:16], "big") / scale,
-        int.from_bytes(digest[16:24], "big") / scale,
-    )
 
 
 def pair_key(seed: int, sample_id: str, question: str, dia_id: str) -> str:
@@ -89,16 +96,24 @@ def oracle_score(relevant: bool, key: str, model: NoiseModel) -> float:
 
     Deterministic in (``relevant``, ``key``, ``model``).
     """
-    u_flip, u_radius, u_angle = _uniforms(key)
+    u_flip, u_radius, u_angle = uniforms(key, 3)
     if relevant:
         label = 0.0 if u_flip < model.miss else 1.0
     else:
         label = 1.0 if u_flip < model.false else 0.0
     if model.noise > 0:
-        # Box–Muller with 1 - u in (0, 1] so the log is finite.
-        z = math.sqrt(-2.0 * math.log(1.0 - u_radius)) * math.cos(2.0 * math.pi * u_angle)
-        label += model.noise * z
+        label += model.noise * gaussian(u_radius, u_angle)
     return min(1.0, max(0.0, label))
+
+
+def judge_score(facts: PairFacts, model: NoiseModel) -> float:
+    """Score of one identified pair under ``model``'s error model; ``independent`` is
+    :func:`oracle_score` of the pair's key."""
+    key = pair_key(model.seed, facts.sample_id, facts.question, "|".join(sorted(facts.dia_ids)))
+    if model.errors == "independent":
+        return oracle_score(facts.relevant, key, model)
+    score = correlated_score(facts, key, model.seed, (model.miss, model.false, model.noise))
+    return crossencoder_scale(score) if model.errors == "crossencoder" else score
 
 
 @dataclass(frozen=True)
@@ -168,7 +183,7 @@ class OracleJudge:
         for texts in self._by_prefix.values():
             texts.sort(key=len, reverse=True)
         self._active: frozenset[str] = frozenset()
-        self._cache: dict[bytes, tuple[str, str, tuple[str, ...], bool] | None] = {}
+        self._cache: dict[bytes, PairFacts | None] = {}
         self.calls = 0
         self.unknown = 0
         self.relevant_answers = 0
@@ -180,14 +195,20 @@ class OracleJudge:
 
     def describe(self) -> dict[str, Any]:
         """A JSON-able description for RESULTS.json."""
+        errors = self.model.errors
         return {
             "kind": "oracle",
             "description": (
                 "label-based oracle on loopback chat-completions: evidence turn -> 1, missed "
                 "with p=miss; non-evidence -> 0, false positive with p=false; plus N(0, noise), "
                 "clipped to [0,1]; deterministic per blake2b(seed|sample|question|dia_id)"
+            ) if errors == "independent" else (
+                f"label-based oracle on loopback chat-completions, {errors} errors (see "
+                "errors_description); deterministic per blake2b of (seed, conversation, "
+                "question, turn)"
             ),
             **asdict(self.model),
+            "errors_description": ERRORS_DESCRIPTIONS[errors],
         }
 
     def stats(self) -> dict[str, int]:
@@ -223,7 +244,7 @@ class OracleJudge:
             )
         ]
 
-    def _resolve(self, prompt: str) -> tuple[str, str, tuple[str, ...], bool] | None:
+    def _resolve(self, prompt: str) -> PairFacts | None:
         matches = self._find(prompt)
         questions = sorted(
             (m for m in matches if m.text in self._questions), key=lambda m: -m.length
@@ -246,12 +267,13 @@ class OracleJudge:
                     dia in q_samples[s] for s in chosen for dia in m_samples[s]
                 )
                 sample = chosen[0]
-                return sample, q.text, m_samples[sample], relevant
+                return PairFacts(sample, q.text, m.text, m_samples[sample],
+                                 q_samples[sample], relevant)
         return self._cross_conversation(questions, memories)
 
     def _cross_conversation(
         self, questions: list[_Match], memories: list[_Match]
-    ) -> tuple[str, str, tuple[str, ...], bool] | None:
+    ) -> PairFacts | None:
         """A question of one conversation with a turn of another (``--shift`` puts several
         conversations in one namespace): a known pair that is not evidence; the turn's ids carry
         its conversation so the noise differs from a same-id turn of the question's own."""
@@ -263,7 +285,7 @@ class OracleJudge:
                 sample = next((s for s in q_samples if s in self._active), q_samples[0])
                 ids = tuple(f"{s}/{dia}" for s, dias in sorted(self._memories[m.text].items())
                             for dia in dias)
-                return sample, q.text, ids, False
+                return PairFacts(sample, q.text, m.text, ids, frozenset(), False)
         return None
 
     def identify(self, prompt: str) -> JudgedPair | None:
@@ -278,10 +300,9 @@ class OracleJudge:
             self._cache[digest] = resolved
         if resolved is None:
             return None
-        sample, question, dia_ids, relevant = resolved
-        key = pair_key(self.model.seed, sample, question, "|".join(sorted(dia_ids)))
-        score = oracle_score(relevant, key, self.model)
-        return JudgedPair(sample, question, dia_ids, relevant, score)
+        score = judge_score(resolved, self.model)
+        return JudgedPair(resolved.sample_id, resolved.question, resolved.dia_ids,
+                          resolved.relevant, score)
 
     def score(self, prompt: str) -> float | None:
         """The score for a prompt, or None when the pair is unknown."""

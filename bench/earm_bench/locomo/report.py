@@ -44,7 +44,8 @@ def _title(results: dict[str, Any]) -> str:
     settings, dataset = results.get("settings", {}), results.get("dataset", {})
     judge = settings.get("judge_model", {})
     if judge.get("kind") == "oracle":
-        judge_text = (f"oracle judge (miss {judge.get('miss')}, false {judge.get('false')}, "
+        judge_text = (f"oracle judge ({judge.get('errors', 'independent')} errors, miss "
+                      f"{judge.get('miss')}, false {judge.get('false')}, "
                       f"noise {judge.get('noise')}, seed {judge.get('seed')})")
     else:
         judge_text = "local scorer"

@@ -32,7 +32,8 @@ def run_locomo(config: LocomoConfig) -> dict[str, Any]:
     )
     run_id = secrets.token_hex(3)
     noise = NoiseModel(
-        miss=config.judge_miss, false=config.judge_false, noise=config.judge_noise, seed=config.seed
+        miss=config.judge_miss, false=config.judge_false, noise=config.judge_noise,
+        seed=config.seed, errors=config.judge_errors,
     )
     judge_kind = cast(JudgeKind, config.judge)  # LocomoConfig.__post_init__ checked it
     total = sum(len(askings(c, config)) for c in conversations) * len(config.policies)
