@@ -20,7 +20,12 @@ from service.db.search import Candidates
 from service.errors import NotFound
 from service.providers.scorers import RelevanceScorer, Scores, ScoresInParts
 from service.retrieve.learning import LateObservations, Learner
-from service.retrieve.score_step import ScoredAnchors, score_anchors
+from service.retrieve.score_step import (
+    ScoredAnchors,
+    score_anchors,
+    score_values,
+    scored_anchors,
+)
 
 log = logging.getLogger(__name__)
 
@@ -81,12 +86,12 @@ async def score_anchors_by(
         call.cancel()  # the retrieve was cancelled: nothing will use the call
         raise
     if call.done():
-        return _scored(positions, kinds, call.result().values, call.result().requests), None
+        return scored_anchors(positions, kinds, call.result().values, call.result().requests), None
     # A snapshot: parts answered after this moment are late.
     on_time = dict(answered)
     values = [on_time.get(i) for i in range(len(positions))]
     in_time = np.isin(np.arange(len(positions)), list(on_time))
-    scored = _scored(positions, kinds, values, 0)
+    scored = scored_anchors(positions, kinds, values, 0)
     # Only pairs that failed by the deadline degrade the answer, not the late ones.
     degraded = bool(np.any(in_time & ~np.isin(positions, scored.positions)))
     return (
@@ -94,15 +99,6 @@ async def score_anchors_by(
                       scored.kinds, 0, degraded),
         PendingAnchors(call, positions, kinds, in_time),
     )
-
-
-def _scored(
-    positions: np.ndarray, kinds: np.ndarray, values: list[float | None], requests: int
-) -> ScoredAnchors:
-    scores = np.array([np.nan if v is None else v for v in values], dtype=np.float64)
-    ok = ~np.isnan(scores)
-    return ScoredAnchors(positions, kinds, positions[ok], scores[ok], kinds[ok], requests,
-                         bool(np.any(~ok)))
 
 
 class LateAnchors:
@@ -156,7 +152,7 @@ class LateAnchors:
         count = int(np.count_nonzero(late))
         try:
             scores = await pending.call
-            values = np.array([np.nan if v is None else v for v in scores.values])[late]
+            values = score_values(scores.values)[late]
             ok = ~np.isnan(values)
             memory_ids, similarities = cells
             written = await self.learner.record_late(namespace, query_id, LateObservations(

@@ -1,7 +1,8 @@
-"""The retrieve pipeline: embed, search, budget, score anchors, complete, rerank, then record
-and learn (docs/design.md "The retrieve pipeline"). The steps are ``search_step``,
-``score_step`` and ``record_step``; ``service.retrieve.learning`` records and learns, takes
-client feedback and runs the full refit. No HTTP here."""
+"""The retrieve pipeline, in the order it runs: embed, search, plan (the budget and round one's
+anchors), score round one, rank, plan and score round two, rank, record and learn
+(docs/design.md "The retrieve pipeline"). The steps are ``search_step``, ``plan_step``,
+``score_step``, ``rerank`` and ``record_step``; ``service.retrieve.learning`` records and
+learns, takes client feedback and runs the full refit. No HTTP here."""
 
 from __future__ import annotations
 
@@ -19,13 +20,13 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from service.budget import BudgetSchedule
 from service.db.memory_rows import StoredRows
 from service.db.replicas import Replicas
-from service.db.search import Candidates
+from service.db.search import Candidates, memory_embeddings
 from service.errors import InvalidInput, LimitExceeded
 from service.providers.embedders import Embedder, check_embedding, embed_texts
 from service.providers.scorers import RelevanceScorer
-from service.retrieve.anchors import second_round
 from service.retrieve.late import LateAnchors, LateObserver, PendingAnchors, score_anchors_by
 from service.retrieve.learning import FeedbackResult, Learner, MemoryRef
+from service.retrieve.plan_step import Planner, RetrievePlan
 from service.retrieve.record_step import query_trace, recorded_retrieve
 from service.retrieve.refit_process import Refits
 from service.retrieve.request import (
@@ -112,9 +113,8 @@ class RetrievalPipeline:
         self.scorer = scorer
         self.settings = settings
         self.schedule = BudgetSchedule.parse(settings.budget_schedule)
-        self.search = SearchStep(
-            sessions, settings, self.schedule, scorer.reads_embeddings, replicas
-        )
+        self.search = SearchStep(sessions, settings, replicas)
+        self.planner = Planner(settings, self.schedule)
         self.learner = Learner(sessions, settings, refits)
         # The anchors answered after the deadline, recorded in the background.
         self.late = LateAnchors(self.learner, late_observer)
@@ -154,13 +154,18 @@ class RetrievalPipeline:
         query_vector = await self._query_vector(request)
         since = watch.lap("embed_ms", watch.start)
 
-        found = await self.search.find(request, query_vector)
+        found = await self.search.find(
+            request, query_vector, self.planner.anchor_window(request)
+        )
         since = watch.lap("search_ms", since)
         if found is None or len(found.candidates) == 0:
             return self._nothing_found(request, found, watch, since)
+        plan = self.planner.first_round(request, found)
         rows = _RowReads(self.learner, found.candidates)
         try:
-            return await self._score_and_record(request, query_vector, found, rows, watch, since)
+            return await self._score_and_record(
+                request, query_vector, found, plan, rows, watch, since
+            )
         finally:
             rows.close()
 
@@ -169,21 +174,23 @@ class RetrievalPipeline:
         request: RetrieveRequest,
         query_vector: np.ndarray,
         found: FoundCandidates,
+        plan: RetrievePlan,
         rows: _RowReads,
         watch: _Stopwatch,
         since: float,
     ) -> RetrieveResult:
-        scored, pending = await self._score(request, query_vector, found, rows)
+        scored, pending = await self._score(request, query_vector, found, plan, rows)
         since = watch.lap("score_ms", since)
         try:
             ranking = await asyncio.to_thread(self._rank, request.policy, found, scored, True)
             memories = self._top_k(request, found.candidates, ranking)
             since = watch.lap("complete_ms", since)
-            stage = self.schedule.stage_for(found.state.next_query_index)
-            trace = query_trace(found, ranking, scored, stage, dict(watch.timings),
+            trace = query_trace(found, ranking, scored, plan.stage, dict(watch.timings),
                                 self.settings.query_traces)
             recorded = await self.learner.record_and_learn(
-                recorded_retrieve(request, query_vector, found, scored, ranking, memories, trace),
+                recorded_retrieve(
+                    request, query_vector, found, plan, scored, ranking, memories, trace
+                ),
                 found.state,
                 await rows.result(),
             )
@@ -202,13 +209,13 @@ class RetrievalPipeline:
             query_id=None if recorded is None else recorded.query_id,
             query_index=None if recorded is None else recorded.query_index,
             policy=request.policy,
-            stage=stage,
-            budget=found.budget.budget,
-            budget_reason=found.budget.reason,
+            stage=plan.stage,
+            budget=plan.budget.budget,
+            budget_reason=plan.budget.reason,
             scorer_calls=len(scored.sent),
             reused=len(found.reused),
             paraphrased=ranking.paraphrased,
-            exploration_share=found.plan.share,
+            exploration_share=plan.anchors.share,
             scorer_requests=scored.requests,
             degraded=scored.degraded,
             memories=memories,
@@ -234,31 +241,26 @@ class RetrievalPipeline:
         request: RetrieveRequest,
         query_vector: np.ndarray,
         found: FoundCandidates,
+        plan: RetrievePlan,
         rows: _RowReads,
     ) -> tuple[ScoredAnchors, PendingAnchors | None]:
         """The anchors' scores: round one, then round two chosen from round one's (the rows each
         round's record updates are read while the scorer works on it). With a deadline, the
         scores answered by then, and the call that missed it (round one missing it: no round
         two, which would be chosen from its scores)."""
-        plan, candidates = found.plan, found.candidates
+        anchors, candidates = plan.anchors, found.candidates
         query, deadline = (request.query, query_vector), self._deadline()
-        rows.start(plan.first)
+        rows.start(anchors.first)
         scored, pending = await score_anchors_by(
-            self.scorer, query, candidates, (plan.first, plan.first_kinds),
-            found.anchor_embeddings, deadline,
+            self.scorer, query, candidates, (anchors.first, anchors.first_kinds),
+            await self._embeddings(candidates, anchors.first), deadline,
         )
-        if plan.second_size == 0 or pending is not None:
+        if anchors.second_size == 0 or pending is not None:
             return scored, pending
-        # Chosen by the completion's estimates, whatever the policy ranks by, so the policies
-        # score the same anchors (a paired comparison).
-        interim = await asyncio.to_thread(self._rank, "earm", found, scored, False)
-        second = second_round(
-            interim.estimates,
-            np.setdiff1d(np.arange(len(candidates)), np.concatenate([
-                plan.first, found.reused.positions,
-            ])),
-            plan.second_size, plan.share or 0.0, plan.seed, found.steered,
-        )
+        # Round two is chosen by the completion's estimates whatever the policy ranks by, so
+        # the policies score the same anchors (a paired comparison).
+        round_one = await asyncio.to_thread(self._rank, "earm", found, scored, False)
+        second = self.planner.second_round(plan, found, round_one)
         rows.start(second.positions)
         later, pending = await score_anchors_by(
             self.scorer, query, candidates, (second.positions, second.kinds()),
@@ -267,10 +269,14 @@ class RetrievalPipeline:
         return scored.plus(later), pending
 
     async def _embeddings(self, candidates: Candidates, positions: np.ndarray) -> np.ndarray:
+        """The embeddings of some candidates, for a scorer that reads them (else 0 columns)."""
+        if not self.scorer.reads_embeddings or len(positions) == 0:
+            return np.zeros((len(positions), 0), dtype=np.float32)
         async with self.sessions() as session:
-            embeddings = await self.search.anchor_embeddings(session, candidates, positions)
-            await session.commit()
-        return embeddings
+            return await memory_embeddings(
+                session, candidates.namespace, candidates.ids[positions],
+                self.settings.embedding_dim,
+            )
 
     def _rank(
         self, policy: Policy, found: FoundCandidates, scored: ScoredAnchors, final: bool

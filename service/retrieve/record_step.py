@@ -18,6 +18,7 @@ from service.db.record import (
     Spending,
 )
 from service.retrieve.anchors import REASONS
+from service.retrieve.plan_step import RetrievePlan
 from service.retrieve.request import RetrievedMemory, RetrieveRequest
 from service.retrieve.rerank import ESTIMATED, Ranking
 from service.retrieve.score_step import ScoredAnchors
@@ -28,6 +29,7 @@ def recorded_retrieve(
     request: RetrieveRequest,
     query_vector: np.ndarray,
     found: FoundCandidates,
+    plan: RetrievePlan,
     scored: ScoredAnchors,
     ranking: Ranking,
     memories: Sequence[RetrievedMemory],
@@ -43,7 +45,7 @@ def recorded_retrieve(
         family_key=found.family_key,
         query=ranking.query,
         prequential_errors=ranking.prequential_errors,
-        spending=Spending(len(candidates), found.budget.budget, len(scored.sent), scored.requests),
+        spending=Spending(len(candidates), plan.budget.budget, len(scored.sent), scored.requests),
         observed=ObservedCells(
             candidates.ids[observed],
             similarities,
@@ -56,11 +58,11 @@ def recorded_retrieve(
         reused=ReusedCells(
             candidates.ids[found.reused.positions],
             # What the budget would have scored had the family not covered those candidates.
-            found.budget.budget - len(scored.sent),
+            plan.budget.budget - len(scored.sent),
         ),
         returned=len(memories),
         returned_estimated=sum(m.source == ESTIMATED for m in memories),
-        exploration_share=found.plan.share,
+        exploration_share=plan.anchors.share,
         trace=trace,
     )
 

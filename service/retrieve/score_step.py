@@ -3,9 +3,11 @@ two (``service.retrieve.anchors``)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+from numpy.typing import NDArray
 
 from service.db.search import Candidates
 from service.providers.scorers import RelevanceScorer
@@ -54,9 +56,21 @@ async def score_anchors(
     scored = await scorer.score(
         query_text, query_vector, [candidates.rows[p]["text"] for p in anchors], embeddings
     )
-    values = np.array([np.nan if s is None else s for s in scored.values], dtype=np.float64)
-    succeeded = ~np.isnan(values)
+    return scored_anchors(anchors, kinds, scored.values, scored.requests)
+
+
+def score_values(values: Sequence[float | None]) -> NDArray[np.float64]:
+    """A scorer's answers as floats, NaN for a pair it failed to score."""
+    return np.array([np.nan if v is None else v for v in values], dtype=np.float64)
+
+
+def scored_anchors(
+    anchors: np.ndarray, kinds: np.ndarray, values: Sequence[float | None], requests: int
+) -> ScoredAnchors:
+    """The anchors sent and the scorer's answers for them (None: failed, left out)."""
+    scores = score_values(values)
+    succeeded = ~np.isnan(scores)
     return ScoredAnchors(
-        anchors, kinds, anchors[succeeded], values[succeeded], kinds[succeeded], scored.requests,
+        anchors, kinds, anchors[succeeded], scores[succeeded], kinds[succeeded], requests,
         bool(np.any(~succeeded)),
     )

@@ -1,0 +1,120 @@
+"""The plan step of a retrieve: its budget and every anchor decision, round one before any score
+and round two from round one's (docs/design.md "Budget and anchors"). The rules themselves are
+``service.retrieve.anchors``; this step applies them to what the search found. Pure decisions,
+no I/O."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from service.budget import BudgetSchedule
+from service.db.search import AnchorWindow
+from service.retrieve.anchors import (
+    EXPLORE,
+    MARGINAL,
+    AnchorHistory,
+    AnchorPlan,
+    AnchorRule,
+    SecondRound,
+    anchor_seed,
+    learned_plan,
+    paper_plan,
+    second_round,
+)
+from service.retrieve.request import RetrieveRequest
+from service.retrieve.rerank import Ranking
+from service.retrieve.search_step import FoundCandidates
+from service.settings import Settings
+
+_RULE = AnchorRule()
+#: What the learned rule reads of recent anchors: the two arms it compares, and every find
+#: (a find of any kind can be a discovery that later finds are credited to).
+_ANCHOR_WINDOW = AnchorWindow(_RULE.window, (MARGINAL, EXPLORE), _RULE.relevant)
+
+
+@dataclass(frozen=True)
+class BudgetDecision:
+    budget: int
+    reason: str  # why: the response's budget_reason
+
+
+@dataclass(frozen=True)
+class RetrievePlan:
+    """What one retrieve spends and scores: its stage of the schedule, its budget, and its
+    anchors (round one, then round two's size, share and seed)."""
+
+    stage: int
+    budget: BudgetDecision
+    anchors: AnchorPlan
+
+
+class Planner:
+    """The budget and the anchors of each retrieve, by the schedule and ``EARM_ANCHOR_POLICY``."""
+
+    def __init__(self, settings: Settings, schedule: BudgetSchedule) -> None:
+        self.settings = settings
+        self.schedule = schedule
+
+    def anchor_window(self, request: RetrieveRequest) -> AnchorWindow | None:
+        """What the search must read of the namespace's recent anchors for this retrieve's
+        plan (None: its anchors do not follow the learned rule)."""
+        return _ANCHOR_WINDOW if self._learns_anchors(request) else None
+
+    def first_round(self, request: RetrieveRequest, found: FoundCandidates) -> RetrievePlan:
+        """The budget and round one's anchors among the candidates the query's family has not
+        observed (the budget goes to those, so coverage grows with each asking). Stage, budget
+        and anchors follow the index this query expects; under concurrent requests the
+        recorded index can be a few higher, never lower."""
+        query_index = found.state.next_query_index
+        budget = self._budget(request, query_index, len(found.candidates))
+        return RetrievePlan(
+            self.schedule.stage_for(query_index), budget, self._anchors(request, found, budget)
+        )
+
+    def second_round(
+        self, plan: RetrievePlan, found: FoundCandidates, round_one: Ranking
+    ) -> SecondRound:
+        """Round two among the candidates neither scored in round one nor observed by the
+        query's family, by the completion's estimates with round one folded in."""
+        anchors = plan.anchors
+        unscored = np.setdiff1d(
+            np.arange(len(found.candidates)),
+            np.concatenate([anchors.first, found.reused.positions]),
+        )
+        return second_round(
+            round_one.estimates, unscored, anchors.second_size, anchors.share or 0.0,
+            anchors.seed, found.steered,
+        )
+
+    def _learns_anchors(self, request: RetrieveRequest) -> bool:
+        return self.settings.anchor_policy == "learned" and request.policy in ("earm", "observed")
+
+    def _budget(
+        self, request: RetrieveRequest, query_index: int, n_candidates: int
+    ) -> BudgetDecision:
+        if request.policy == "semantic":
+            return BudgetDecision(0, "policy semantic: no scorer calls")
+        if request.policy == "full":
+            return BudgetDecision(n_candidates, "policy full: every candidate")
+        if request.budget is not None:
+            return BudgetDecision(min(request.budget, n_candidates), "set by the request")
+        stage = self.schedule.stage_for(query_index)
+        return BudgetDecision(
+            self.schedule.budget_for_query(query_index, n_candidates),
+            f"schedule: stage {stage} of the schedule, ratio {self.schedule.stages[stage][1]:g}",
+        )
+
+    def _anchors(
+        self, request: RetrieveRequest, found: FoundCandidates, budget: BudgetDecision
+    ) -> AnchorPlan:
+        seed = anchor_seed(request.namespace, found.state.next_query_index, request.seed)
+        n_candidates, observed = len(found.candidates), found.reused.positions
+        if self._learns_anchors(request):
+            recent = found.recent_anchors
+            history = AnchorHistory(
+                recent.query_index, recent.kind, recent.memory_ids, recent.scores
+            )
+            return learned_plan(n_candidates, observed, budget.budget, history, seed)
+        return paper_plan(n_candidates, observed, budget.budget, seed, found.steered)
