@@ -2,6 +2,7 @@
 (docs/design.md "The completion model"). Pure numpy; no I/O.
 
 - ``model``: the model the service runs (fit, fold-in, prediction, leave-one-out).
+- ``posterior``: what a query's fold-in leaves unknown, each candidate's predictive spread.
 - ``prior``: its content prior, the namespace-level term every query and memory shares.
 - ``strength``: how strongly the factors are regularised, chosen per namespace by causal error.
 - ``statistics``: per-memory sufficient statistics, what the online row update re-solves from.
@@ -23,6 +24,7 @@ from service.completion.model import (
     leave_one_out,
     predict,
 )
+from service.completion.posterior import ScorePosterior, score_posterior
 from service.completion.validation import ModelFitError
 
 __all__ = [
@@ -30,6 +32,7 @@ __all__ = [
     "ContentPrior",
     "ModelFitError",
     "QueryParameters",
+    "ScorePosterior",
     "SimilarityCalibration",
     "calibrate_similarity",
     "content_offsets",
@@ -37,4 +40,5 @@ __all__ = [
     "fold_in",
     "leave_one_out",
     "predict",
+    "score_posterior",
 ]
