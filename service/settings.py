@@ -238,9 +238,33 @@ class Settings(BaseSettings):
         default="learned",
         description="Which candidates a budget scores. 'learned': two rounds, the most similar "
         "two thirds of the budget, then the rest on the highest estimates, of which an "
-        "exploring share the namespace learns is drawn at random (unscored candidates rank "
-        "among the scored ones only when estimated at 0.5 or more); 'paper': the EARM paper's "
-        "one round, half the most similar, half drawn uniformly from the rest.",
+        "exploring share the namespace learns is drawn at random (an unscored candidate ranks "
+        "among the scored ones only when EARM_TRUST_PROBABILITY says so); 'paper': the EARM "
+        "paper's one round, half the most similar, half drawn uniformly from the rest.",
+    )
+    trust_probability: float = Field(
+        default=0.95,
+        ge=0.5,
+        lt=1,
+        description="The learned rule's ranking: an unscored candidate outranks a scored one "
+        "only when the posterior of its score gives at least this probability that it scores "
+        "higher (it ranks at the score it beats with this probability; 0.5: at its estimate).",
+    )
+    acquisition_quantile: float = Field(
+        default=0.5,
+        gt=0,
+        lt=1,
+        description="The learned rule's round two: its exploiting picks are the unscored "
+        "candidates with the highest posterior quantile at this level (0.5: the highest "
+        "estimates; above, an upper confidence bound that favours candidates the anchors "
+        "leave uncertain).",
+    )
+    stop_expected: float = Field(
+        default=0.0,
+        ge=0,
+        description="The learned rule's stop: round two is not scored when the unscored "
+        "candidates are expected (by the posterior) to put fewer than this many of them above "
+        "the k-th observed score; the budget is then a ceiling. 0: never stop early.",
     )
 
     # --- request limits -------------------------------------------------------------------

@@ -17,9 +17,9 @@ that memory relevant, one for every later estimate-chosen anchor that found it r
 displace (the lower half of round two's exploiting picks) over the namespace's recent queries,
 and the share rises from its floor only as far as the evidence says exploring is worth more.
 
-The ranking's part of the rule (:func:`confident_order`, for ``rerank.rank_candidates``): an
-unscored candidate joins the scored ones only when its estimate is confidently high, so the
-calls decide the top-k and the estimates decide which calls to make.
+When to stop (:func:`expected_entrants`, for the plan): round two is skipped when the unscored
+candidates are expected, by round one's posterior, to put fewer than ``EARM_STOP_EXPECTED`` of
+them above the k-th observed score (:func:`kth_score`), the bar to enter the top k.
 docs/design.md "Budget and anchors" has the measurements.
 """
 
@@ -30,6 +30,8 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+
+from service.completion import ScorePosterior
 
 #: Anchor kinds, stored with each observation: the head round; round two's exploiting picks by
 #: estimate, upper half (EXPLOIT) and lower half (MARGINAL, what exploring displaces first);
@@ -82,6 +84,14 @@ def first_round(
 class SecondRound:
     exploit: np.ndarray  # positions, highest estimate first
     explore: np.ndarray  # positions, ascending
+    # Anchors the round would have scored that the stop rule skipped (then no positions).
+    skipped: int = 0
+
+    @classmethod
+    def stopped(cls, size: int) -> SecondRound:
+        """No round two: the ``size`` anchors it had are not scored."""
+        nothing = np.zeros(0, dtype=np.int64)
+        return cls(nothing, nothing, skipped=size)
 
     @property
     def marginal(self) -> np.ndarray:
@@ -102,8 +112,22 @@ class SecondRound:
         ]).astype(np.int8)
 
 
+def acquisition_values(
+    estimates: np.ndarray, posterior: ScorePosterior | None, level: float
+) -> np.ndarray:
+    """What round two's exploiting picks are the highest of: each candidate's posterior
+    quantile at ``level`` (``EARM_ACQUISITION_QUANTILE``): the estimate at 0.5, above it an
+    upper confidence bound that favours candidates the anchors leave uncertain; the
+    ``estimates`` without a posterior. Why an upper bound: a candidate unlike the anchors is
+    where the fold-in knows least, and scoring it teaches the most (the UCB rule of
+    bandits)."""
+    if posterior is None:
+        return estimates
+    return posterior.quantile(level)
+
+
 def second_round(
-    estimates: np.ndarray,
+    values: np.ndarray,
     unscored: np.ndarray,
     size: int,
     share: float,
@@ -113,11 +137,12 @@ def second_round(
     """Round 2 among the ``unscored`` candidate positions: ``size`` anchors, of which
     round(share · size) are drawn uniformly from those the exploiting picks leave (never from
     ``not_explored``: candidates paraphrases' evidence already speaks for) and the rest are the
-    highest ``estimates`` (ties: the more similar first). Seeded, so a replay picks the same."""
+    highest ``values`` (the plan's acquisition values; ties: the more similar first). Seeded,
+    so a replay picks the same."""
     size = min(max(0, size), len(unscored))
     n_explore = min(size, int(round(share * size)))
-    by_estimate = unscored[np.argsort(-estimates[unscored], kind="stable")]
-    exploit = by_estimate[: size - n_explore]
+    by_value = unscored[np.argsort(-values[unscored], kind="stable")]
+    exploit = by_value[: size - n_explore]
     rest = np.setdiff1d(unscored, exploit)
     if not_explored is not None:
         rest = np.setdiff1d(rest, not_explored)
@@ -195,30 +220,25 @@ def exploring_share(history: AnchorHistory, rule: AnchorRule) -> float:
     return rule.floor + (rule.ceiling - rule.floor) * advance
 
 
-#: An unscored candidate's estimate must reach this to rank among scored candidates: the
-#: scorer's own midpoint, i.e. the completion predicts the scorer would call it relevant.
-CONFIDENT = 0.5
+def kth_score(scores: np.ndarray, k: int) -> float | None:
+    """The k-th highest of a query's observed ``scores``: what an unscored candidate must beat
+    to enter its top k (None: fewer than k observed, the top k is not yet full of scores)."""
+    if len(scores) < k or k < 1:
+        return None
+    return float(np.partition(scores, len(scores) - k)[len(scores) - k])
 
 
-def confident_order(
-    scores: np.ndarray, estimates: np.ndarray, observed: np.ndarray, confident: float = CONFIDENT
-) -> np.ndarray:
-    """Candidate positions, best first (for ``service.retrieve.rerank.rank_candidates``).
-
-    Observed candidates rank by their score (authoritative); an unobserved one joins them at
-    its estimate only when the estimate is confidently high (>= ``confident``), and otherwise
-    ranks after every observed candidate, by its estimate. Why: the estimate of an unscored
-    candidate is a conditional mean, close to the query's mean score, while an observed score is
-    one noisy draw; compared directly, nearly every unscored candidate outranks every observed
-    one whose noise happened to be low, an order set by the noise (it pushed the scorer's missed
-    relevant candidates out of the top 20 on the LoCoMo dev stream). Ties keep the semantic
-    order (stable sort)."""
-    unobserved = np.ones(len(scores), dtype=bool)
-    unobserved[observed] = False
-    behind = unobserved & (estimates < confident)
-    # Two keys: whether a candidate ranks behind the observed ones, then its score.
-    order: np.ndarray = np.lexsort((np.arange(len(scores)), -scores, behind))
-    return order
+def expected_entrants(
+    posterior: ScorePosterior, observed_scores: np.ndarray, unscored: np.ndarray, k: int
+) -> float | None:
+    """How many of the ``unscored`` candidates the ``posterior`` expects to score above the
+    k-th observed score (the plan's stop rule weighs this against ``EARM_STOP_EXPECTED``).
+    None with fewer than k observed: the top k is not full of judgements yet, so every
+    unscored candidate could still enter it."""
+    bar = kth_score(observed_scores, k)
+    if bar is None:
+        return None
+    return float(posterior.beat_probability(bar)[unscored].sum())
 
 
 # --- the plan of a retrieve: round one now, round two from round one's scores ---------------------

@@ -23,6 +23,7 @@ class RerankRequest:
     namespace: str
     query: str
     documents: Sequence[str]  # the caller's order: its own first stage's ranking
+    top_n: int | None = None  # how many of the answer the caller reads (None: all)
 
 
 @dataclass(frozen=True)
@@ -72,6 +73,7 @@ async def rerank_documents(pipeline: RetrievalPipeline, request: RerankRequest) 
                 k=len(set(ids)),
                 order="relevance",
                 given=tuple(dict.fromkeys(ids)),
+                top_n=request.top_n,
             )
         )
     except EmbedderUnavailable:

@@ -35,7 +35,13 @@ from service.retrieve.request import (
     RetrieveResult,
     Timings,
 )
-from service.retrieve.rerank import CandidateObservations, Policy, Ranking, rank_candidates
+from service.retrieve.rerank import (
+    CandidateObservations,
+    Policy,
+    Ranking,
+    Trust,
+    rank_candidates,
+)
 from service.retrieve.score_step import ScoredAnchors
 from service.retrieve.search_step import FoundCandidates, SearchStep
 from service.settings import Settings
@@ -182,7 +188,9 @@ class RetrievalPipeline:
         scored, pending = await self._score(request, query_vector, found, plan, rows)
         since = watch.lap("score_ms", since)
         try:
-            ranking = await asyncio.to_thread(self._rank, request.policy, found, scored, True)
+            ranking = await asyncio.to_thread(
+                self._rank, request.policy, found, scored, self._trust()
+            )
             memories = self._top_k(request, found.candidates, ranking)
             since = watch.lap("complete_ms", since)
             trace = query_trace(found, ranking, scored, plan.stage, dict(watch.timings),
@@ -213,6 +221,7 @@ class RetrievalPipeline:
             budget=plan.budget.budget,
             budget_reason=plan.budget.reason,
             scorer_calls=len(scored.sent),
+            stopped_anchors=scored.stopped if self.settings.stop_expected > 0 else None,
             reused=len(found.reused),
             paraphrased=ranking.paraphrased,
             exploration_share=plan.anchors.share,
@@ -259,8 +268,10 @@ class RetrievalPipeline:
             return scored, pending
         # Round two is chosen by the completion's estimates whatever the policy ranks by, so
         # the policies score the same anchors (a paired comparison).
-        round_one = await asyncio.to_thread(self._rank, "earm", found, scored, False)
-        second = self.planner.second_round(plan, found, round_one)
+        round_one = await asyncio.to_thread(self._rank, "earm", found, scored, None)
+        second = self.planner.second_round(plan, found, round_one, request.read)
+        if second.skipped:
+            return scored.stopping(second.skipped), pending
         rows.start(second.positions)
         later, pending = await score_anchors_by(
             self.scorer, query, candidates, (second.positions, second.kinds()),
@@ -278,13 +289,20 @@ class RetrievalPipeline:
                 self.settings.embedding_dim,
             )
 
+    def _trust(self) -> Trust | None:
+        """When the final ranking lets an unscored candidate outrank a scored one: under the
+        learned anchor rule, when trusted to score higher (None: by its estimate, as every
+        other ranking)."""
+        if self.settings.anchor_policy != "learned":
+            return None
+        return Trust(self.settings.trust_probability)
+
     def _rank(
-        self, policy: Policy, found: FoundCandidates, scored: ScoredAnchors, final: bool
+        self, policy: Policy, found: FoundCandidates, scored: ScoredAnchors, trust: Trust | None
     ) -> Ranking:
         """The candidates ranked by ``policy`` from the anchors the scorer scored and the
-        candidates the query's family observed (CPU work: run in a thread). The ``final``
-        ranking of the learned anchor rule lets an unscored candidate join the scored ones only
-        when confidently high."""
+        candidates the query's family observed (CPU work: run in a thread); ``trust``: see
+        ``rank_candidates``."""
         reused = found.reused
         observed = CandidateObservations(
             np.concatenate([scored.positions, reused.positions]),
@@ -299,7 +317,7 @@ class RetrievalPipeline:
             self.settings.reg,
             found.neighbours,
             self.settings.paraphrase_prior,
-            confident_join=final and self.settings.anchor_policy == "learned",
+            trust=trust,
         )
 
     def _nothing_found(

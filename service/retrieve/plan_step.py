@@ -18,13 +18,15 @@ from service.retrieve.anchors import (
     AnchorPlan,
     AnchorRule,
     SecondRound,
+    acquisition_values,
     anchor_seed,
+    expected_entrants,
     learned_plan,
     paper_plan,
     second_round,
 )
 from service.retrieve.request import RetrieveRequest
-from service.retrieve.rerank import Ranking
+from service.retrieve.rerank import OBSERVED, Ranking
 from service.retrieve.search_step import FoundCandidates
 from service.settings import Settings
 
@@ -74,19 +76,34 @@ class Planner:
         )
 
     def second_round(
-        self, plan: RetrievePlan, found: FoundCandidates, round_one: Ranking
+        self, plan: RetrievePlan, found: FoundCandidates, round_one: Ranking, k: int
     ) -> SecondRound:
         """Round two among the candidates neither scored in round one nor observed by the
-        query's family, by the completion's estimates with round one folded in."""
+        query's family, by the completion's posterior with round one folded in; none when
+        the stop rule says it cannot plausibly change the top ``k``."""
         anchors = plan.anchors
         unscored = np.setdiff1d(
             np.arange(len(found.candidates)),
             np.concatenate([anchors.first, found.reused.positions]),
         )
+        if self._stops(round_one, unscored, k):
+            return SecondRound.stopped(min(anchors.second_size, len(unscored)))
         return second_round(
-            round_one.estimates, unscored, anchors.second_size, anchors.share or 0.0,
-            anchors.seed, found.steered,
+            acquisition_values(
+                round_one.estimates, round_one.posterior, self.settings.acquisition_quantile
+            ),
+            unscored, anchors.second_size, anchors.share or 0.0, anchors.seed, found.steered,
         )
+
+    def _stops(self, round_one: Ranking, unscored: np.ndarray, k: int) -> bool:
+        """Whether the unscored candidates are expected (by round one's posterior) to put
+        fewer than ``EARM_STOP_EXPECTED`` of them into the top ``k``."""
+        posterior = round_one.posterior
+        if self.settings.stop_expected <= 0 or posterior is None or len(unscored) == 0:
+            return False
+        observed = np.array(round_one.sources) == OBSERVED
+        expected = expected_entrants(posterior, round_one.scores[observed], unscored, k)
+        return expected is not None and expected < self.settings.stop_expected
 
     def _learns_anchors(self, request: RetrieveRequest) -> bool:
         return self.settings.anchor_policy == "learned" and request.policy in ("earm", "observed")

@@ -32,6 +32,14 @@ class RetrieveRequest:
     # caller's own first stage, instead of a semantic search (the rerank protocol); their
     # order is the semantic ranking the budget and the anchors work from.
     given: tuple[int, ...] | None = None
+    # How many of the ranking the caller reads when fewer than k: the rerank protocol ranks
+    # every document, its caller reads the top_n it asked for (the stop rule's k).
+    top_n: int | None = None
+
+    @property
+    def read(self) -> int:
+        """How many of the ranking the caller reads: the top the stop rule protects."""
+        return self.k if self.top_n is None else min(self.top_n, self.k)
 
     def semantic_candidates(self, default: int) -> int:
         """The semantic candidates (N) asked for; ``default``: the deployment's."""
@@ -93,6 +101,16 @@ class RetrieveResult:
     degraded: bool
     memories: list[RetrievedMemory]
     timings: Timings
+    # Left out of the JSON while the stop rule is off, so the response is what it was.
+    stopped_anchors: Annotated[
+        int | None,
+        Field(
+            exclude_if=lambda stopped: stopped is None,
+            description="Anchors the budget allowed that were not scored because the "
+            "posterior expected fewer than EARM_STOP_EXPECTED unscored candidates to enter "
+            "the top k (round two skipped). Absent when EARM_STOP_EXPECTED is 0.",
+        ),
+    ] = None
     # Left out of the JSON without a deadline, so the response is what it was.
     late: Annotated[
         int | None,

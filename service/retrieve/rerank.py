@@ -12,12 +12,13 @@ import numpy as np
 
 from service.completion import (
     QueryParameters,
+    ScorePosterior,
     calibrate_similarity,
     fold_in,
     leave_one_out,
     predict,
+    score_posterior,
 )
-from service.retrieve.anchors import confident_order
 from service.retrieve.reuse import NeighbourEvidence
 
 Policy = Literal["earm", "semantic", "full", "observed"]
@@ -59,6 +60,17 @@ class Ranking:
     prequential_errors: np.ndarray
     # Unobserved candidates whose estimate near-paraphrases' observations weighed on.
     paraphrased: int = 0
+    # earm with something observed: each candidate's score as the fold-in's posterior predicts
+    # it (mean: ``estimates``), what the trust and stop rules weigh.
+    posterior: ScorePosterior | None = None
+
+
+@dataclass(frozen=True)
+class Trust:
+    """When an unscored candidate outranks a scored one (earm's final ranking): when the
+    posterior of its score says it scores higher with ``probability``."""
+
+    probability: float
 
 
 @dataclass(frozen=True)
@@ -83,13 +95,13 @@ def rank_candidates(
     reg: float,
     neighbours: NeighbourEvidence | None = None,
     neighbour_prior: float = 1.0,
-    confident_join: bool = False,
+    trust: Trust | None = None,
 ) -> Ranking:
     """Final scores for every candidate and their order. ``neighbours`` (earm only): what
     near-paraphrases of the query observed; a candidate's estimate becomes
-    (κ·model + Σ w·s) / (κ + Σ w), κ = ``neighbour_prior``. With ``confident_join`` (earm
-    only) an unobserved candidate ranks among the observed ones only when its estimate is
-    confidently high, after all of them otherwise (``service.retrieve.anchors.confident_order``).
+    (κ·model + Σ w·s) / (κ + Σ w), κ = ``neighbour_prior``. With ``trust`` (earm only) an
+    unobserved candidate outranks an observed one only when its posterior gives it the trust
+    probability of scoring higher (:func:`_trusted_order`); its ``score`` stays its estimate.
 
     - observed cells keep their score (every policy);
     - ``earm``: every unobserved memory gets the completion estimate from the model fitted on
@@ -120,14 +132,32 @@ def rank_candidates(
 
     # Ties (e.g. equal observed scores) keep the semantic order: the candidates arrive most
     # similar first and the sort is stable.
-    if confident_join and policy == "earm":
-        order = confident_order(scores, estimates, observed.positions)
+    posterior = None if estimate.sd is None else ScorePosterior(estimates, estimate.sd)
+    if trust is not None and posterior is not None:
+        order = _trusted_order(scores, observed.positions, posterior, trust)
     else:
         order = np.argsort(-scores, kind="stable")
     return Ranking(
         order, scores, estimates, sources, estimate.query, estimate.prequential_errors,
-        int(np.count_nonzero(paraphrased)),
+        int(np.count_nonzero(paraphrased)), posterior,
     )
+
+
+def _trusted_order(
+    scores: np.ndarray, observed: np.ndarray, posterior: ScorePosterior, trust: Trust
+) -> np.ndarray:
+    """Observed candidates rank by their score (authoritative), an unobserved one by the score
+    it beats with the trust probability (its posterior's lower bound): it outranks an observed
+    candidate only when the posterior gives it that probability of scoring higher. Why not
+    the estimate itself: an unscored candidate's estimate is a conditional mean, close to the
+    query's mean score, while an observed score is one noisy draw; compared directly, nearly
+    every unscored candidate outranked every observed one whose noise happened to be low, an
+    order set by the noise (it pushed the scorer's missed relevant candidates out of the top 20
+    on the LoCoMo dev stream). Ties keep the semantic order (stable sort)."""
+    keys = posterior.quantile(1.0 - trust.probability)
+    keys[observed] = scores[observed]
+    order: np.ndarray = np.argsort(-keys, kind="stable")
+    return order
 
 
 @dataclass(frozen=True)
@@ -139,6 +169,7 @@ class _Estimate:
     query: QueryParameters | None
     prequential_errors: np.ndarray
     paraphrased: np.ndarray  # bool: near-paraphrases' observations weighed on the estimate
+    sd: np.ndarray | None = None  # earm: the posterior's predictive sd of each candidate
 
 
 def _estimate_unobserved(
@@ -169,6 +200,17 @@ def _estimate_unobserved(
     scores = predict(
         mean_score, memory_offsets, candidates.memory_factors, candidates.similarities, query
     )
+    positions = observed.positions
+    posterior = score_posterior(
+        mean_score,
+        (memory_offsets[positions], candidates.memory_factors[positions],
+         candidates.similarities[positions]),
+        observed.scores,
+        query,
+        (memory_offsets, candidates.memory_factors, candidates.similarities),
+        reg,
+        candidates.factor_reg,
+    )
     learned = (candidates.observation_count > 0) | (candidates.prior_offsets != 0)
     if neighbours is not None:
         paraphrased = neighbours.weights > 0
@@ -179,7 +221,7 @@ def _estimate_unobserved(
         learned |= paraphrased
     for position in np.flatnonzero(learned):
         sources[position] = ESTIMATED
-    return _Estimate(scores, sources, query, prequential_errors, paraphrased)
+    return _Estimate(scores, sources, query, prequential_errors, paraphrased, posterior.sd)
 
 
 def _fold_in_query(

@@ -4,7 +4,7 @@ two (``service.retrieve.anchors``)."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 from numpy.typing import NDArray
@@ -26,6 +26,8 @@ class ScoredAnchors:
     kinds: np.ndarray  # int8, of the scored positions
     requests: int  # HTTP requests the scorer made for them, retries included
     degraded: bool  # some pair failed
+    # Anchors the plan budgeted and its stop rule left unscored (round two skipped).
+    stopped: int = 0
 
     def plus(self, later: ScoredAnchors) -> ScoredAnchors:
         """These anchors and a later round's."""
@@ -37,7 +39,12 @@ class ScoredAnchors:
             kinds=np.concatenate([self.kinds, later.kinds]),
             requests=self.requests + later.requests,
             degraded=self.degraded or later.degraded,
+            stopped=self.stopped + later.stopped,
         )
+
+    def stopping(self, anchors: int) -> ScoredAnchors:
+        """These anchors, and ``anchors`` more the stop rule left unscored."""
+        return replace(self, stopped=self.stopped + anchors)
 
 
 async def score_anchors(

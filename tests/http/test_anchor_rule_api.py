@@ -112,21 +112,27 @@ def test_without_a_choice_of_anchors_there_is_one_round_and_no_share(
     assert reasons == ({"head"} if policy == "full" else {None})
 
 
-def test_an_unscored_candidate_below_the_midpoint_ranks_after_every_scored_one(
-    judge_settings: Callable[..., Settings], reranker: Any
+@pytest.mark.parametrize("trust", [0.5, 0.999])
+def test_an_unscored_candidate_outranks_a_scored_one_only_when_trusted_to_score_higher(
+    judge_settings: Callable[..., Settings], reranker: Any, trust: float
 ) -> None:
-    """Observed scores decide the top: the candidates nobody scored follow them unless the
-    completion estimates them at 0.5 or more."""
-    with TestClient(create_app(settings_for(judge_settings, reranker))) as client:
+    """At even odds an unscored candidate ranks at its estimate, so scores fall with rank; a
+    near-certain trust keeps every unscored candidate (their estimates are guesses near the
+    query's mean) behind the scored ones, whose scores alone order the top."""
+    settings = settings_for(judge_settings, reranker, trust_probability=trust)
+    with TestClient(create_app(settings)) as client:
         ingest(client)
         result = retrieve(client, "Which memories are about topic 3?", k=CANDIDATES,
                           order="relevance")
-    sources = [m["source"] for m in result["memories"]]
-    observed = [m for m in result["memories"] if m["source"] == "observed"]
-    unconfident = [i for i, m in enumerate(result["memories"])
-                   if m["source"] != "observed" and m["score"] < 0.5]
-    assert len(observed) == BUDGET and unconfident
-    assert min(unconfident) > max(i for i, s in enumerate(sources) if s == "observed")
+    memories = result["memories"]
+    scores = [m["score"] for m in memories]
+    sources = [m["source"] for m in memories]
+    assert sources.count("observed") == BUDGET
+    if trust == 0.5:
+        assert scores == sorted(scores, reverse=True)
+    else:
+        assert sources[:BUDGET] == ["observed"] * BUDGET
+        assert scores[:BUDGET] == sorted(scores[:BUDGET], reverse=True)
 
 
 def test_the_learned_rule_replays_the_same_anchors_for_a_seed(
@@ -147,3 +153,36 @@ def test_the_learned_rule_replays_the_same_anchors_for_a_seed(
             return rounds
 
     assert replay() == replay()
+
+
+def test_the_stop_rule_skips_round_two_and_reports_the_calls_it_saved(
+    judge_settings: Callable[..., Settings], reranker: Any
+) -> None:
+    """A threshold no posterior can fall below (more entrants than candidates) stops every
+    query whose top k round one filled with scores."""
+    settings = settings_for(judge_settings, reranker, stop_expected=float(CANDIDATES + 1))
+    with TestClient(create_app(settings)) as client:
+        ingest(client)
+        result = retrieve(client, "Which memories are about topic 3?", k=5)
+    assert (result["scorer_calls"], result["scorer_requests"]) == (10, 1)
+    assert result["stopped_anchors"] == BUDGET - 10
+    assert len(reranker.requests) == 1
+
+
+def test_the_stop_rule_never_stops_a_query_whose_top_k_is_not_full_of_scores(
+    judge_settings: Callable[..., Settings], reranker: Any
+) -> None:
+    settings = settings_for(judge_settings, reranker, stop_expected=float(CANDIDATES + 1))
+    with TestClient(create_app(settings)) as client:
+        ingest(client)
+        result = retrieve(client, "Which memories are about topic 3?", k=BUDGET)
+    assert (result["scorer_calls"], result["stopped_anchors"]) == (BUDGET, 0)
+
+
+def test_without_the_stop_rule_the_response_has_no_stopped_anchors(
+    judge_settings: Callable[..., Settings], reranker: Any
+) -> None:
+    with TestClient(create_app(settings_for(judge_settings, reranker))) as client:
+        ingest(client)
+        result = retrieve(client, "Which memories are about topic 3?")
+    assert "stopped_anchors" not in result

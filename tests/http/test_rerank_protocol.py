@@ -426,3 +426,17 @@ def test_two_calls_of_the_largest_allowed_document_set_are_both_answered(earm: E
         )
         assert earm_of(response)["scorer_calls"] > 0
         assert len(response.json()["results"]) == len(documents)
+
+
+def test_top_n_is_the_top_the_stop_rule_protects(earm: Earm) -> None:
+    """With a stop threshold no posterior falls below, a call whose round one filled its
+    top_n with scores skips round two; without top_n every document is read, so it never
+    stops."""
+    client = earm(budget_schedule="0:0.5", stop_expected=1000.0)
+    documents = [f"Alice's note {i}: {word}" for i, word in enumerate(
+        ["peanuts", "sushi", "Porto", "marathon", "meetings", "river"] * 5
+    )]  # 30 documents: a budget of 15, of which the head is 10
+    for top_n, calls in ((3, 10), (None, 15)):
+        body = cohere_body(query=f"What does Alice eat {top_n}?", documents=documents)
+        meta = earm_of(client.post("/v1/rerank", json=body | {"top_n": top_n}))
+        assert (meta["budget"], meta["scorer_calls"]) == (15, calls)

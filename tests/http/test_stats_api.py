@@ -78,7 +78,8 @@ def test_stats_after_retrieves_report_counts_savings_and_completion_quality(
     rng = np.random.default_rng(3)
     center = unit(rng.normal(size=DIM))
     ingest(judged_client, "agent-1", N_MEMORIES, center, rng)
-    results = run_queries(judged_client, "agent-1", 8, center, rng)
+    # k above the later budgets: the answers then hold unscored, estimated memories too.
+    results = run_queries(judged_client, "agent-1", 8, center, rng, k=10)
 
     response = judged_client.get("/stats", params={"namespace": "agent-1"})
     assert response.status_code == 200, response.text

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pytest
 
+from service.completion.posterior import ScorePosterior
 from service.retrieve.anchors import (
     EXPLOIT,
     EXPLORE,
@@ -22,10 +23,12 @@ from service.retrieve.anchors import (
     MARGINAL,
     AnchorHistory,
     AnchorRule,
+    acquisition_values,
     anchor_values,
-    confident_order,
+    expected_entrants,
     exploring_share,
     first_round,
+    kth_score,
     second_round,
 )
 
@@ -268,24 +271,47 @@ def test_the_share_of_query_t_depends_on_earlier_queries_only() -> None:
     assert _stream(replay, 25) == shares[:25]
 
 
-# --- the ranking: unscored candidates join the scored ones only when confidently high -------
+# --- what round two scores: an upper confidence bound -------------------------------------
 
 
-def test_an_unscored_candidate_below_the_midpoint_ranks_after_every_scored_one() -> None:
-    scores = np.array([0.05, 0.9, 0.2, 0.15, 0.0])  # positions 2 and 3 unscored (estimates)
-    estimates = np.array([0.1, 0.1, 0.2, 0.15, 0.1])
-    order = confident_order(scores, estimates, observed=np.array([0, 1, 4]))
-    assert order.tolist() == [1, 0, 4, 2, 3]
+def test_round_two_prefers_the_uncertain_of_two_equal_estimates_under_an_upper_bound() -> None:
+    estimates = np.array([0.3, 0.3, 0.1])
+    posterior = ScorePosterior(estimates, np.array([0.05, 0.3, 0.05]))
+    unscored = np.arange(3)
+    by_bound = second_round(acquisition_values(estimates, posterior, 0.8), unscored, 1, 0.0, 0)
+    by_estimate = second_round(acquisition_values(estimates, posterior, 0.5), unscored, 1, 0.0, 0)
+    assert by_bound.exploit.tolist() == [1]
+    assert by_estimate.exploit.tolist() == [0]  # the tie keeps the more similar
 
 
-def test_a_confidently_high_estimate_joins_the_scored_candidates_at_its_estimate() -> None:
-    scores = np.array([0.05, 0.9, 0.7, 0.0])
-    estimates = np.array([0.1, 0.1, 0.7, 0.1])
-    order = confident_order(scores, estimates, observed=np.array([0, 1, 3]))
-    assert order.tolist() == [1, 2, 0, 3]
+def test_without_a_posterior_round_two_goes_by_the_estimates() -> None:
+    estimates = np.array([0.1, 0.4])
+    assert acquisition_values(estimates, None, 0.9) is estimates
 
 
-def test_equal_scores_keep_the_semantic_order() -> None:
-    scores = np.zeros(4)
-    order = confident_order(scores, np.zeros(4), observed=np.array([1, 3]))
-    assert order.tolist() == [1, 3, 0, 2]
+# --- the stop rule: what round two could still change ---------------------------------------
+
+
+def test_the_bar_to_enter_the_top_k_is_the_kth_observed_score() -> None:
+    scores = np.array([0.1, 0.9, 0.4, 0.7])
+    assert kth_score(scores, 1) == 0.9
+    assert kth_score(scores, 3) == 0.4
+    assert kth_score(scores, 5) is None  # the top 5 is not full of scores
+
+
+def test_unscored_candidates_far_below_the_top_k_are_expected_to_enter_none() -> None:
+    observed = np.array([0.9, 0.8, 0.7])
+    posterior = ScorePosterior(np.array([0.9, 0.8, 0.7, 0.1, 0.1]), np.full(5, 0.05))
+    expected = expected_entrants(posterior, observed, unscored=np.array([3, 4]), k=3)
+    assert expected is not None and expected < 1e-6
+
+
+def test_an_unscored_candidate_at_the_bar_counts_half() -> None:
+    observed = np.array([0.9, 0.6, 0.2])
+    posterior = ScorePosterior(np.array([0.0, 0.0, 0.0, 0.6, 0.1]), np.array([1, 1, 1, 0.1, 0.01]))
+    assert expected_entrants(posterior, observed, np.array([3, 4]), k=2) == pytest.approx(0.5)
+
+
+def test_with_fewer_than_k_observed_every_unscored_candidate_may_still_enter() -> None:
+    posterior = ScorePosterior(np.zeros(4), np.full(4, 0.01))
+    assert expected_entrants(posterior, np.array([0.9, 0.8]), np.array([2, 3]), k=3) is None

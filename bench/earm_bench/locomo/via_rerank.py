@@ -82,8 +82,10 @@ def _semantic(clients: Clients, config: LocomoConfig, t: int, query: str,
     return Ranking(list(range(len(documents))))
 
 
-def _rerank(client: httpx.Client, model: str, query: str, documents: list[str]) -> Any:
-    body = {"model": model, "query": query, "documents": documents}
+def _rerank(
+    client: httpx.Client, model: str, query: str, documents: list[str], top_n: int | None = None
+) -> Any:
+    body = {"model": model, "query": query, "documents": documents, "top_n": top_n}
     return check(client.post("/v1/rerank", json=body))
 
 
@@ -101,7 +103,11 @@ def _top_b(clients: Clients, config: LocomoConfig, t: int, query: str,
 
 def _earm(clients: Clients, config: LocomoConfig, t: int, query: str,
           documents: list[str]) -> Ranking:
-    answer = _rerank(clients.earm, f"earm/{clients.namespace}", query, documents)
+    # The stack reads the top max(k) of the answer, and says so: earm's stop rule protects
+    # that top.
+    answer = _rerank(
+        clients.earm, f"earm/{clients.namespace}", query, documents, max(config.ks)
+    )
     meta = answer["meta"]["earm"]
     timings = meta.get("timings") or {}
     return Ranking(

@@ -107,11 +107,14 @@ async def _rerank(
     header: str | None,
     query: str,
     documents: list[str],
+    top_n: int | None,
 ) -> RerankResult:
     """The documents reranked in the namespace that ``model`` or ``header`` (or the setting)
     names, whichever protocol shape asked."""
     components, principal, metrics = deps
-    rerank = RerankRequest(rerank_namespace(model, header, components.settings), query, documents)
+    rerank = RerankRequest(
+        rerank_namespace(model, header, components.settings), query, documents, top_n
+    )
     annotate(request, namespace=rerank.namespace, documents=len(rerank.documents))
     require_namespace(principal, rerank.namespace)
     result = await rerank_documents(components.pipeline, rerank)
@@ -174,7 +177,9 @@ def _tei_answer(body: TeiRerankIn, result: RerankResult) -> list[TeiRankOut]:
 async def _cohere(
     request: Request, response: Response, body: CohereRerankIn, deps: _Deps, header: str | None
 ) -> CohereRerankOut:
-    result = await _rerank(request, deps, body.model, header, body.query, body.texts())
+    result = await _rerank(
+        request, deps, body.model, header, body.query, body.texts(), body.top_n
+    )
     answer = _cohere_answer(body, result)
     _set_earm_header(response, answer.meta.earm)
     return answer
@@ -183,7 +188,7 @@ async def _cohere(
 async def _tei(
     request: Request, response: Response, body: TeiRerankIn, deps: _Deps, header: str | None
 ) -> list[TeiRankOut]:
-    result = await _rerank(request, deps, None, header, body.query, body.texts)
+    result = await _rerank(request, deps, None, header, body.query, body.texts, None)
     _set_earm_header(response, _earm(result, None))
     return _tei_answer(body, result)
 
