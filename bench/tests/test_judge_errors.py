@@ -321,13 +321,17 @@ def test_the_judge_errors_flag() -> None:
         NoiseModel(errors="lenient")
 
 
+#: A made-up conversation in LoCoMo's layout: the smoke runs need no external data.
+MINI_DIR = Path(__file__).parent / "data" / "locomo-mini"
+
+
 @pytest.mark.parametrize("errors", MODELS)
 def test_earm_bench_locomo_runs_each_judge_error_model(
-    locomo_dir: Path, tmp_path: Path, postgres_server: str, errors: str
+    tmp_path: Path, postgres_server: str, errors: str
 ) -> None:
     out = tmp_path / "RESULTS.json"
     status = main([
-        "bench", "locomo", "--data", str(locomo_dir), "--conversations", "conv-30",
+        "bench", "locomo", "--data", str(MINI_DIR), "--conversations", "conv-mini",
         "--max-sessions", "1", "--max-questions", "3", "--candidates", "20", "--k", "5",
         "--policies", "earm", "--schedule", "0:1.0,2:0.5",
         "--judge-protocol", "rerank", "--judge-errors", errors, "--no-progress",
