@@ -1,7 +1,9 @@
 """The LoCoMo replay benchmark: loader, oracle judge, metrics, and a seconds-long end-to-end smoke.
 
 The LoCoMo data is read from ``../shared/data/locomo`` next to the repository (or
-``EARM_LOCOMO_DIR``); it is never copied into the repository. Unit tests use synthetic samples.
+``EARM_LOCOMO_DIR``); it is never copied into the repository. Unit tests use synthetic samples,
+and the end-to-end smokes a made-up conversation in its layout (``tests/data/locomo-mini``), so
+they run on any checkout; the tests that need the real data skip without it.
 """
 
 from __future__ import annotations
@@ -59,6 +61,9 @@ from earm_bench.locomo.shift import summarize_shift
 from service.budget import BudgetSchedule
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
+#: A made-up conversation in LoCoMo's layout (4 sessions of 16 turns, 16 questions): the smoke
+#: replays need no external data.
+MINI_DIR = Path(__file__).parent / "data" / "locomo-mini"
 LOCOMO_DIR = Path(
     os.environ.get("EARM_LOCOMO_DIR") or REPO_ROOT.parent / "shared" / "data" / "locomo"
 )
@@ -382,14 +387,13 @@ def top_b_budgets(schedule: str, k: int, candidates: Sequence[int]) -> list[int]
     return [max(k, parsed.budget_for_query(t, n)) for t, n in enumerate(candidates)]
 
 
-@needs_locomo
 def test_locomo_replay_smoke(tmp_path: Path, postgres_server: str) -> None:
     n_questions, candidates, schedule = 15, 40, "0:1.0,5:0.5,10:0.25"
     config = LocomoConfig(
-        data_dir=LOCOMO_DIR,
+        data_dir=MINI_DIR,
         out=tmp_path / "RESULTS.json",
         plot=tmp_path / "plot.png",
-        conversations=("conv-26",),
+        conversations=("conv-mini",),
         max_sessions=4,
         max_questions=n_questions,
         candidates=candidates,
@@ -442,7 +446,6 @@ def test_locomo_replay_smoke(tmp_path: Path, postgres_server: str) -> None:
     assert f"| top-b | {pct(recall['top-b'])} |" in table and "| earm − top-b |" in table
 
 
-@needs_locomo
 @pytest.mark.parametrize("errors", ["independent", "correlated", "crossencoder"])
 def test_locomo_judge_gives_the_same_recall_through_chat_and_rerank(
     postgres_server: str, errors: str
@@ -452,7 +455,7 @@ def test_locomo_judge_gives_the_same_recall_through_chat_and_rerank(
 
     def run(protocol: str) -> dict[str, Any]:
         return run_locomo(LocomoConfig(
-            data_dir=LOCOMO_DIR, conversations=("conv-26",), max_sessions=2, max_questions=6,
+            data_dir=MINI_DIR, conversations=("conv-mini",), max_sessions=2, max_questions=6,
             candidates=30, ks=(5, 10), policies=policies, schedule="0:1.0,2:0.5",
             judge_protocol=protocol, judge_errors=errors, seed=7, per_query=True,
             progress=False, database_server=postgres_server,
@@ -478,7 +481,6 @@ def test_locomo_judge_gives_the_same_recall_through_chat_and_rerank(
     assert rerank["settings"]["judge_model"]["stats"]["unknown"] == 0
 
 
-@needs_locomo
 def test_locomo_via_rerank_puts_earm_in_the_reranker_slot_of_a_client_with_its_own_search(
     postgres_server: str,
 ) -> None:
@@ -487,7 +489,7 @@ def test_locomo_via_rerank_puts_earm_in_the_reranker_slot_of_a_client_with_its_o
     verbatim (no unknown pair)."""
     n_questions, candidates, schedule = 6, 20, "0:1.0,2:0.5,4:0.25"
     results = run_locomo(LocomoConfig(
-        data_dir=LOCOMO_DIR, conversations=("conv-26",), max_sessions=2,
+        data_dir=MINI_DIR, conversations=("conv-mini",), max_sessions=2,
         max_questions=n_questions, candidates=candidates, ks=(5,), schedule=schedule,
         via="rerank", judge_miss=0.0, judge_false=0.0, judge_noise=0.0, per_query=True,
         progress=False, database_server=postgres_server,
@@ -543,7 +545,7 @@ def test_locomo_repeat_smoke_reuses_for_earm_and_keeps_full_and_top_b_stateless(
     n_questions, candidates, repeat, schedule = 10, 40, 2, "0:1.0,5:0.5,10:0.25"
     config = LocomoConfig(
         data_dir=LOCOMO_DIR,
-        conversations=("conv-26",),
+        conversations=("conv-mini",),
         max_sessions=4,
         max_questions=n_questions,
         candidates=candidates,
