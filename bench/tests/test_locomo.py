@@ -538,13 +538,12 @@ def test_repeat_rounds_reask_every_question_half_verbatim_half_rephrased() -> No
     assert askings(conv, LocomoConfig(data_dir=Path("."))) == stream[: len(questions)]
 
 
-@needs_locomo
 def test_locomo_repeat_smoke_reuses_for_earm_and_keeps_full_and_top_b_stateless(
     postgres_server: str,
 ) -> None:
     n_questions, candidates, repeat, schedule = 10, 40, 2, "0:1.0,5:0.5,10:0.25"
     config = LocomoConfig(
-        data_dir=LOCOMO_DIR,
+        data_dir=MINI_DIR,
         conversations=("conv-mini",),
         max_sessions=4,
         max_questions=n_questions,
