@@ -4,8 +4,6 @@
   helpers, markdown tables, the service and judge processes, scratch databases);
 - :mod:`earm_bench.locomo`: ``earm bench locomo``, the LoCoMo replay;
 - :mod:`earm_bench.load`: ``earm bench load``, scale and speed against the pgvector floor;
-- :mod:`earm_bench.load_mix`: ``earm bench load-mix``, a mixed load and an audit;
-- :mod:`earm_bench.hnsw`: ``earm bench hnsw``, the HNSW build parameters;
 - :mod:`earm_bench.cli`: ``earm bench`` itself, registered with the product's command line.
 
 The real HTTP stand-ins of the LLM and embedding providers that the benchmarks serve their

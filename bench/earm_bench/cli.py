@@ -11,12 +11,8 @@ import argparse
 
 from earm_bench.capacity import add_capacity_parser
 from earm_bench.deadline import add_deadline_parser
-from earm_bench.hnsw import add_hnsw_parser
-from earm_bench.ingest_stall import add_ingest_stall_parser
 from earm_bench.load import add_load_parser
-from earm_bench.load_mix import add_load_mix_parser
 from earm_bench.locomo import add_locomo_parser
-from earm_bench.replica import add_replica_parser
 from earm_bench.tenancy import add_tenancy_parser
 
 
@@ -26,11 +22,7 @@ def add_bench_parser(commands: argparse._SubParsersAction[argparse.ArgumentParse
     bench = commands.add_parser("bench", help="benchmarks (the earm-bench distribution)")
     benchmarks = bench.add_subparsers(dest="bench", required=True)
     add_locomo_parser(benchmarks)
-    add_load_mix_parser(benchmarks)
     add_load_parser(benchmarks)
-    add_hnsw_parser(benchmarks)
-    add_ingest_stall_parser(benchmarks)
     add_tenancy_parser(benchmarks)
     add_deadline_parser(benchmarks)
-    add_replica_parser(benchmarks)
     add_capacity_parser(benchmarks)

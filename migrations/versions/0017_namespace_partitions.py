@@ -53,7 +53,7 @@ MODULUS = 16
 
 
 def _modulus() -> int:
-    """:data:`MODULUS`, unless the caller asks for another count (``earm bench replica`` builds
+    """:data:`MODULUS`, unless the caller asks for another count (``earm bench tenancy`` builds
     a one-partition baseline: every namespace under one HNSW graph, as before this revision)."""
     return int(context.config.attributes.get("partitions") or MODULUS)
 

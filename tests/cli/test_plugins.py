@@ -18,7 +18,7 @@ def test_the_installed_bench_adds_its_benchmarks_to_earm(
         main(["bench", "--help"])
     assert exit_status.value.code == 0
     usage = capsys.readouterr().out
-    assert "{locomo,load-mix,load,hnsw,ingest-stall,tenancy,deadline,replica,capacity}" in usage
+    assert "{locomo,load,tenancy,deadline,capacity}" in usage
 
 
 def test_a_missing_bench_says_how_to_install_it_whatever_its_arguments(
