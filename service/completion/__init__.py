@@ -9,8 +9,9 @@
 - ``calibration``: similarity calibrated on a query's anchors (the non-completion policies).
 - ``ridge``: the per-row ridge solves both the model and the references are built from.
 - ``validation``: the input checks every public function runs its arguments through.
-- ``reference_als`` and ``reference_dense``: the plain model's ALS and a slow dense solver,
-  references for tests, never run by the service.
+
+The plain model's ALS and a slow dense solver, the references the tests check this package
+against, are tests/completion/reference_als.py and reference_dense.py.
 """
 
 from service.completion.calibration import SimilarityCalibration, calibrate_similarity

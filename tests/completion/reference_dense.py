@@ -1,6 +1,5 @@
-"""Slow, obvious dense ALS: the yardstick the fast
-:class:`~service.completion.reference_als.BiasedALS` is tested against. Used only by tests; never
-import it from service code.
+"""Slow, obvious dense ALS: the yardstick the fast ``BiasedALS`` (reference_als.py) and the
+service's batched ridge solves are tested against.
 
 Deliberately written differently from the fast path: dense masked matrices instead of COO cells,
 one Python loop iteration per row, and each ridge problem solved as an ordinary least-squares
@@ -14,8 +13,8 @@ from __future__ import annotations
 import numpy as np
 from numpy.typing import NDArray
 
-from service.completion.reference_als import BiasedALS, FactorModel
 from service.completion.ridge import INIT_SCALE
+from tests.completion.reference_als import BiasedALS, FactorModel
 
 __all__ = ["dense_als", "dense_ridge"]
 

@@ -17,20 +17,20 @@ from service.completion import (
     _grouped,
     calibrate_similarity,
 )
-from service.completion.reference_als import (
-    BiasedALS,
-    FactorModel,
-    causal_estimates,
-    fold_in_query,
-    objective,
-)
-from service.completion.reference_dense import dense_als, dense_ridge
 from service.completion.ridge import (
     leave_one_out_predictions,
     predict_scores,
     solve_rows_batch,
     solve_side,
 )
+from tests.completion.reference_als import (
+    BiasedALS,
+    FactorModel,
+    causal_estimates,
+    fold_in_query,
+    objective,
+)
+from tests.completion.reference_dense import dense_als, dense_ridge
 
 MODEL_ARRAYS = ("memory_bias", "memory_factors", "query_bias", "query_factors")
 

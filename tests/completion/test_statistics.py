@@ -5,7 +5,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from service.completion.reference_dense import dense_ridge
 from service.completion.ridge import solve_rows_batch
 from service.completion.statistics import (
     RowStatistics,
@@ -13,6 +12,7 @@ from service.completion.statistics import (
     row_statistics,
     solve_from_statistics,
 )
+from tests.completion.reference_dense import dense_ridge
 
 RANK = 4
 REG = 0.7
