@@ -4,12 +4,33 @@ session, the product's schema on a database of it, and empty databases on demand
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 from sqlalchemy import create_engine, text
 
 from service.db import migrate
 from service.db.engine import EmbeddedPostgres
+
+#: The markers of the slow tiers (registered in pyproject.toml).
+SLOW_TIERS = frozenset({"browser", "pooler", "replica", "fuzz", "bench"})
+#: A benchmark's test that needs a database is a smoke run of the benchmark; the others test its
+#: parts and stay in the fast tier.
+DATABASE_FIXTURES = frozenset({"postgres_server", "new_database", "migrated_database"})
+BENCH_TESTS = Path(__file__).parent / "bench" / "tests"
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects by marker
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark the benchmarks' smoke runs `bench`, and every test of a slow tier `slow`, so that
+    `-m "not slow"` leaves them all out."""
+    for item in items:
+        if item.path.is_relative_to(BENCH_TESTS) and DATABASE_FIXTURES.intersection(
+            getattr(item, "fixturenames", ())
+        ):
+            item.add_marker(pytest.mark.bench)
+        if any(item.get_closest_marker(tier) for tier in SLOW_TIERS):
+            item.add_marker(pytest.mark.slow)
 
 
 @pytest.fixture(scope="session")

@@ -38,10 +38,13 @@ from service.settings import Settings
 from service.testing import LoopbackServer, chat_completions_app, free_port, text_vector
 
 PGBOUNCER = Path("/usr/sbin/pgbouncer")
-pytestmark = pytest.mark.skipif(
-    not PGBOUNCER.exists(),
-    reason="needs PgBouncer: apt-get install -y pgbouncer (.ci/run installs it)",
-)
+pytestmark = [
+    pytest.mark.pooler,
+    pytest.mark.skipif(
+        not PGBOUNCER.exists(),
+        reason="needs PgBouncer: apt-get install -y pgbouncer (.ci/run installs it)",
+    ),
+]
 
 #: Server connections PgBouncer may open to the database: fewer than the service's client
 #: connections (its pool plus overflow), so they are shared.

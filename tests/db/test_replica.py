@@ -32,6 +32,8 @@ from service.settings import Settings
 from service.testing import LoopbackServer, text_vector
 from service.testing.standby import StandbyPair, libpq, start_pair
 
+pytestmark = pytest.mark.replica
+
 DIM = 384
 DATABASE = "earm_replica"
 #: The standby applies each commit this long after it was made on the primary.

@@ -25,6 +25,8 @@ from service.http.app import create_app
 from service.settings import Settings
 from service.testing import LoopbackServer, chat_completions_app
 
+pytestmark = pytest.mark.browser
+
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = [
     "--no-sandbox",

@@ -31,6 +31,8 @@ from service.http.app import create_app
 from service.settings import Settings
 from service.testing import LoopbackServer
 
+pytestmark = pytest.mark.fuzz
+
 ADMIN_KEY = "earm_fuzzing-admin-key-0123456789abcdefghij"
 EXAMPLES = 20
 VECTOR = (np.arange(384) % 11 + 1.0).tolist()
