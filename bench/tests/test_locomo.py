@@ -450,13 +450,16 @@ def test_locomo_replay_smoke(tmp_path: Path, postgres_server: str) -> None:
 def test_locomo_judge_gives_the_same_recall_through_chat_and_rerank(
     postgres_server: str, errors: str
 ) -> None:
-    # The other error models replay earm alone: the judge's scores are under test, not a policy.
+    # The other error models replay earm alone, on fewer questions: the judge's scores are
+    # under test, not a policy.
     policies = ("observed", "earm") if errors == "independent" else ("earm",)
+    questions = 6 if errors == "independent" else 3
 
     def run(protocol: str) -> dict[str, Any]:
         return run_locomo(LocomoConfig(
-            data_dir=MINI_DIR, conversations=("conv-mini",), max_sessions=2, max_questions=6,
-            candidates=30, ks=(5, 10), policies=policies, schedule="0:1.0,2:0.5",
+            data_dir=MINI_DIR, conversations=("conv-mini",), max_sessions=2,
+            max_questions=questions, candidates=30, ks=(5, 10), policies=policies,
+            schedule="0:1.0,2:0.5",
             judge_protocol=protocol, judge_errors=errors, seed=7, per_query=True,
             progress=False, database_server=postgres_server,
         ))
@@ -608,7 +611,7 @@ def test_locomo_repeat_smoke_reuses_for_earm_and_keeps_full_and_top_b_stateless(
 
 @needs_locomo
 def test_locomo_shift_replays_conversations_into_one_namespace(postgres_server: str) -> None:
-    per_conversation, candidates, schedule = 6, 30, "0:1.0,3:0.5,6:0.2"
+    per_conversation, candidates, schedule = 4, 30, "0:1.0,2:0.5,4:0.2"
     config = LocomoConfig(
         data_dir=LOCOMO_DIR,
         conversations=("conv-26", "conv-30"),
