@@ -11,7 +11,7 @@
 - ``validation``: the input checks every public function runs its arguments through.
 
 The plain model's ALS and a slow dense solver, the references the tests check this package
-against, are tests/completion/reference_als.py and reference_dense.py.
+against, are tests/unit/completion/reference_als.py and reference_dense.py.
 """
 
 from service.completion.calibration import SimilarityCalibration, calibrate_similarity

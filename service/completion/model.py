@@ -5,7 +5,7 @@ similarity slope and a namespace-level content prior (docs/design.md "The comple
               clipped to [0, 1]
 
 Why the slope: a new query's relevance is largely predicted by its embedding similarity to
-each memory, and the plain model (tests/completion/reference_als.py) cannot see it (its
+each memory, and the plain model (tests/unit/completion/reference_als.py) cannot see it (its
 only query-side information is the anchors' scores). With β_q in the query side, the model's
 estimate for a memory without history (b_m = 0, u_m = 0) *is* the similarity calibrated on this
 query's anchors, and the memory side learns what similarity misses: b_m and u_m become the

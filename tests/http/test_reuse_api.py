@@ -224,7 +224,7 @@ def explored_after_a_paraphrase(
     retrieve (budget 30: 15 of the 25 candidates below its head) scored, and how many of the
     rephrasing's candidates it reports as moved by paraphrase evidence. Under the paper's
     anchor rule, whose exploring half is a uniform draw the steering narrows (the learned
-    rule's draws are steered the same way: tests/retrieve/test_anchors.py)."""
+    rule's draws are steered the same way: tests/unit/retrieve/test_anchors.py)."""
     with TestClient(create_app(settings)) as client:
         client.post(
             "/memories",

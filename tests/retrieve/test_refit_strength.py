@@ -1,6 +1,7 @@
 """EARM_FACTOR_REG reaches the stored model: a full refit fits the factors at the weight the
 setting names and records it in ``namespaces.factor_reg``; at ``off`` they shrink to
-nothing. (The choice of ``auto`` is pinned on known truth in tests/completion/test_strength.py.)"""
+nothing. (The choice of ``auto`` is pinned on known truth in
+tests/unit/completion/test_strength.py.)"""
 
 from __future__ import annotations
 

@@ -11,7 +11,7 @@ by alternating least squares, each half-step the exact ridge minimiser of its bl
 :mod:`service.completion.model`, which adds a per-query similarity slope and a content prior and
 is exactly this model when every similarity is 0 and there are no embeddings. This one is kept
 as a reference for tests: :class:`BiasedALS` is what the dense solver of
-tests/completion/reference_dense.py checks the batched ridge solves against, and
+tests/unit/completion/reference_dense.py checks the batched ridge solves against, and
 :func:`causal_estimates` states causal completion from raw observations
 (docs/design.md "Causal completion and online learning").
 

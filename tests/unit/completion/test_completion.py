@@ -23,14 +23,14 @@ from service.completion.ridge import (
     solve_rows_batch,
     solve_side,
 )
-from tests.completion.reference_als import (
+from tests.unit.completion.reference_als import (
     BiasedALS,
     FactorModel,
     causal_estimates,
     fold_in_query,
     objective,
 )
-from tests.completion.reference_dense import dense_als, dense_ridge
+from tests.unit.completion.reference_dense import dense_als, dense_ridge
 
 MODEL_ARRAYS = ("memory_bias", "memory_factors", "query_bias", "query_factors")
 

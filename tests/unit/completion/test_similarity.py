@@ -12,7 +12,7 @@ from service.completion.model import (
     leave_one_out,
     predict,
 )
-from tests.completion.reference_als import BiasedALS, fold_in_query
+from tests.unit.completion.reference_als import BiasedALS, fold_in_query
 
 
 def synthetic(seed: int, n_memories: int = 120, n_queries: int = 80, rank: int = 3):

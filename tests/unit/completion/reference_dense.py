@@ -14,7 +14,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from service.completion.ridge import INIT_SCALE
-from tests.completion.reference_als import BiasedALS, FactorModel
+from tests.unit.completion.reference_als import BiasedALS, FactorModel
 
 __all__ = ["dense_als", "dense_ridge"]
 

@@ -12,7 +12,7 @@ from service.completion.statistics import (
     row_statistics,
     solve_from_statistics,
 )
-from tests.completion.reference_dense import dense_ridge
+from tests.unit.completion.reference_dense import dense_ridge
 
 RANK = 4
 REG = 0.7
