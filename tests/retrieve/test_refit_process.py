@@ -171,6 +171,32 @@ def test_a_refit_child_killed_while_idle_is_replaced_and_the_next_refit_runs(
     asyncio.run(scenario())
 
 
+def test_a_terminals_ctrl_c_leaves_the_refit_child_to_its_service(settings: Settings) -> None:
+    """Ctrl-C signals the terminal's whole process group: the idle refit child must not die of
+    it (with a KeyboardInterrupt traceback on the operator's terminal); the service decides
+    when to stop, and its child goes with it."""
+
+    async def scenario() -> None:
+        async with open_database(settings) as db:
+            await populate(db, settings)
+            refits = ChildRefits(db.url, settings)
+            try:
+                assert await refits.refit(NAMESPACE) is True
+                children = multiprocessing.active_children()
+                assert children, "no refit child"
+                for child in children:
+                    os.kill(child.pid, signal.SIGINT)  # type: ignore[arg-type]
+                    child.join(1.0)
+                    assert child.is_alive(), "the refit child died of SIGINT"
+                await populate_more(db, settings)
+                assert await refits.refit(NAMESPACE) is True
+                assert multiprocessing.active_children() == children  # the same child refits
+            finally:
+                refits.close()
+
+    asyncio.run(scenario())
+
+
 async def populate_more(db: Database, settings: Settings) -> None:
     rng = np.random.default_rng(1)
     pipeline = RetrievalPipeline(db.sessions, None, LocalScorer(), settings)
