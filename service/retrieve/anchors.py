@@ -84,14 +84,14 @@ def first_round(
 class SecondRound:
     exploit: np.ndarray  # positions, highest estimate first
     explore: np.ndarray  # positions, ascending
-    # Anchors the round would have scored that the stop rule skipped (then no positions).
-    skipped: int = 0
+    # Anchors the round would have scored that the stop rule left unscored (then no positions).
+    stopped: int = 0
 
     @classmethod
-    def stopped(cls, size: int) -> SecondRound:
+    def stop(cls, size: int) -> SecondRound:
         """No round two: the ``size`` anchors it had are not scored."""
         nothing = np.zeros(0, dtype=np.int64)
-        return cls(nothing, nothing, skipped=size)
+        return cls(nothing, nothing, stopped=size)
 
     @property
     def marginal(self) -> np.ndarray:

@@ -270,8 +270,8 @@ class RetrievalPipeline:
         # the policies score the same anchors (a paired comparison).
         round_one = await asyncio.to_thread(self._rank, "earm", found, scored, None)
         second = self.planner.second_round(plan, found, round_one, request.read)
-        if second.skipped:
-            return scored.stopping(second.skipped), pending
+        if second.stopped:
+            return scored.stopping(second.stopped), pending
         rows.start(second.positions)
         later, pending = await score_anchors_by(
             self.scorer, query, candidates, (second.positions, second.kinds()),

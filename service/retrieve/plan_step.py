@@ -87,7 +87,7 @@ class Planner:
             np.concatenate([anchors.first, found.reused.positions]),
         )
         if self._stops(round_one, unscored, k):
-            return SecondRound.stopped(min(anchors.second_size, len(unscored)))
+            return SecondRound.stop(min(anchors.second_size, len(unscored)))
         return second_round(
             acquisition_values(
                 round_one.estimates, round_one.posterior, self.settings.acquisition_quantile
