@@ -63,7 +63,10 @@ class Row:
 @pytest.fixture(scope="module")
 def locomo_dir() -> Path:
     if not LOCOMO_DIR.is_dir():
-        pytest.skip(f"LoCoMo data not found at {LOCOMO_DIR} (set EARM_LOCOMO_DIR)")
+        pytest.skip(
+            f"LoCoMo data not found at {LOCOMO_DIR}: set EARM_LOCOMO_DIR to a directory holding "
+            "conv-30.json, an element of data/locomo10.json of github.com/snap-research/locomo"
+        )
     return LOCOMO_DIR
 
 

@@ -67,6 +67,12 @@ MINI_DIR = Path(__file__).parent / "data" / "locomo-mini"
 LOCOMO_DIR = Path(
     os.environ.get("EARM_LOCOMO_DIR") or REPO_ROOT.parent / "shared" / "data" / "locomo"
 )
+#: Where the data comes from, for the skip message of the tests that need it.
+LOCOMO_SOURCE = (
+    "set EARM_LOCOMO_DIR to a directory holding one <sample_id>.json per conversation "
+    "(conv-26.json, ...), the elements of data/locomo10.json of github.com/snap-research/locomo "
+    "(CC BY-NC 4.0)"
+)
 
 # A prompt shaped like the service's scorer prompt (query and memory verbatim, labelled blocks).
 SYSTEM = "You are a relevance judge. Answer with a single number between 0 and 1."
@@ -375,8 +381,7 @@ def test_cli_parser_registers_locomo() -> None:
 
 needs_locomo = pytest.mark.skipif(
     not LOCOMO_DIR.is_dir(),
-    reason=f"LoCoMo data not found at {LOCOMO_DIR} (set EARM_LOCOMO_DIR to the directory of "
-    "conv-*.json files)",
+    reason=f"LoCoMo data not found at {LOCOMO_DIR}: {LOCOMO_SOURCE}",
 )
 
 
