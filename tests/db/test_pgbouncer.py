@@ -263,9 +263,16 @@ def test_refits_through_the_pooler_keep_running(bouncer: Bouncer, service: Servi
     assert asyncio.run(_refits(service.settings, "refits", rounds=3)) == [True] * 6
 
 
-async def _refit_while_held(settings: Settings, namespace: str) -> tuple[bool, bool]:
-    async with open_database(settings) as database:
-        async with database.sessions() as holder:
+async def _refit_while_held(
+    settings: Settings, direct_url: str, namespace: str
+) -> tuple[bool, bool]:
+    # The holder stands for another process's refit, on a connection of its own: through the
+    # pooler it would occupy one of its two server connections for the whole test, and the
+    # refit under test would share the other with the service's background work (seen once
+    # on a loaded machine: no server connection within PgBouncer's query_wait_timeout).
+    direct = settings.model_copy(update={"database_url": direct_url})
+    async with open_database(settings) as database, open_database(direct) as other:
+        async with other.sessions() as holder:
             assert await try_lock_namespace_refit(holder, namespace)
             while_held = await refit_namespace(database.sessions, settings, namespace)
         after_release = await refit_namespace(database.sessions, settings, namespace)
@@ -276,9 +283,11 @@ def test_a_refit_skips_a_namespace_another_refit_holds(
     bouncer: Bouncer, service: Service
 ) -> None:
     """One refit of a namespace at a time, also through the pooler: while another
-    transaction holds the namespace's refit lock a refit skips it, and once that transaction
-    ends the next one runs."""
+    transaction holds the namespace's refit lock a refit through the pooler skips it, and once
+    that transaction ends the next one runs."""
     with EarmClient(service.url) as earm:
         earm.add("held", _memories("held"))
         earm.retrieve("held", "q", query_embedding=text_vector("q", DIM), budget=3)
-    assert asyncio.run(_refit_while_held(service.settings, "held")) == (False, True)
+    assert asyncio.run(
+        _refit_while_held(service.settings, bouncer.direct_url, "held")
+    ) == (False, True)
