@@ -29,6 +29,8 @@ from sqlalchemy import create_engine, text
 
 from service.db.engine import sqlalchemy_url
 
+pytestmark = pytest.mark.processes
+
 DIM = 384
 NAMESPACES = ("agent-a", "agent-b")
 

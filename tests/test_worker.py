@@ -19,6 +19,8 @@ from sqlalchemy import create_engine, text
 
 from service.testing import free_port, interrupt, wait_ready
 
+pytestmark = pytest.mark.processes
+
 DIM = 384
 NAMESPACE = "shared"
 REFIT_EVERY = 4

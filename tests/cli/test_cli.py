@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.processes
+
 CommandRunner = Callable[..., subprocess.CompletedProcess]
 
 

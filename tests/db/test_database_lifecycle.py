@@ -28,6 +28,8 @@ from service.errors import SchemaOutOfDate
 from service.http.app import create_app
 from service.settings import Settings
 
+pytestmark = pytest.mark.processes
+
 VECTOR = (np.arange(384) % 7 + 1.0).tolist()
 
 

@@ -20,6 +20,8 @@ from mcp.client.streamable_http import streamable_http_client
 
 from service.client import EarmClient
 
+pytestmark = pytest.mark.processes
+
 if TYPE_CHECKING:
     from tests.integrations.conftest import LiveService
 
