@@ -23,8 +23,7 @@ BENCH_TESTS = Path(__file__).parent / "bench" / "tests"
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselects by marker
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Mark the benchmarks' smoke runs `bench`, and every test of a slow tier `slow`, so that
-    `-m "not slow"` leaves them all out; and schedule the slow tiers first, so that the
-    workers' last files are short ones (xdist hands out files in this order)."""
+    `-m "not slow"` leaves them all out."""
     for item in items:
         if item.path.is_relative_to(BENCH_TESTS) and DATABASE_FIXTURES.intersection(
             getattr(item, "fixturenames", ())
@@ -32,7 +31,6 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.bench)
         if any(item.get_closest_marker(tier) for tier in SLOW_TIERS):
             item.add_marker(pytest.mark.slow)
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)  # stable
 
 
 @pytest.fixture(scope="session")
