@@ -14,9 +14,9 @@ from service.db.engine import EmbeddedPostgres
 
 #: The markers of the slow tiers (registered in pyproject.toml).
 SLOW_TIERS = frozenset({"browser", "pooler", "replica", "fuzz", "bench", "processes"})
-#: A benchmark's test that needs a database is a smoke run of the benchmark; the others test its
-#: parts and stay in the fast tier.
-DATABASE_FIXTURES = frozenset({"postgres_server", "new_database", "migrated_database"})
+#: A benchmark's test that needs a database (every database fixture below starts from
+#: `postgres_server`) is a smoke run of the benchmark; the others test its parts and stay in
+#: the fast tier.
 BENCH_TESTS = Path(__file__).parent / "bench" / "tests"
 
 
@@ -25,8 +25,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Mark the benchmarks' smoke runs `bench`, and every test of a slow tier `slow`, so that
     `-m "not slow"` leaves them all out."""
     for item in items:
-        if item.path.is_relative_to(BENCH_TESTS) and DATABASE_FIXTURES.intersection(
-            getattr(item, "fixturenames", ())
+        if item.path.is_relative_to(BENCH_TESTS) and "postgres_server" in getattr(
+            item, "fixturenames", ()
         ):
             item.add_marker(pytest.mark.bench)
         if any(item.get_closest_marker(tier) for tier in SLOW_TIERS):

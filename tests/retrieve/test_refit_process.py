@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+from multiprocessing.process import BaseProcess
 from pathlib import Path
 
 import numpy as np
@@ -145,6 +146,14 @@ def test_a_refit_child_killed_mid_refit_leaves_the_namespace_due_and_the_next_re
     asyncio.run(scenario())
 
 
+async def idle_child_after_a_refit(refits: ChildRefits) -> list[BaseProcess]:
+    """The refit process(es), idle after a first refit that succeeded."""
+    assert await refits.refit(NAMESPACE) is True
+    children = multiprocessing.active_children()
+    assert children, "no refit child"
+    return children
+
+
 def test_a_refit_child_killed_while_idle_is_replaced_and_the_next_refit_runs(
     settings: Settings,
 ) -> None:
@@ -153,10 +162,7 @@ def test_a_refit_child_killed_while_idle_is_replaced_and_the_next_refit_runs(
             await populate(db, settings)
             refits = ChildRefits(db.url, settings)
             try:
-                assert await refits.refit(NAMESPACE) is True
-                idle = multiprocessing.active_children()
-                assert idle, "no refit child"
-                for child in idle:
+                for child in await idle_child_after_a_refit(refits):
                     os.kill(child.pid, signal.SIGKILL)  # type: ignore[arg-type]
                     child.join(WAIT_S)
                 await populate_more(db, settings)
@@ -181,9 +187,7 @@ def test_a_terminals_ctrl_c_leaves_the_refit_child_to_its_service(settings: Sett
             await populate(db, settings)
             refits = ChildRefits(db.url, settings)
             try:
-                assert await refits.refit(NAMESPACE) is True
-                children = multiprocessing.active_children()
-                assert children, "no refit child"
+                children = await idle_child_after_a_refit(refits)
                 for child in children:
                     os.kill(child.pid, signal.SIGINT)  # type: ignore[arg-type]
                     child.join(1.0)

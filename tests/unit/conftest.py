@@ -8,20 +8,16 @@ from pathlib import Path
 
 import pytest
 
-#: The root conftest.py's fixtures that start or use the embedded Postgres.
-DATABASE_FIXTURES = frozenset(
-    {"postgres_server", "database_url", "new_database", "migrated_database", "clean_database"}
-)
 UNIT_TESTS = Path(__file__).parent
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
-        if not item.path.is_relative_to(UNIT_TESTS):
-            continue
-        needed = DATABASE_FIXTURES.intersection(getattr(item, "fixturenames", ()))
-        if needed:
+        # Every database fixture of the root conftest.py starts from this one.
+        if item.path.is_relative_to(UNIT_TESTS) and "postgres_server" in getattr(
+            item, "fixturenames", ()
+        ):
             raise pytest.UsageError(
-                f"{item.nodeid} is in the unit tier but uses {', '.join(sorted(needed))}: "
+                f"{item.nodeid} is in the unit tier but needs the database: "
                 "move it out of tests/unit/"
             )
