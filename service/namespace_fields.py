@@ -255,3 +255,27 @@ trace_source = one_of(OBSERVED, ESTIMATED, SEMANTIC)
 trace_origin = nullable(one_of(SCORER_ORIGIN, REUSED_ORIGIN))
 anchor_reason = nullable(one_of(*sorted(set(REASONS.values()))))
 policy = one_of(*POLICIES)
+
+
+def score_scales(value: Any, field: str) -> dict[str, Any]:
+    """A namespace's score scales (``service.completion.scale``): per source, its typical
+    irrelevant and relevant score (0 ≤ irrelevant < relevant ≤ 1) and how many scores say so;
+    absent (a file exported before sources were recorded): none, every source as it is."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise _invalid(field, f"is not a JSON object: {_shown(value)}")
+    for source, scale in value.items():
+        storable_string(source, f"{field} key")
+        if not _is_scale(scale):
+            raise _invalid(f"{field} entry {source!r}", "is not [irrelevant, relevant, scores] "
+                           f"with 0 <= irrelevant < relevant <= 1: {_shown(scale)}")
+    return value
+
+
+def _is_scale(value: Any) -> bool:
+    if not isinstance(value, list) or len(value) != 3:
+        return False
+    irrelevant, relevant, scores = value
+    numbers = all(type(v) in (int, float) for v in (irrelevant, relevant))
+    return numbers and 0 <= irrelevant < relevant <= 1 and type(scores) is int and scores >= 0

@@ -43,6 +43,8 @@ def _field_checks(limits: RecordLimits) -> dict[str, dict[str, Check]]:
     """Each kind's check of each of its fields."""
     ids, timestamp = fields.database_id, fields.timestamp
     source = fields.one_of(*fields.OBSERVATION_SOURCES)
+    # Who scored an observation, and its score as given: absent on rows recorded before.
+    scored_by = {"scored_by": nullable(fields.storable_string), "raw_score": nullable(fields.score)}
     checks: dict[str, dict[str, Check]] = {
         export.NAMESPACE.name: _namespace_checks(limits),
         export.MEMORY.name: {
@@ -57,12 +59,12 @@ def _field_checks(limits: RecordLimits) -> dict[str, dict[str, Check]]:
             "query_id": ids, "memory_id": ids, "score": fields.score,
             "similarity": fields.real, "source": source,
             "anchor_kind": nullable(fields.anchor_kind), "created_at": timestamp,
-            "retired_at": nullable(timestamp),
+            "retired_at": nullable(timestamp), **scored_by,
         },
         export.REPLACED_OBSERVATION.name: {
             "query_id": ids, "memory_id": ids, "score": fields.score, "source": source,
             "observed_at": timestamp, "retired_at": nullable(timestamp),
-            "replaced_at": timestamp,
+            "replaced_at": timestamp, **scored_by,
         },
         export.MODEL_ROW.name: {
             "memory_id": ids, "bias": fields.double, "factors": fields.factors,
@@ -86,7 +88,7 @@ def _namespace_checks(limits: RecordLimits) -> dict[str, Check]:
         "queries_since_refit": fields.integer(32), "last_refit_at": nullable(fields.timestamp),
         "content_slope": nullable(fields.double),
         "content_weights": nullable(fields.vector(limits, embedding=False)),
-        "factor_reg": nullable(fields.positive_double),
+        "factor_reg": nullable(fields.positive_double), "score_scales": fields.score_scales,
     }
 
 

@@ -23,6 +23,7 @@ from service.db.codecs import (
 )
 from service.db.engine import driver_connection
 from service.db.model_state import content_sql
+from service.db.scales import ScaleUpdate, common_score_sql, scales_json
 from service.db.statements import execute, fetch_all, fetch_value
 from service.errors import NotFound
 
@@ -47,20 +48,26 @@ _RECORD_FEEDBACK_SQL = """
         SELECT m, s, c FROM unnest(%(memory_ids)s::bigint[], %(scores)s::float8[],
                                    %(similarities)s::real[]) AS t(m, s, c)
     ), old AS (
-        SELECT s.memory_id, s.score, s.source, s.created_at, s.retired_at FROM scores s
+        SELECT s.memory_id, s.score, s.source, s.scored_by, s.raw_score, s.created_at,
+               s.retired_at FROM scores s
         WHERE s.namespace = %(namespace)s AND s.query_id = %(query_id)s
           AND s.memory_id IN (SELECT m FROM t)
     ), history AS (
-        INSERT INTO score_history (query_id, memory_id, namespace, score, source, observed_at,
-                                   retired_at)
-        SELECT %(query_id)s, memory_id, %(namespace)s, score, source, created_at, retired_at
+        INSERT INTO score_history (query_id, memory_id, namespace, score, source, scored_by,
+                                   raw_score, observed_at, retired_at)
+        SELECT %(query_id)s, memory_id, %(namespace)s, score, source, scored_by, raw_score,
+               created_at, retired_at
         FROM old
         ORDER BY memory_id  -- history ids in a stable order, not in scan order
     ), upsert AS (
-        INSERT INTO scores (query_id, memory_id, namespace, score, similarity, source, created_at)
-        SELECT %(query_id)s, m, %(namespace)s, s, c, 'feedback', clock_timestamp() FROM t
+        -- Feedback is on the common scale by definition: its raw score is its score.
+        INSERT INTO scores (query_id, memory_id, namespace, score, similarity, source,
+                            scored_by, raw_score, created_at)
+        SELECT %(query_id)s, m, %(namespace)s, s, c, 'feedback', 'feedback', s,
+               clock_timestamp() FROM t
         ON CONFLICT (namespace, query_id, memory_id) DO UPDATE SET
             score = EXCLUDED.score, similarity = EXCLUDED.similarity, source = 'feedback',
+            scored_by = 'feedback', raw_score = EXCLUDED.raw_score,
             created_at = EXCLUDED.created_at, retired_at = NULL
     ), live_old AS (
         SELECT score FROM old WHERE retired_at IS NULL
@@ -112,16 +119,20 @@ _RECORD_LATE_SQL = """
         SELECT id, created_at FROM queries
         WHERE id = %(query_id)s AND namespace = %(namespace)s
     ), t AS (
-        SELECT t.m, t.s, t.c, t.k
-        FROM unnest(%(memory_ids)s::bigint[], %(scores)s::float8[],
+        -- On the namespace's common scale as it is now, under the lock (as the record).
+        SELECT t.m, COMMON_SCORE AS s, t.r, t.c, t.k
+        FROM unnest(%(memory_ids)s::bigint[], %(raw_scores)s::float8[],
                     %(similarities)s::float8[]::real[], %(anchor_kinds)s::smallint[])
-            AS t(m, s, c, k), q
+            AS t(m, r, c, k), q,
+             (SELECT score_scales -> %(scored_by)s::text AS scale FROM namespaces
+              WHERE name = %(namespace)s) AS current
         WHERE EXISTS (SELECT FROM memories m WHERE m.namespace = %(namespace)s AND m.id = t.m
                       AND (m.content_changed_at IS NULL OR m.content_changed_at < q.created_at))
     ), added AS (
         INSERT INTO scores (query_id, memory_id, namespace, score, similarity, source,
-                            anchor_kind, created_at)
-        SELECT q.id, t.m, %(namespace)s::text, t.s, t.c, 'scorer', t.k, clock_timestamp()
+                            anchor_kind, raw_score, scored_by, created_at)
+        SELECT q.id, t.m, %(namespace)s::text, t.s, t.c, 'scorer', t.k, t.r,
+               %(scored_by)s::text, clock_timestamp()
         FROM q, t
         ON CONFLICT (namespace, query_id, memory_id) DO NOTHING
         RETURNING memory_id, score
@@ -133,7 +144,7 @@ _RECORD_LATE_SQL = """
         WHERE name = %(namespace)s
     )
     SELECT memory_id FROM added ORDER BY memory_id
-"""
+""".replace("COMMON_SCORE", common_score_sql("t.r", "current.scale"))
 
 
 async def record_late_scores(
@@ -142,12 +153,14 @@ async def record_late_scores(
     query_id: int,
     memory_ids: np.ndarray,
     cells: tuple[np.ndarray, np.ndarray, np.ndarray],
-    requests: int,
+    scorer: tuple[str, int],
 ) -> np.ndarray:
-    """Record a query's late scores (``cells``: similarities, scores, anchor kinds per memory)
-    where the pair has no observation yet, and count the scorer call's ``requests``; the
-    memories recorded. Run under the namespace's lock."""
+    """Record a query's late scores (``cells``: similarities, scores as the scorer gave them,
+    anchor kinds per memory) where the pair has no observation yet, and count the scorer
+    call's requests (``scorer``: its source and the requests); the memories recorded. Run
+    under the namespace's lock."""
     similarities, scores, anchor_kinds = cells
+    scored_by, requests = scorer
     rows = await fetch_all(
         session,
         _RECORD_LATE_SQL,
@@ -155,7 +168,8 @@ async def record_late_scores(
             "query_id": query_id,
             "namespace": namespace,
             "memory_ids": array_literal(memory_ids),
-            "scores": array_literal(real_values(scores)),
+            "raw_scores": array_literal(real_values(scores)),
+            "scored_by": scored_by,
             "similarities": array_literal(real_values(similarities)),
             "anchor_kinds": array_literal(anchor_kinds),
             "requests": requests,
@@ -280,22 +294,36 @@ _OBSERVATION_ROW = np.dtype(
 # last bits of the model, and the primary key's order (the plan's, through it) and the heap's
 # (a sequential or bitmap scan's) differ; key order is also what an imported namespace keeps.
 _NAMESPACE_OBSERVATIONS_COPY = psycopg.sql.SQL(
-    "COPY (SELECT memory_id, query_id, similarity::text::float8, score::text::float8 "
+    "COPY (SELECT memory_id, query_id, similarity::text::float8, {}::text::float8 "
     "FROM scores WHERE namespace = {} AND retired_at IS NULL ORDER BY query_id, memory_id) "
     "TO STDOUT (FORMAT BINARY)"
 )
+# The score of a source whose scale the refit moved, as the refit's write will store it.
+_RESCALED_SCORE = (
+    "(CASE WHEN source = 'scorer' AND scored_by = ANY({sources}::text[]) THEN ("
+    + common_score_sql("raw_score::float8", "{scales}::jsonb -> scored_by")
+    + ")::real ELSE score END)"
+)
 
 
-async def namespace_observations(session: AsyncSession, namespace: str) -> NamespaceObservations:
+async def namespace_observations(
+    session: AsyncSession, namespace: str, rescaled: ScaleUpdate | None = None
+) -> NamespaceObservations:
     """Every live (not retired) observation of the namespace, read with a binary COPY into
-    numpy arrays.
+    numpy arrays; the scores of the sources ``rescaled`` moves under their new scales.
 
     ``real`` values are sent as ``real::text::float8``: the same float64 a text-format read
     parses (the shortest decimal of the float32), so a refit fits exactly the same numbers.
     """
     conn = await driver_connection(session)
     data = bytearray()
-    statement = _NAMESPACE_OBSERVATIONS_COPY.format(psycopg.sql.Literal(namespace))
+    score: psycopg.sql.Composable = psycopg.sql.SQL("score")
+    if rescaled is not None and rescaled.moved:
+        score = psycopg.sql.SQL(_RESCALED_SCORE).format(
+            sources=psycopg.sql.Literal(list(rescaled.moved)),
+            scales=psycopg.sql.Literal(scales_json(rescaled.scales)),
+        )
+    statement = _NAMESPACE_OBSERVATIONS_COPY.format(score, psycopg.sql.Literal(namespace))
     async with conn.cursor() as cursor, cursor.copy(statement) as copy:
         async for chunk in copy:
             data += chunk

@@ -70,8 +70,9 @@ NAMESPACE = RecordKind(
     "namespace", "namespaces",
     ("created_at", "next_query_index", "score_sum", "score_count", "scorer_calls",
      "scorer_requests", "full_rerank_calls", "reused_cells", "reuse_saved_calls",
-     "queries_since_refit", "last_refit_at", "content_slope", "content_weights", "factor_reg"),
-    "name", namespace_column="name", optional=("factor_reg",),
+     "queries_since_refit", "last_refit_at", "content_slope", "content_weights", "factor_reg",
+     "score_scales"),
+    "name", namespace_column="name", optional=("factor_reg", "score_scales"),
 )
 MEMORY = RecordKind(
     "memory", "memories",
@@ -92,14 +93,15 @@ QUERY = RecordKind(
 OBSERVATION = RecordKind(
     "observation", "scores",
     ("query_id", "memory_id", "score", "similarity", "source", "anchor_kind", "created_at",
-     "retired_at"),
+     "retired_at", "scored_by", "raw_score"),
     # The order a refit reads them in (experience.namespace_observations).
-    "query_id, memory_id",
+    "query_id, memory_id", optional=("scored_by", "raw_score"),
 )
 REPLACED_OBSERVATION = RecordKind(
     "replaced_observation", "score_history",
-    ("query_id", "memory_id", "score", "source", "observed_at", "retired_at", "replaced_at"),
-    "id",
+    ("query_id", "memory_id", "score", "source", "observed_at", "retired_at", "replaced_at",
+     "scored_by", "raw_score"),
+    "id", optional=("scored_by", "raw_score"),
 )
 MODEL_ROW = RecordKind(
     "model_row", "memory_factors",

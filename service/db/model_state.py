@@ -25,6 +25,7 @@ from service.db.codecs import (
 )
 from service.db.engine import driver_connection
 from service.db.namespaces import namespace_state
+from service.db.scales import ScaleUpdate, store_scales
 from service.db.statements import execute, fetch_value
 from service.errors import NotFound
 
@@ -262,14 +263,19 @@ async def replace_model(
     model: RefittedModel,
     refitted_at: datetime,
     read_from: datetime,
+    rescaled: ScaleUpdate | None = None,
 ) -> None:
-    """Write a full refit: every memory row and query column of the namespace, and reset the
+    """Write a full refit: every memory row and query column of the namespace, the score
+    scales it ``rescaled`` (with the stored scores of the sources they moved), and reset the
     counter. Rows travel by binary COPY (the memory side straight into ``memory_factors``,
     emptied for the namespace first; the query side through a temporary table). Memories
     deleted or edited since the observations were read (from ``read_from``,
     :func:`refit_horizon`) get no row."""
     await namespace_state(session, namespace, for_update=True)
     conn = await driver_connection(session)
+    if rescaled is not None:
+        # First: the running mean below is recomputed from the scores as they are stored.
+        await store_scales(conn, namespace, rescaled)
     await _replace_memory_rows(conn, namespace, model, read_from)
     if len(model.query_ids):
         await _update_query_columns(conn, namespace, model)

@@ -70,6 +70,9 @@ class Namespace(Base):
     content_weights: Mapped[np.ndarray | None] = mapped_column(VECTOR())
     # The completion factors' weight the last refit chose (NULL: not balanced; 0018).
     factor_reg: Mapped[float | None] = mapped_column(Double)
+    # Each scorer source's typical irrelevant and relevant score, and how many scores say so:
+    # {source: [irrelevant, relevant, scores]} (service.completion.scale).
+    score_scales: Mapped[dict[str, Any]] = mapped_column(JSONB, server_default="{}")
 
 
 def _by_namespace() -> dict[str, Any]:
@@ -191,9 +194,13 @@ class Score(Base):
     query_id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
     memory_id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
     namespace: Mapped[str] = mapped_column(Text, primary_key=True)
-    score: Mapped[float] = mapped_column(REAL)
+    score: Mapped[float] = mapped_column(REAL)  # on the namespace's common scale
     similarity: Mapped[float] = mapped_column(REAL)
     source: Mapped[str] = mapped_column(Text)
+    # Who scored it ("<backend>:<model>", or "feedback") and the score as it gave it; NULL on
+    # rows recorded before sources were (score kept as it was).
+    scored_by: Mapped[str | None] = mapped_column(Text)
+    raw_score: Mapped[float | None] = mapped_column(REAL)
     # Which part of the anchor rule chose the pair (service.retrieve.anchors: HEAD, EXPLOIT,
     # MARGINAL, EXPLORE); NULL for client feedback and rows recorded before 0014.
     anchor_kind: Mapped[int | None] = mapped_column(SmallInteger)
@@ -223,6 +230,8 @@ class ScoreHistory(Base):
     namespace: Mapped[str] = mapped_column(Text, primary_key=True)
     score: Mapped[float] = mapped_column(REAL)
     source: Mapped[str] = mapped_column(Text)
+    scored_by: Mapped[str | None] = mapped_column(Text)
+    raw_score: Mapped[float | None] = mapped_column(REAL)
     observed_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
     retired_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     replaced_at: Mapped[datetime] = mapped_column(

@@ -3,14 +3,16 @@ index), their creation and erasure, the writers' row lock and the refit's adviso
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from service.completion.scale import IDENTITY, ScoreScale
 from service.db.engine import driver_connection
+from service.db.scales import scales_from_json
 from service.db.statements import execute, fetch_all, fetch_one, fetch_value
 from service.errors import NotFound
 
@@ -28,13 +30,19 @@ class NamespaceState:
     # The weight of the completion's factors the last refit chose (None: weighted as the
     # memory bias, which shrinks them to nothing; service.completion.strength)
     factor_reg: float | None = None
+    # Each scorer source's map to the common score scale (service.completion.scale); a source
+    # without one is taken as it is.
+    score_scales: Mapping[str, ScoreScale] = field(default_factory=dict)
+
+    def scale_of(self, source: str) -> ScoreScale:
+        return self.score_scales.get(source, IDENTITY)
 
 
 #: The namespace's counters, in the order :func:`state_from_row` reads them (pipelined by the
 #: search, and by the record with a lock).
 STATE_SQL = (
     "SELECT next_query_index, score_sum, score_count, queries_since_refit, "
-    "coalesce(content_slope, 0), last_refit_at, factor_reg FROM namespaces "
+    "coalesce(content_slope, 0), last_refit_at, factor_reg, score_scales FROM namespaces "
     "WHERE name = %(namespace)s"
 )
 
@@ -56,11 +64,13 @@ async def namespace_state(
 def state_from_row(row: Sequence[Any] | None, namespace: str) -> NamespaceState:
     if row is None:
         raise NotFound(f"namespace {namespace!r} has no memories")
-    next_index, score_sum, score_count, since_refit, content_slope, refitted_at, factor_reg = row
+    (next_index, score_sum, score_count, since_refit, content_slope, refitted_at, factor_reg,
+     score_scales) = row
     mean = float(score_sum) / score_count if score_count else 0.0
     return NamespaceState(
         int(next_index), mean, int(score_count), int(since_refit), float(content_slope),
         refitted_at, None if factor_reg is None else float(factor_reg),
+        scales_from_json(score_scales),
     )
 
 

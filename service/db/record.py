@@ -22,6 +22,7 @@ from service.db.codecs import Float8Rows, array_literal, as_real, real_values
 from service.db.engine import driver_connection
 from service.db.model_state import OnlineUpdate, online_update_statement
 from service.db.namespaces import STATE_SQL
+from service.db.scales import common_score_sql
 from service.db.statements import pipeline
 
 #: The origin of an observation the scorer made for the query (``scores.source``, as
@@ -58,7 +59,8 @@ class ObservedCells:
 
     memory_ids: np.ndarray
     similarities: np.ndarray
-    scores: np.ndarray
+    scores: np.ndarray  # on the namespace's common scale, as the model learns from them
+    raw_scores: np.ndarray  # as the scorer gave them
     prior_offsets: np.ndarray
     anchor_kinds: np.ndarray  # which part of the anchor rule chose each (scores.anchor_kind)
 
@@ -91,6 +93,7 @@ class RecordedRetrieve:
     text: str
     embedding: np.ndarray
     policy: str
+    scored_by: str  # the scorer's source (``scores.scored_by``)
     family_key: bytes | None  # None: a semantic retrieve (it joins no family)
     query: QueryParameters | None  # the query's solved parameters (None: nothing observed)
     # |estimate - observed| of the fresh anchors that had history (leave-one-out)
@@ -115,11 +118,14 @@ _RECORD_SQL = """
     WITH live AS (
         -- The observations of memories that still exist: one deleted since the search simply
         -- has none (its row is gone, and the foreign key would refuse the observation).
-        SELECT t.m, t.s, t.c, t.k
+        -- The scores on the namespace's common scale as it is now, under the lock.
+        SELECT t.m, COMMON_SCORE AS s, t.r, t.c, t.k
         -- (similarities: float8 rounded to real, as the column stores them)
-        FROM unnest(%(memory_ids)s::bigint[], %(scores)s::float8[],
+        FROM unnest(%(memory_ids)s::bigint[], %(raw_scores)s::float8[],
                     %(similarities)s::float8[]::real[], %(anchor_kinds)s::smallint[])
-            AS t(m, s, c, k)
+            AS t(m, r, c, k),
+             (SELECT score_scales -> %(scored_by)s::text AS scale FROM namespaces
+              WHERE name = %(namespace)s) AS current
         WHERE EXISTS (SELECT FROM memories WHERE namespace = %(namespace)s AND id = t.m)
     ), n AS (
         UPDATE namespaces SET
@@ -163,13 +169,14 @@ _RECORD_SQL = """
         INSERT INTO query_locator (id, namespace) SELECT id, %(namespace)s::text FROM q
     ), s AS (
         INSERT INTO scores (query_id, memory_id, namespace, score, similarity, source,
-                            anchor_kind)
-        SELECT q.id, live.m, %(namespace)s::text, live.s, live.c, 'scorer', live.k
+                            anchor_kind, raw_score, scored_by)
+        SELECT q.id, live.m, %(namespace)s::text, live.s, live.c, 'scorer', live.k, live.r,
+               %(scored_by)s::text
         FROM q, live
         ON CONFLICT (namespace, query_id, memory_id) DO NOTHING
     )
     SELECT q.id, q.query_index, n.queries_since_refit FROM q, n
-"""
+""".replace("COMMON_SCORE", common_score_sql("t.r", "current.scale"))
 
 # The lock every writer of a namespace's model state takes on its row (namespace_state).
 _LOCK_SQL = STATE_SQL + " FOR NO KEY UPDATE"
@@ -229,7 +236,8 @@ def _record_parameters(retrieve: RecordedRetrieve) -> dict[str, Any]:
         "returned_count": retrieve.returned,
         "returned_estimated": retrieve.returned_estimated,
         "memory_ids": array_literal(retrieve.observed.memory_ids),
-        "scores": array_literal(real_values(retrieve.observed.scores)),
+        "raw_scores": array_literal(real_values(retrieve.observed.raw_scores)),
+        "scored_by": retrieve.scored_by,
         "similarities": array_literal(real_values(retrieve.observed.similarities)),
         "anchor_kinds": array_literal(retrieve.observed.anchor_kinds),
         "exploration_share": None

@@ -54,6 +54,17 @@ def embedding_model_id(settings: Settings) -> str:
     return CLIENT_MODEL_ID
 
 
+def scorer_source(settings: Settings) -> str:
+    """What the deployment's scorer records as each observation's source (``scores.scored_by``):
+    the backend, model and what sets its scale (the chat mode; a reranker's transform), so the
+    observations of each scale get a map of their own (``service.completion.scale``)."""
+    if settings.scorer == "local":
+        return "local"
+    if settings.scorer == "openai":
+        return f"openai:{settings.scorer_model}:{settings.scorer_chat_mode}"
+    return f"{settings.scorer}:{settings.scorer_model}:{settings.scorer_score_transform}"
+
+
 def build_scorer(settings: Settings, observer: ScorerObserver | None = None) -> RelevanceScorer:
     """The deployment's relevance scorer; ``observer`` hears about every scored pair."""
     kind = settings.scorer

@@ -11,7 +11,7 @@ import asyncio
 import logging
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -95,8 +95,7 @@ async def score_anchors_by(
     # Only pairs that failed by the deadline degrade the answer, not the late ones.
     degraded = bool(np.any(in_time & ~np.isin(positions, scored.positions)))
     return (
-        ScoredAnchors(scored.sent, scored.sent_kinds, scored.positions, scored.scores,
-                      scored.kinds, 0, degraded),
+        replace(scored, degraded=degraded),
         PendingAnchors(call, positions, kinds, in_time),
     )
 

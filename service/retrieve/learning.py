@@ -21,6 +21,7 @@ from service.db.namespaces import NamespaceState, namespace_state
 from service.db.record import RecordedQuery, RecordedRetrieve, record_query
 from service.errors import InvalidInput, NotFound
 from service.ingest.validation import repeats
+from service.providers.factory import scorer_source
 from service.retrieve.online import feedback_rows, new_cells, update_memory_rows
 from service.retrieve.refit_health import RefitOutcome
 from service.retrieve.refit_process import InProcessRefits, Refits
@@ -65,7 +66,7 @@ class LateObservations:
 
     memory_ids: np.ndarray
     similarities: np.ndarray
-    scores: np.ndarray
+    scores: np.ndarray  # as the scorer gave them (the record maps them to the common scale)
     anchor_kinds: np.ndarray
     requests: int
 
@@ -82,6 +83,8 @@ class Learner:
     ) -> None:
         self.sessions = sessions
         self.settings = settings
+        # What the scorer's observations are recorded as coming from (their scale's key).
+        self.scorer_source = scorer_source(settings)
         self.refits = refits or InProcessRefits(sessions, settings)
         # namespace -> its running background refit (the reference keeps the task from being
         # garbage-collected; it is dropped when the task ends)
@@ -222,7 +225,8 @@ class Learner:
             state = await namespace_state(session, namespace, for_update=True)
             written = await experience.record_late_scores(
                 session, namespace, query_id, late.memory_ids,
-                (late.similarities, late.scores, late.anchor_kinds), late.requests,
+                (late.similarities, late.scores, late.anchor_kinds),
+                (self.scorer_source, late.requests),
             )
             if len(written):
                 await self._relearn_query(session, namespace, query_id, written, state)

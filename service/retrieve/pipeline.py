@@ -197,7 +197,8 @@ class RetrievalPipeline:
                                 self.settings.query_traces)
             recorded = await self.learner.record_and_learn(
                 recorded_retrieve(
-                    request, query_vector, found, plan, scored, ranking, memories, trace
+                    request, query_vector, found, plan, scored, ranking, memories, trace,
+                    self.learner.scorer_source,
                 ),
                 found.state,
                 await rows.result(),
@@ -259,11 +260,13 @@ class RetrievalPipeline:
         two, which would be chosen from its scores)."""
         anchors, candidates = plan.anchors, found.candidates
         query, deadline = (request.query, query_vector), self._deadline()
+        scale = found.state.scale_of(self.learner.scorer_source)
         rows.start(anchors.first)
         scored, pending = await score_anchors_by(
             self.scorer, query, candidates, (anchors.first, anchors.first_kinds),
             await self._embeddings(candidates, anchors.first), deadline,
         )
+        scored = scored.on_scale(scale)
         if anchors.second_size == 0 or pending is not None:
             return scored, pending
         # Round two is chosen by the completion's estimates whatever the policy ranks by, so
@@ -277,7 +280,7 @@ class RetrievalPipeline:
             self.scorer, query, candidates, (second.positions, second.kinds()),
             await self._embeddings(candidates, second.positions), deadline,
         )
-        return scored.plus(later), pending
+        return scored.plus(later.on_scale(scale)), pending
 
     async def _embeddings(self, candidates: Candidates, positions: np.ndarray) -> np.ndarray:
         """The embeddings of some candidates, for a scorer that reads them (else 0 columns)."""

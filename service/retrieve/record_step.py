@@ -34,6 +34,7 @@ def recorded_retrieve(
     ranking: Ranking,
     memories: Sequence[RetrievedMemory],
     trace: QueryTrace,
+    scored_by: str,
 ) -> RecordedRetrieve:
     candidates, observed = found.candidates, scored.positions
     similarities = candidates.similarities[observed]
@@ -42,6 +43,7 @@ def recorded_retrieve(
         text=request.query,
         embedding=query_vector,
         policy=request.policy,
+        scored_by=scored_by,
         family_key=found.family_key,
         query=ranking.query,
         prequential_errors=ranking.prequential_errors,
@@ -50,6 +52,7 @@ def recorded_retrieve(
             candidates.ids[observed],
             similarities,
             scored.scores,
+            scored.raw_scores,
             content_offsets(
                 found.state.content_slope, similarities, candidates.content_scores[observed]
             ),

@@ -12,11 +12,13 @@ import numpy as np
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from service.completion import fit_model
+from service.completion.scale import refit_scales
 from service.completion.strength import FitOptions, StrengthChoice, choose_factor_reg
 from service.db import experience, model_state
 from service.db.experience import NamespaceObservations
 from service.db.model_state import RefittedModel
 from service.db.namespaces import try_lock_namespace_refit
+from service.db.scales import ScaleUpdate, scale_inputs
 from service.db.search import memory_embeddings
 from service.retrieve.online import RefitCells, refit_statistics
 from service.settings import Settings
@@ -49,7 +51,9 @@ async def _refit_locked(
     session: AsyncSession, settings: Settings, namespace: str, read_from: datetime
 ) -> None:
     started = time.perf_counter()
-    observations = await experience.namespace_observations(session, namespace)
+    current, histograms = await scale_inputs(session, namespace)
+    rescaled = ScaleUpdate.of(current, refit_scales(current, histograms))
+    observations = await experience.namespace_observations(session, namespace, rescaled)
     # Sorting up to millions of ids: off the event loop, and once for the fetch and the fit.
     memory_ids, memory_idx = await asyncio.to_thread(
         np.unique, observations.memory_ids, return_inverse=True
@@ -63,7 +67,8 @@ async def _refit_locked(
     )
     fit = time.perf_counter()
     await model_state.replace_model(
-        session, namespace, fitted, refitted_at=datetime.now(UTC), read_from=read_from
+        session, namespace, fitted, refitted_at=datetime.now(UTC), read_from=read_from,
+        rescaled=rescaled,
     )
     await session.commit()  # the model, and the end of the lock
     # The write holds the namespace's lock, so the namespace's records wait for it: its
@@ -71,7 +76,7 @@ async def _refit_locked(
     log.info(
         "refitted namespace %r", namespace,
         extra={"namespace": namespace, "observations": len(observations.scores),
-               "factor_reg": fitted.factor_reg,
+               "factor_reg": fitted.factor_reg, "rescaled_sources": list(rescaled.moved),
                "read_s": round(read - started, 3), "fit_s": round(fit - read, 3),
                "write_s": round(time.perf_counter() - fit, 3)},
     )

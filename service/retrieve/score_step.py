@@ -9,6 +9,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 from numpy.typing import NDArray
 
+from service.completion.scale import ScoreScale
 from service.db.search import Candidates
 from service.providers.scorers import RelevanceScorer
 
@@ -22,6 +23,8 @@ class ScoredAnchors:
     sent: np.ndarray
     sent_kinds: np.ndarray  # int8
     positions: np.ndarray
+    raw_scores: np.ndarray  # as the scorer gave them
+    # On the namespace's common scale (:meth:`on_scale`; until then, as the scorer gave them).
     scores: np.ndarray
     kinds: np.ndarray  # int8, of the scored positions
     requests: int  # HTTP requests the scorer made for them, retries included
@@ -29,12 +32,17 @@ class ScoredAnchors:
     # Anchors the plan budgeted and its stop rule left unscored (round two skipped).
     stopped: int = 0
 
+    def on_scale(self, scale: ScoreScale) -> ScoredAnchors:
+        """These anchors with their scores on the common scale, the scorer's under ``scale``."""
+        return replace(self, scores=scale.common(self.raw_scores))
+
     def plus(self, later: ScoredAnchors) -> ScoredAnchors:
         """These anchors and a later round's."""
         return ScoredAnchors(
             sent=np.concatenate([self.sent, later.sent]),
             sent_kinds=np.concatenate([self.sent_kinds, later.sent_kinds]),
             positions=np.concatenate([self.positions, later.positions]),
+            raw_scores=np.concatenate([self.raw_scores, later.raw_scores]),
             scores=np.concatenate([self.scores, later.scores]),
             kinds=np.concatenate([self.kinds, later.kinds]),
             requests=self.requests + later.requests,
@@ -59,7 +67,9 @@ async def score_anchors(
     """One round: the scorer's scores of the candidates at ``anchors`` (``embeddings``: theirs,
     for a scorer that reads them)."""
     if len(anchors) == 0:
-        return ScoredAnchors(anchors, kinds, anchors, np.zeros(0), kinds, 0, degraded=False)
+        return ScoredAnchors(
+            anchors, kinds, anchors, np.zeros(0), np.zeros(0), kinds, 0, degraded=False
+        )
     scored = await scorer.score(
         query_text, query_vector, [candidates.rows[p]["text"] for p in anchors], embeddings
     )
@@ -77,7 +87,8 @@ def scored_anchors(
     """The anchors sent and the scorer's answers for them (None: failed, left out)."""
     scores = score_values(values)
     succeeded = ~np.isnan(scores)
+    raw = scores[succeeded]
     return ScoredAnchors(
-        anchors, kinds, anchors[succeeded], scores[succeeded], kinds[succeeded], requests,
+        anchors, kinds, anchors[succeeded], raw, raw, kinds[succeeded], requests,
         bool(np.any(~succeeded)),
     )

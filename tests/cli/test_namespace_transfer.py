@@ -340,23 +340,27 @@ def test_the_commands_pipe_through_files_as_an_operator_runs_them(
     assert namespace_rows(target, "piped") == sum(trailer["records"].values())
 
 
-def test_a_file_from_before_the_factor_weight_imports_with_none_chosen(
+def test_a_file_from_before_the_factor_weight_and_the_score_scales_imports_without_them(
     exported: tuple[str, str], target: str
 ) -> None:
-    lines = exported[1].splitlines(keepends=True)
-    index = next(i for i, line in enumerate(lines) if json.loads(line).get("kind") == "namespace")
-    record = json.loads(lines[index])
-    record.pop("factor_reg")
-    lines[index] = json.dumps(record) + "\n"
-    ran = run_earm(["namespace", "import", "--as", "older"], target, stdin="".join(lines))
+    older = []
+    for line in exported[1].splitlines(keepends=True):
+        record = json.loads(line)
+        for field in ("factor_reg", "score_scales", "scored_by", "raw_score"):
+            record.pop(field, None)
+        older.append(json.dumps(record) + "\n")
+    ran = run_earm(["namespace", "import", "--as", "older"], target, stdin="".join(older))
     assert ran.returncode == 0, ran.stderr
     engine = create_engine(target)
     try:
         with engine.connect() as conn:
-            weight = conn.scalar(text("SELECT factor_reg FROM namespaces WHERE name = 'older'"))
+            weight, scales = conn.execute(text(
+                "SELECT factor_reg, score_scales FROM namespaces WHERE name = 'older'")).one()
+            sources = conn.scalar(text(
+                "SELECT count(*) FROM scores WHERE namespace = 'older' AND scored_by IS NOT NULL"))
     finally:
         engine.dispose()
-    assert weight is None
+    assert (weight, scales, sources) == (None, {}, 0)
 
 
 def with_field(file: str, kind: str, field: str, raw: str) -> tuple[str, int]:
@@ -386,6 +390,8 @@ DEEP = '{"a":' * 5000 + "1" + "}" * 5000
                      id="factor-beyond-float32"),
         pytest.param("namespace", "factor_reg", "-1", None, "above 0",
                      id="negative-factor-weight"),
+        pytest.param("namespace", "score_scales", '{"judge": [0.9, 0.1, 40]}', None,
+                     "0 <= irrelevant < relevant <= 1", id="score-scale-upside-down"),
         pytest.param("namespace", "next_query_index", "0", ("query", "query_index"),
                      "next_query_index", id="next-query-index-below-the-stored-queries"),
         pytest.param("memory", "occurred_at", '"infinity"', None, "date", id="infinite-time"),
