@@ -19,7 +19,7 @@ from service.db.engine import open_database
 from service.db.namespaces import erase_namespace
 from service.db.scales import common_score_sql
 from service.ingest.memories import NewMemory, ingest
-from service.providers.rerank_scorer import RerankScorer
+from service.providers.factory import build_scorer
 from service.retrieve.pipeline import RetrievalPipeline, RetrieveRequest
 from service.settings import Settings
 from service.testing import LoopbackServer, rerank_app
@@ -48,6 +48,9 @@ def cross_encoder(query: str, documents: list[str]) -> list[float | None]:
     return [0.01 + 0.22 * s for s in judge(query, documents) if s is not None]
 
 
+ScoreFn = Callable[[str, list[str]], list[float | None]]
+
+
 @dataclass(frozen=True)
 class Replay:
     top: list[list[str]]  # each query's top k, by text
@@ -57,51 +60,56 @@ class Replay:
     shares: list[float | None]  # each query's exploration share
 
 
-async def _replay(
-    database_url: str, namespace: str, scores: Callable[[str, list[str]], list[float | None]]
-) -> Replay:
-    """``QUERIES`` retrieves of a namespace of ``MEMORIES`` memories, scored by ``scores``."""
-    settings = Settings(database_url=database_url, embedder="none", background_work=True,
-                        refit_in_background=False, _env_file=None)
+async def _replay(database_url: str, namespace: str, *phases: ScoreFn) -> Replay:
+    """``QUERIES`` retrieves of a namespace of ``MEMORIES`` memories, scored by each of
+    ``phases`` in turn (an equal share of the queries each, as ``rerank:phase-<i>``)."""
     rng = np.random.default_rng(0)
     centres = rng.normal(size=(TOPICS, DIM))
-    with LoopbackServer(rerank_app(scores)) as server:
-        scorer = RerankScorer(base_url=server.url, model="reranker", protocol="rerank")
-        async with open_database(settings) as db:
-            async with db.sessions() as session:
-                await ingest(session, None, DIM, namespace, [
-                    NewMemory(text=f"memory {i} about topic {i % TOPICS}",
-                              embedding=(centres[i % TOPICS] + 2 * rng.normal(size=DIM)).tolist())
-                    for i in range(MEMORIES)])
-                await session.commit()
-            pipeline = RetrievalPipeline(db.sessions, None, scorer, settings)
-            top: list[list[str]] = []
-            shares: list[float | None] = []
-            for i in range(QUERIES):
-                topic = i % TOPICS
-                result = await pipeline.retrieve(RetrieveRequest(
-                    namespace=namespace, query=f"topic {topic}", k=K, candidates=30, budget=8,
-                    order="relevance",
-                    query_embedding=(centres[topic] + 2 * rng.normal(size=DIM)).tolist()))
-                top.append([m.text for m in result.memories])
-                shares.append(result.exploration_share)
-            async with db.engine.connect() as conn:
-                anchors = (await conn.execute(text(
-                    "SELECT q.query_index, array_agg(m.text) FROM scores s "
-                    "JOIN queries q ON q.id = s.query_id JOIN memories m ON m.id = s.memory_id "
-                    "WHERE s.namespace = :ns GROUP BY q.query_index ORDER BY q.query_index"),
-                    {"ns": namespace})).all()
-                stored = (await conn.execute(text(
-                    "SELECT scored_by, raw_score, score FROM scores WHERE namespace = :ns"),
-                    {"ns": namespace})).all()
-                scales = (await conn.execute(text(
-                    "SELECT score_scales FROM namespaces WHERE name = :ns"),
-                    {"ns": namespace})).scalar_one()
-            async with db.sessions() as session:
-                # Erased, so the next replay can use the same name (which seeds its draws).
-                await erase_namespace(session, namespace)
-                await session.commit()
-        await scorer.aclose()
+    top: list[list[str]] = []
+    shares: list[float | None] = []
+    for phase, scores in enumerate(phases):
+        with LoopbackServer(rerank_app(scores)) as server:
+            settings = Settings(database_url=database_url, embedder="none", scorer="rerank",
+                                scorer_base_url=server.url, scorer_model=f"phase-{phase}",
+                                background_work=True, refit_in_background=False,
+                                _env_file=None)
+            scorer = build_scorer(settings)
+            async with open_database(settings) as db:
+                if phase == 0:
+                    async with db.sessions() as session:
+                        await ingest(session, None, DIM, namespace, [
+                            NewMemory(text=f"memory {i} about topic {i % TOPICS}",
+                                      embedding=(centres[i % TOPICS]
+                                                 + 2 * rng.normal(size=DIM)).tolist())
+                            for i in range(MEMORIES)])
+                        await session.commit()
+                pipeline = RetrievalPipeline(db.sessions, None, scorer, settings)
+                for _ in range(QUERIES // len(phases)):
+                    topic = len(top) % TOPICS
+                    result = await pipeline.retrieve(RetrieveRequest(
+                        namespace=namespace, query=f"topic {topic}", k=K, candidates=30,
+                        budget=8, order="relevance",
+                        query_embedding=(centres[topic] + 2 * rng.normal(size=DIM)).tolist()))
+                    top.append([m.text for m in result.memories])
+                    shares.append(result.exploration_share)
+            await scorer.aclose()
+    async with open_database(settings) as db:
+        async with db.engine.connect() as conn:
+            anchors = (await conn.execute(text(
+                "SELECT q.query_index, array_agg(m.text) FROM scores s "
+                "JOIN queries q ON q.id = s.query_id JOIN memories m ON m.id = s.memory_id "
+                "WHERE s.namespace = :ns GROUP BY q.query_index ORDER BY q.query_index"),
+                {"ns": namespace})).all()
+            stored = (await conn.execute(text(
+                "SELECT scored_by, raw_score, score FROM scores WHERE namespace = :ns"),
+                {"ns": namespace})).all()
+            scales = (await conn.execute(text(
+                "SELECT score_scales FROM namespaces WHERE name = :ns"),
+                {"ns": namespace})).scalar_one()
+        async with db.sessions() as session:
+            # Erased, so the next replay can use the same name (which seeds its draws).
+            await erase_namespace(session, namespace)
+            await session.commit()
     return Replay(
         top, [set(a) for _, a in anchors], [tuple(r) for r in stored], scales, shares
     )
@@ -116,12 +124,12 @@ def test_a_cross_encoders_scale_is_learned_and_its_scores_stored_on_the_common_o
 ) -> None:
     replay = asyncio.run(_replay(clean_database, "ns", cross_encoder))
     (source, (irrelevant, relevant, counted)), = replay.scales.items()
-    assert source == "local"  # the settings' scorer names the source
+    assert source == "rerank:phase-0:clip"  # the scorer's backend, model and transform
     assert abs(irrelevant - (0.01 + 0.22 * 0.1)) < 0.01
     assert abs(relevant - (0.01 + 0.22 * 0.9)) < 0.01
     assert counted > 0
     scored_by, raw, common = (np.array(column) for column in zip(*replay.stored, strict=True))
-    assert set(scored_by) == {"local"}
+    assert set(scored_by) == {source}
     assert raw.max() < 0.25  # kept as the scorer gave it
     # On the common scale the relevant cells are near 0.9 and the others near 0.1.
     relevant_cells = raw > 0.1
@@ -168,3 +176,21 @@ def test_the_records_sql_maps_scores_as_the_ranking_does(
         asyncio.run(_mapped_in_sql(clean_database, raw, scale)),
         scale.common(np.array(raw)), atol=1e-12,
     )
+
+
+def test_a_namespace_whose_scorer_changes_learns_the_new_ones_scale_apart(
+    clean_database: str,
+) -> None:
+    replay = asyncio.run(_replay(clean_database, "ns", judge, cross_encoder))
+    judged, cross_encoded = (replay.scales[f"rerank:phase-{i}:clip"] for i in (0, 1))
+    assert abs(judged[1] - 0.9) < 0.02 and abs(cross_encoded[1] - (0.01 + 0.22 * 0.9)) < 0.02
+    scored_by, raw, common = (np.array(column) for column in zip(*replay.stored, strict=True))
+    # Each source's relevant cells are found relevant on the common scale (0.5 or more),
+    # whatever it answered, and the rest are not. (The new scorer scores a namespace that
+    # already knows its relevant memories: its anchors are nearly all relevant, whose noise
+    # its two clusters then split, so its relevant cells spread wider than 0.9 ± 0.05.)
+    for source, relevant_raw in (("rerank:phase-0:clip", 0.5), ("rerank:phase-1:clip", 0.1)):
+        cells = scored_by == source
+        relevant = cells & (raw > relevant_raw)
+        assert relevant.any() and np.all(common[relevant] >= 0.5)
+        assert np.all(common[cells & ~relevant] < 0.25)
