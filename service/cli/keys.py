@@ -70,15 +70,23 @@ def _cli_create(args: argparse.Namespace, settings: Settings) -> int:
     except ValueError as exc:
         raise ConfigurationError(f"--namespaces: {exc}") from None
 
-    async def create(session: AsyncSession) -> tuple[str, KeyRecord, bool]:
+    async def create(session: AsyncSession) -> tuple[str, KeyRecord, bool, bool]:
+        enforced_before = await key_enforcement(session)
         key, record = await create_key(session, patterns, args.name)
-        return key, record, await key_enforcement(session)
+        return key, record, enforced_before, await key_enforcement(session)
 
-    key, record, enforced = _run_with_session(settings, create)
+    key, record, enforced_before, enforced = _run_with_session(settings, create)
     if not enforced:
         print(
             "key enforcement is off: requests without a key are still served "
             "(`earm keys enforcement on` to require keys)",
+            file=sys.stderr,
+        )
+    elif not enforced_before:
+        # The first key turns enforcement on: a keyless tour or dashboard answers 401 from now.
+        print(
+            "key enforcement is now on: every request needs a key, the dashboard included "
+            "(`earm keys enforcement off` serves requests without one again)",
             file=sys.stderr,
         )
     print(

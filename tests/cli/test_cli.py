@@ -174,13 +174,20 @@ def test_keys_commands_print_their_result_and_no_log_lines(run_earm: CommandRunn
     assert created.returncode == 0, created.stderr
     assert created.stdout.startswith("earm_") and len(created.stdout.splitlines()) == 1
     assert created.stderr.strip().splitlines() == [
-        "created key 1 (ci) for namespaces agent-*; store it now, it cannot be shown again:"
+        "key enforcement is now on: every request needs a key, the dashboard included "
+        "(`earm keys enforcement off` serves requests without one again)",
+        "created key 1 (ci) for namespaces agent-*; store it now, it cannot be shown again:",
+    ]
+    second = run_earm("keys", "create", "--namespaces", "agent-*", "--name", "second")
+    assert second.stderr.strip().splitlines() == [
+        "created key 2 (second) for namespaces agent-*; store it now, it cannot be shown again:"
     ]
     listed = run_earm("keys", "list")
     assert listed.returncode == 0 and listed.stderr == ""
     assert [line.split()[:3] for line in listed.stdout.splitlines()] == [
         ["id", "name", "status"],
         ["1", "ci", "active"],
+        ["2", "second", "active"],
     ]
 
 
