@@ -229,3 +229,11 @@ def test_the_matrix_leaves_out_observations_retired_by_an_edit(app_client: TestC
         response = app_client.patch(f"/memories/{memory['id']}", json={"embedding": embedding})
         assert response.status_code == 200, response.text
     assert observed_tiles(app_client.get("/dashboard/namespaces/agent-1/matrix").text) == 0
+
+
+def test_a_query_is_named_by_the_query_id_the_api_answered(app_client: TestClient) -> None:
+    query_id = fill(app_client, "agent-ids", 20)
+    page = app_client.get(f"/dashboard/queries/{query_id}").text
+    assert f"<h1>Query {query_id}</h1>" in page
+    recent = app_client.get("/dashboard/namespaces/agent-ids").text
+    assert f'<td>{query_id}</td>' in recent
