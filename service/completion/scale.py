@@ -53,6 +53,10 @@ class ScoreScale:
 
     def common(self, raw: NDArray[np.float64]) -> NDArray[np.float64]:
         """``raw`` scores of the source on the common scale."""
+        if (self.irrelevant, self.relevant) == (COMMON_IRRELEVANT, COMMON_RELEVANT):
+            # Exactly as given: interpolating would move a score by a rounding error, so a
+            # live answer would differ in its last digit from the same score read back.
+            return np.array(raw, dtype=np.float64)
         knots = [(self.irrelevant, COMMON_IRRELEVANT), (self.relevant, COMMON_RELEVANT)]
         if self.irrelevant > 0.0:
             knots.insert(0, (0.0, 0.0))
