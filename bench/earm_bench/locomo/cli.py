@@ -67,9 +67,20 @@ def _add_replay_flags(parser: argparse.ArgumentParser) -> None:
 
 def _add_judge_flags(parser: argparse.ArgumentParser) -> None:
     """The relevance judge: the oracle's protocol and noise model, or the local scorer."""
-    parser.add_argument("--judge", choices=("oracle", "local"), default="oracle",
+    parser.add_argument("--judge", choices=("oracle", "local", "scorer"), default="oracle",
                         help="oracle: labels + noise over loopback chat-completions; "
-                             "local: the service's offline scorer")
+                             "local: the service's offline scorer; scorer: your own "
+                             "(--scorer, --scorer-url, --scorer-model)")
+    parser.add_argument("--scorer", choices=("openai", "rerank", "tei"), default="openai",
+                        help="--judge scorer: its protocol, as EARM_SCORER: an OpenAI-"
+                             "compatible chat endpoint, a Cohere/Jina/vLLM /rerank, or TEI "
+                             "(default openai)")
+    parser.add_argument("--scorer-url", default=None,
+                        help="--judge scorer: its base URL (as EARM_SCORER_BASE_URL); its key "
+                             "and other settings from EARM_SCORER_API_KEY and the other "
+                             "EARM_SCORER_* variables, as the service reads them")
+    parser.add_argument("--scorer-model", default="gpt-4o-mini",
+                        help="--judge scorer: its model (default gpt-4o-mini)")
     parser.add_argument("--judge-protocol", choices=("chat", "rerank"), default="chat",
                         help="oracle: served as chat completions (EARM_SCORER=openai) or as a "
                              "/rerank endpoint (EARM_SCORER=rerank); same scores either way")
@@ -112,6 +123,23 @@ def _add_service_flags(parser: argparse.ArgumentParser) -> None:
                              "afterwards, instead of an embedded Postgres per policy")
 
 
+def _add_reader_flags(parser: argparse.ArgumentParser) -> None:
+    """Answer accuracy: a reader and a grader LLM (earm_bench.locomo.answers)."""
+    parser.add_argument("--reader-url", default=None,
+                        help="also measure answer accuracy: an OpenAI-compatible endpoint "
+                             "(base URL ending in /v1) that answers each question from a "
+                             "policy's top k memories; its key from EARM_BENCH_READER_API_KEY")
+    parser.add_argument("--reader-model", default=None, help="the reader's model")
+    parser.add_argument("--grader-url", default=None,
+                        help="the endpoint grading the answers CORRECT/WRONG against the gold "
+                             "ones (default the reader's); its key from "
+                             "EARM_BENCH_GRADER_API_KEY")
+    parser.add_argument("--grader-model", default=None,
+                        help="the grader's model (default the reader's)")
+    parser.add_argument("--reader-concurrency", type=int, default=8,
+                        help="requests open at once to each of reader and grader (default 8)")
+
+
 def _add_output_flags(parser: argparse.ArgumentParser) -> None:
     """What the run writes besides the markdown table: RESULTS.json, the plot, progress."""
     parser.add_argument("--out", type=Path, default=None, help="write RESULTS.json here")
@@ -138,6 +166,7 @@ def add_locomo_parser(
     _add_replay_flags(parser)
     _add_judge_flags(parser)
     _add_service_flags(parser)
+    _add_reader_flags(parser)
     _add_output_flags(parser)
     parser.set_defaults(func=run_locomo_command)
     return parser
@@ -156,7 +185,7 @@ def run_locomo_command(args: argparse.Namespace) -> int:
     results = run_locomo(config)
     sys.stdout.write(format_markdown(results))
     sys.stdout.flush()
-    return 0
+    return 1 if "error" in results.get("answers", {}) else 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:

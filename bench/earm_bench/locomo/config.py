@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+from earm_bench.locomo.answers import Endpoint, Readers
 from earm_bench.locomo.data import DEFAULT_CATEGORIES
+from earm_bench.locomo.judge import YourScorer
 from earm_bench.locomo.judge_errors import JUDGE_ERRORS
 from service.budget import DEFAULT_BUDGET_SCHEDULE, BudgetSchedule
 
@@ -51,6 +54,11 @@ class LocomoConfig:
     # crossencoder
     judge_errors: str = "independent"
     judge_port: int = 0
+    # --judge scorer: the user's own scorer (its key and other settings: EARM_SCORER_* in the
+    # environment, as the service reads them)
+    scorer: str = "openai"
+    scorer_url: str | None = None
+    scorer_model: str = "gpt-4o-mini"
     seed: int = 0
     url: str | None = None
     include_adversarial: bool = False
@@ -75,6 +83,13 @@ class LocomoConfig:
     # "retrieve": the service searches and ranks (POST /retrieve); "rerank": the client searches
     # itself and earm reranks its candidates (POST /v1/rerank; earm_bench.locomo.via_rerank)
     via: str = "retrieve"
+    # --reader-url: answer accuracy (earm_bench.locomo.answers) by a reader and a grader LLM,
+    # OpenAI-compatible; their keys come from the environment, never the command line
+    reader_url: str | None = None
+    reader_model: str | None = None
+    grader_url: str | None = None  # None: the reader's
+    grader_model: str | None = None  # None: the reader's
+    reader_concurrency: int = 8
 
     def __post_init__(self) -> None:
         self.data_dir = Path(self.data_dir)
@@ -88,8 +103,12 @@ class LocomoConfig:
         self.ks = tuple(sorted(set(self.ks)))
         if self.candidates < max(self.ks):
             raise ValueError("--candidates must be at least max(--k)")
-        if self.judge not in ("oracle", "local"):
-            raise ValueError("--judge must be 'oracle' or 'local'")
+        if self.judge not in ("oracle", "local", "scorer"):
+            raise ValueError("--judge must be 'oracle', 'local' or 'scorer'")
+        if (self.judge == "scorer") != (self.scorer_url is not None):
+            raise ValueError("--judge scorer and --scorer-url go together")
+        if self.scorer not in ("openai", "rerank", "tei"):
+            raise ValueError("--scorer must be 'openai', 'rerank' or 'tei'")
         if self.repeat < 0:
             raise ValueError("--repeat must be 0 or more")
         if self.shift_window < 1:
@@ -107,7 +126,34 @@ class LocomoConfig:
             self._check_via_rerank()
         elif self.via != "retrieve":
             raise ValueError("--via must be 'retrieve' or 'rerank'")
+        self._check_readers()
         _ = self.budget_schedule  # a bad --schedule fails here, before any service starts
+
+    def _check_readers(self) -> None:
+        if self.reader_url is None:
+            if self.reader_model or self.grader_url or self.grader_model:
+                raise ValueError("--reader-model, --grader-url and --grader-model go with "
+                                 "--reader-url")
+            return
+        if not self.reader_model:
+            raise ValueError("--reader-url needs --reader-model")
+        if self.grader_url and not self.grader_model:
+            raise ValueError("--grader-url needs --grader-model")
+        if self.reader_concurrency < 1:
+            raise ValueError("--reader-concurrency needs a positive integer")
+
+    def readers(self, environ: Mapping[str, str]) -> Readers | None:
+        """The reader and grader of ``--reader-url`` (None without it), their keys from
+        ``environ``: ``EARM_BENCH_READER_API_KEY``, and ``EARM_BENCH_GRADER_API_KEY`` for a
+        grader of its own (else the reader's)."""
+        if self.reader_url is None or self.reader_model is None:
+            return None
+        reader = Endpoint(self.reader_url, self.reader_model,
+                          environ.get("EARM_BENCH_READER_API_KEY"))
+        grader_key = environ.get("EARM_BENCH_GRADER_API_KEY") or reader.api_key
+        grader = Endpoint(self.grader_url or reader.url, self.grader_model or reader.model,
+                          grader_key if self.grader_url else reader.api_key)
+        return Readers(reader, grader, self.reader_concurrency)
 
     def _check_via_rerank(self) -> None:
         """``--via rerank``: the default policies become those it runs; the judge is the oracle
@@ -123,6 +169,13 @@ class LocomoConfig:
         if self.shift:
             raise ValueError("--via rerank replays each conversation on its own: not --shift")
         self.judge_protocol = "rerank"
+
+    @property
+    def your_scorer(self) -> YourScorer | None:
+        """``--judge scorer``'s endpoint (None for the oracle and the local scorer)."""
+        if self.scorer_url is None:
+            return None
+        return YourScorer(self.scorer, self.scorer_url, self.scorer_model)
 
     @cached_property
     def budget_schedule(self) -> BudgetSchedule:

@@ -83,6 +83,7 @@ class Question:
     category: int
     evidence: tuple[str, ...]  # normalised, resolvable dia_ids, duplicates removed
     raw_evidence: tuple[str, ...]
+    answer: str = ""  # the gold answer ("" for category 5, which has an adversarial one)
 
     @property
     def has_evidence(self) -> bool:
@@ -121,6 +122,11 @@ def memory_text(speaker: str, text: str, caption: str | None = None) -> str:
     if caption:
         out += f" [image: {caption}]"
     return out
+
+
+def scoped_id(sample_id: str, dia_id: str) -> str:
+    """A turn id unique across conversations (the shift stream's): ``conv-26/D1:3``."""
+    return f"{sample_id}/{dia_id}"
 
 
 def parse_session_datetime(value: str) -> datetime:
@@ -218,6 +224,7 @@ def _questions(
                 category=int(qa["category"]),
                 evidence=evidence,
                 raw_evidence=raw,
+                answer="" if qa.get("answer") is None else str(qa["answer"]),
             )
         )
     return questions

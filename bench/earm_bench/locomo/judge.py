@@ -54,7 +54,7 @@ from service.testing import LoopbackServer, chat_completions_app, rerank_app
 
 logger = logging.getLogger(__name__)
 
-JudgeKind = Literal["oracle", "local"]
+JudgeKind = Literal["oracle", "local", "scorer"]
 JudgeProtocol = Literal["chat", "rerank"]
 
 #: Texts at least this long are found through a prefix index; shorter ones by substring search.
@@ -330,6 +330,20 @@ class OracleJudge:
         return [float(self.reply(fill(USER_PROMPT, query, document))) for document in documents]
 
 
+@dataclass(frozen=True)
+class YourScorer:
+    """``--judge scorer``: a user's own scorer (an OpenAI-compatible chat endpoint, a
+    ``/rerank`` or a TEI server), called by the service as in production; its key and other
+    settings come from the environment the service reads (``EARM_SCORER_API_KEY``, …)."""
+
+    kind: str  # the service's EARM_SCORER: openai, rerank or tei
+    url: str
+    model: str
+
+    def service_settings(self) -> dict[str, Any]:
+        return {"scorer": self.kind, "scorer_base_url": self.url, "scorer_model": self.model}
+
+
 @dataclass
 class RunningJudge:
     """A judge ready for the service: the scorer settings to use and, for oracle, its server."""
@@ -339,6 +353,7 @@ class RunningJudge:
     url: str | None  # base URL of the judge server ("http://127.0.0.1:PORT")
     app: Any = None
     protocol: JudgeProtocol = "chat"
+    yours: YourScorer | None = None
 
     @property
     def base_url(self) -> str | None:
@@ -349,6 +364,8 @@ class RunningJudge:
         """``Settings`` keyword arguments that point the service's scorer at this judge."""
         if self.kind == "local":
             return {"scorer": "local"}
+        if self.yours is not None:
+            return self.yours.service_settings()
         return {
             "scorer": "rerank" if self.protocol == "rerank" else "openai",
             "scorer_base_url": self.base_url,
@@ -359,6 +376,9 @@ class RunningJudge:
         """A JSON-able description for RESULTS.json."""
         if self.oracle is not None:
             return {**self.oracle.describe(), "url": self.base_url, "protocol": self.protocol}
+        if self.yours is not None:
+            return {"kind": "scorer", "scorer": self.yours.kind, "url": self.yours.url,
+                    "model": self.yours.model}
         return {"kind": "local", "description": "the service's offline local scorer"}
 
     def http_calls(self) -> int | None:
@@ -373,14 +393,20 @@ def start_judge(
     model: NoiseModel | None = None,
     port: int = 0,
     protocol: JudgeProtocol = "chat",
+    yours: YourScorer | None = None,
 ) -> Iterator[RunningJudge]:
     """Start the judge: an oracle chat-completions (or ``/rerank``) server on loopback, or
-    nothing for ``local``."""
+    nothing for ``local`` and for ``scorer`` (``yours``, already running)."""
     if kind == "local":
         yield RunningJudge(kind="local", oracle=None, url=None)
         return
+    if kind == "scorer":
+        if yours is None:
+            raise ValueError("--judge scorer needs the scorer's kind, URL and model")
+        yield RunningJudge(kind="scorer", oracle=None, url=None, yours=yours)
+        return
     if kind != "oracle":
-        raise ValueError(f"unknown judge {kind!r} (expected 'oracle' or 'local')")
+        raise ValueError(f"unknown judge {kind!r} (expected 'oracle', 'local' or 'scorer')")
     oracle = OracleJudge(conversations, model)
     if protocol == "rerank":
         app = rerank_app(oracle.rerank, protocol="rerank", model="locomo-oracle")

@@ -47,6 +47,9 @@ def _title(results: dict[str, Any]) -> str:
         judge_text = (f"oracle judge ({judge.get('errors', 'independent')} errors, miss "
                       f"{judge.get('miss')}, false {judge.get('false')}, "
                       f"noise {judge.get('noise')}, seed {judge.get('seed')})")
+    elif judge.get("kind") == "scorer":
+        judge_text = (f"your scorer ({judge.get('scorer')} at {judge.get('url')}, "
+                      f"model {judge.get('model')})")
     else:
         judge_text = "local scorer"
     return (
@@ -199,6 +202,40 @@ def _shift(shift: dict[str, Any] | None, ks: Sequence[int]) -> list[str]:
             *table(head, rows)]
 
 
+def _tokens(usage: dict[str, Any] | None) -> str:
+    if not usage:
+        return "–"
+    return (f"{usage.get('calls', 0):,} calls, {usage.get('prompt_tokens', 0):,} prompt + "
+            f"{usage.get('completion_tokens', 0):,} completion tokens")
+
+
+def _answers(answers: dict[str, Any] | None, ks: Sequence[int]) -> list[str]:
+    if not answers:
+        return []
+    if "error" in answers:
+        return ["", f"### Answer accuracy: stopped ({answers['error']})"]
+    policies: dict[str, Any] = answers.get("policies", {})
+    cats = sorted({c for p in policies.values() for a in p.values()
+                   for c in a.get("by_category", {})}, key=int)
+    head = ["policy", *(f"accuracy@{k}" for k in ks),
+            *(f"{c} {CATEGORY_NAMES.get(int(c), '')} @{ks[0]}" for c in cats),
+            "graded", "failed", "unparsed"]
+    rows = []
+    for name, p in policies.items():
+        first = p.get(f"accuracy@{ks[0]}", {})
+        by_category = first.get("by_category", {})
+        rows.append([name, *(pct(p.get(f"accuracy@{k}", {}).get("accuracy")) for k in ks),
+                     *(pct(by_category.get(c, {}).get("accuracy")) for c in cats),
+                     sum(p[f"accuracy@{k}"].get("graded", 0) for k in ks),
+                     sum(p[f"accuracy@{k}"].get("failed", 0) for k in ks),
+                     sum(p[f"accuracy@{k}"].get("unparsed", 0) for k in ks)])
+    reader, grader = answers.get("reader", {}), answers.get("grader", {})
+    return ["", f"### Answer accuracy (%): reader {reader.get('model')}, grader "
+                f"{grader.get('model')}", "", *table(head, rows), "",
+            f"Reader: {_tokens(answers.get('reader_usage'))}. "
+            f"Grader: {_tokens(answers.get('grader_usage'))}."]
+
+
 def format_markdown(results: dict[str, Any]) -> str:
     """The markdown report printed on stdout: policies, categories, stages, derived rows."""
     policies: Policies = results.get("policies", {})
@@ -215,5 +252,6 @@ def format_markdown(results: dict[str, Any]) -> str:
         *_repeat(results.get("repeat"), ks),
         *_repeat_derived(results.get("repeat_derived"), ks),
         *_shift(results.get("shift"), ks),
+        *_answers(results.get("answers"), ks),
     ]
     return "\n".join(lines) + "\n"

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import os
 import secrets
 import time
 from datetime import UTC, datetime
 from typing import Any, cast
 
 from earm_bench.common.cli import progress, write_json
+from earm_bench.locomo.answers import EndpointRefused, answer_accuracy
 from earm_bench.locomo.config import LocomoConfig
 from earm_bench.locomo.data import load_conversations
 from earm_bench.locomo.judge import JudgeKind, JudgeProtocol, NoiseModel, start_judge
@@ -49,7 +52,8 @@ def run_locomo(config: LocomoConfig) -> dict[str, Any]:
         replay_shift if config.shift else replay_via_rerank if config.via == "rerank" else replay
     )
     with start_judge(
-        judge_kind, conversations, noise, port=config.judge_port, protocol=protocol
+        judge_kind, conversations, noise, port=config.judge_port, protocol=protocol,
+        yours=config.your_scorer,
     ) as judge, progress(
         total, "locomo", config.progress, unit="q"
     ) as bar:
@@ -62,6 +66,17 @@ def run_locomo(config: LocomoConfig) -> dict[str, Any]:
         if judge.oracle is not None:
             judge_block["stats"] = judge.oracle.stats()
     results = build_results(config, records, conversations)
+    readers = config.readers(os.environ)
+    if readers is not None:
+        logger.info("answering with %s, grading with %s", readers.reader.model,
+                    readers.grader.model)
+        try:
+            results["answers"] = asyncio.run(
+                answer_accuracy(readers, plain_stream(records), conversations, config.ks))
+        except EndpointRefused as refused:
+            # the recall figures stand: they are written, with what stopped the answers
+            logger.error("answer accuracy stopped: %s", refused)
+            results["answers"] = {"error": str(refused)}
     results = {
         "settings": {
             **config.as_json(),

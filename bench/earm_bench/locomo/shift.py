@@ -21,7 +21,7 @@ import httpx
 
 from earm_bench.locomo import metrics
 from earm_bench.locomo.config import LocomoConfig
-from earm_bench.locomo.data import Conversation, Question
+from earm_bench.locomo.data import Conversation, Question, scoped_id
 from earm_bench.locomo.judge import RunningJudge
 from earm_bench.locomo.metrics import QueryRecord
 from earm_bench.locomo.replay import (
@@ -34,11 +34,6 @@ from earm_bench.locomo.replay import (
 )
 
 logger = logging.getLogger(__name__)
-
-
-def scoped_id(sample_id: str, dia_id: str) -> str:
-    """A turn id unique across conversations: ``conv-26/D1:3``."""
-    return f"{sample_id}/{dia_id}"
 
 
 def shift_namespace(policy: str, run_id: str | None) -> str:
