@@ -19,7 +19,11 @@ revoking every key does not reopen access:
   (``earm serve`` refuses a non-loopback bind address, and requests from non-loopback peers get
   401) unless ``EARM_ALLOW_ANONYMOUS=true``.
 
-Credentials, when sent, are always checked: an unknown or revoked key gets 401 in both modes.
+Credentials, when sent, are checked: a revoked key gets 401 in both modes, an unknown key 401
+when keys are enforced. Where they are not, a key earm never issued counts as no key (the
+anonymous rules above apply): SDKs made for hosted rerankers (cohere, Mem0's reranker) always
+send one, and a made-up key grants nothing the same request without it would not get. A
+revoked key is refused even then, since someone meant it to stop working.
 
 Lookups and the mode are cached in-process for ``EARM_AUTH_CACHE_TTL_S`` (default 2 s): a
 revoked key stops working, a new key starts working and a mode change takes effect within that
@@ -318,22 +322,28 @@ class Authenticator:
         self._principals[digest] = (now + self.ttl_s, principal)
         return principal
 
+    async def _issued(self, key: str) -> bool:
+        """Whether ``key`` was ever issued here (it is revoked if it is not active)."""
+        async with self.sessions() as session:
+            return await key_table.key_exists(session, hash_key(key))
+
     async def authenticate(
         self, authorization: str | None, peer: str | None, host_header: str | None
     ) -> Principal:
-        """The caller's principal. Credentials, when sent, must be valid, even in a key-less
-        deployment: a revoked key never falls back to anonymous access. ``host_header``: the
-        request's ``Host``, which a loopback caller without a key must name as loopback."""
+        """The caller's principal. A revoked key never falls back to anonymous access, an
+        unknown one does only where keys are not enforced. ``host_header``: the request's
+        ``Host``, which a loopback caller without a key must name as loopback."""
         if authorization:
             scheme, _, key = authorization.partition(" ")
             key = key.strip()
             if scheme.lower() != "bearer" or not key:
                 raise Unauthenticated("send an API key as 'Authorization: Bearer <key>'")
             principal = await self.principal_for_key(key)
-            if principal is None:
+            if principal is not None:
+                return principal
+            if await self.keys_enforced() or await self._issued(key):
                 raise Unauthenticated("the API key is unknown or revoked")
-            return principal
-        if await self.keys_enforced():
+        elif await self.keys_enforced():
             raise Unauthenticated("send an API key as 'Authorization: Bearer <key>'")
         if self.allow_anonymous:
             return ANONYMOUS

@@ -151,9 +151,28 @@ def test_without_keys_loopback_clients_are_served(api: TestClient) -> None:
     assert api.get("/memories", params={"namespace": "agent-1"}).status_code == 200
 
 
-def test_without_keys_a_presented_key_must_still_be_valid(api: TestClient) -> None:
+def test_without_keys_a_key_never_issued_counts_as_none(
+    api: TestClient, auth_settings: Settings
+) -> None:
+    # SDKs made for hosted rerankers always send a key: on a keyless install it is no key
     response = api.get("/memories", params={"namespace": "a"}, headers=bearer("earm_made-up"))
+    assert response.status_code == 200
+    # ... under the keyless rules: a remote client gets no more with a made-up key than without
+    with TestClient(create_app(auth_settings), client=("203.0.113.9", 4711)) as remote:
+        response = remote.get("/memories", params={"namespace": "a"},
+                              headers=bearer("earm_made-up"))
+        assert_error(response, 401, "unauthenticated")
+        assert "only answers loopback clients" in response.json()["error"]["message"]
+
+
+def test_without_enforcement_a_revoked_key_is_still_refused(api: TestClient, keys) -> None:
+    key = create_key(keys, "*", name="to-revoke")
+    assert keys("revoke", key_id(keys, "to-revoke"))[0] == 0
+    assert keys("enforcement", "off")[0] == 0
+    assert anonymous_listing(api).status_code == 200
+    response = api.get("/memories", params={"namespace": "a"}, headers=bearer(key))
     assert_error(response, 401, "unauthenticated")
+    assert "unknown or revoked" in response.json()["error"]["message"]
 
 
 def test_without_keys_a_loopback_peer_naming_a_foreign_host_is_refused(

@@ -51,6 +51,7 @@ _ACTIVE_KEY_SQL = (
     "SELECT id, name, namespace_patterns FROM api_keys "
     "WHERE key_hash = %(key_hash)s AND revoked_at IS NULL"
 )
+_KEY_EXISTS_SQL = "SELECT EXISTS (SELECT 1 FROM api_keys WHERE key_hash = %(key_hash)s)"
 _ENFORCEMENT_SQL = "SELECT key_enforcement FROM auth_settings"
 _SET_ENFORCEMENT_SQL = """
     INSERT INTO auth_settings (id, key_enforcement) VALUES (1, %(enforced)s)
@@ -107,6 +108,12 @@ async def enforce_keys_unless_decided(session: AsyncSession) -> None:
     """Called with every new key: the first one turns enforcement on; once the mode is stored
     (on, or turned off by an operator), a new key leaves it as it is."""
     await execute(session, _ENFORCE_UNLESS_DECIDED_SQL)
+
+
+async def key_exists(session: AsyncSession, key_hash: str) -> bool:
+    """Whether a key with this hash was ever created, revoked or not."""
+    row = await fetch_one(session, _KEY_EXISTS_SQL, {"key_hash": key_hash})
+    return bool(row and row[0])
 
 
 async def active_key(

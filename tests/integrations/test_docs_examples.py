@@ -57,18 +57,23 @@ def test_the_page_has_one_example_per_integration() -> None:
     assert set(examples()) == {"mcp-stdio", "mcp-http", *PRINTS}
 
 
-@pytest.mark.parametrize("name", sorted(PRINTS))
-def test_python_example_runs_against_a_live_service(name: str, service: LiveService) -> None:
+#: The examples for SDKs made for hosted rerankers, which always send a key.
+SDKS_THAT_SEND_A_KEY = ("cohere", "langchain-cohere", "llamaindex-cohere", "mem0")
+
+
+def run_example(name: str, url: str, api_key: str | None) -> None:
+    """Run the page's example ``name`` against ``url`` and check what it prints."""
     language, code = examples()[name]
     assert language == "python"
     env = {
-        **os.environ,
-        "EARM_URL": service.url,
-        "EARM_API_KEY": service.agent_key,
+        **{k: v for k, v in os.environ.items() if k != "EARM_API_KEY"},
+        "EARM_URL": url,
         "PYTHONPATH": str(REPO),
         # Mem0 reports usage to PostHog unless told not to; the tests run offline.
         "MEM0_TELEMETRY": "False",
     }
+    if api_key is not None:
+        env["EARM_API_KEY"] = api_key
     result = subprocess.run(
         [sys.executable, "-c", code], env=env, cwd=REPO, capture_output=True, text=True, timeout=120
     )
@@ -77,6 +82,18 @@ def test_python_example_runs_against_a_live_service(name: str, service: LiveServ
         assert printed in result.stdout, result.stdout
     if name == "mem0":
         assert not result.stdout.startswith(MEM0_FALLBACK), result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("name", sorted(PRINTS))
+def test_python_example_runs_against_a_live_service(name: str, service: LiveService) -> None:
+    run_example(name, service.url, service.agent_key)
+
+
+@pytest.mark.parametrize("name", SDKS_THAT_SEND_A_KEY)
+def test_reranker_sdk_example_runs_against_a_keyless_install_without_a_key(
+    name: str, keyless_service: str
+) -> None:
+    run_example(name, keyless_service, api_key=None)
 
 
 def config(name: str) -> dict[str, Any]:
