@@ -21,6 +21,15 @@ from service.checks import BASE_URL_EXAMPLES, missing_base_url, namespace_name
 MAX_RANK = 64
 
 
+#: What ``EARM_PROFILE=paper`` sets unless set explicitly: the EARM paper's one round of
+#: anchors, its plain model, its balanced weights (the memory side weighted as the query side,
+#: factors included, so they are not shrunk to nothing), and no transfer between paraphrases.
+PAPER_PROFILE = {
+    "anchor_policy": "paper", "completion_model": "plain", "memory_reg": 1.0, "factor_reg": 1.0,
+    "paraphrase_transfer": False,
+}
+
+
 def default_data_dir() -> Path:
     return Path(platformdirs.user_data_dir("earm")) / "pgdata"
 
@@ -234,6 +243,21 @@ class Settings(BaseSettings):
     )
     als_iterations: int = Field(default=10, ge=1, le=200)
     budget_schedule: str = DEFAULT_BUDGET_SCHEDULE
+    profile: Literal["earm", "paper"] = Field(
+        default="earm",
+        description="A preset of the learning settings, each of which an explicit setting "
+        "still overrides. 'paper': the EARM paper's configuration (EARM_ANCHOR_POLICY=paper, "
+        "EARM_COMPLETION_MODEL=plain, EARM_MEMORY_REG=1, EARM_FACTOR_REG=1, "
+        "EARM_PARAPHRASE_TRANSFER=false: one round of anchors, the plain low-rank model with "
+        "balanced weights, observed and estimated scores ranked together); 'earm': the "
+        "defaults listed here.",
+    )
+    completion_model: Literal["earm", "plain"] = Field(
+        default="earm",
+        description="'earm': the bias-aware low-rank model with a per-query similarity slope "
+        "and a content prior (docs/design.md); 'plain': the EARM paper's model, biases and "
+        "factors only, learning nothing from similarity or the memories' embeddings.",
+    )
     anchor_policy: Literal["learned", "paper"] = Field(
         default="learned",
         description="Which candidates a budget scores. 'learned': two rounds, the most similar "
@@ -359,6 +383,14 @@ class Settings(BaseSettings):
         description="On SIGTERM or SIGINT, requests still running after this long are "
         "cancelled (their transactions roll back) and the process stops.",
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _profile_presets(cls, values: object) -> object:
+        """``EARM_PROFILE=paper`` fills in the paper's settings that are not set explicitly."""
+        if isinstance(values, dict) and values.get("profile") == "paper":
+            return PAPER_PROFILE | values
+        return values
 
     @field_validator("budget_schedule")
     @classmethod

@@ -357,9 +357,9 @@ def test_cli_parser_registers_locomo() -> None:
     assert args.func.__name__ == "run_locomo_command"
     assert args.policies == ("semantic", "full") and args.ks == (20, 10)
     assert args.judge == "oracle" and args.judge_miss == 0.1 and args.include_adversarial
-    assert parser.parse_args(["locomo", "--data", "/d"]).policies == (
-        "semantic", "observed", "earm", "top-b", "full"
-    )
+    defaults = config_from_args(LocomoConfig, parser.parse_args(["locomo", "--data", "/d"]),
+                                data_dir=Path("/d"))
+    assert defaults.policies == ("semantic", "observed", "earm", "top-b", "full")
     args = parser.parse_args(["locomo", "--data", "/d", "--policies", "top-b",
                               "--database-server", "postgresql://h/postgres"])
     assert args.policies == ("top-b",) and args.database_server == "postgresql://h/postgres"
@@ -449,6 +449,43 @@ def test_locomo_replay_smoke(tmp_path: Path, postgres_server: str) -> None:
     table = format_markdown(results)
     assert "| earm |" in table and "observed − semantic" in table
     assert f"| top-b | {pct(recall['top-b'])} |" in table and "| earm − top-b |" in table
+
+
+def test_the_paper_profile_replays_the_papers_four_policies_and_prints_its_table(
+    postgres_server: str,
+) -> None:
+    parser = argparse.ArgumentParser()
+    add_locomo_parser(parser.add_subparsers(dest="bench"))
+    args = parser.parse_args(["locomo", "--data", str(MINI_DIR), "--profile", "paper",
+                              "--conversations", "conv-mini", "--limit", "8"])
+    config = config_from_args(LocomoConfig, args, data_dir=MINI_DIR,
+                              conversations=args.conversations)
+    assert config.policies == ("semantic", "observed", "earm", "full")
+    assert config.max_questions == 8
+    config = dataclasses.replace(config, max_sessions=3, candidates=30, ks=(5, 10),
+                                 schedule="0:1.0,3:0.5", per_query=True, progress=False,
+                                 database_server=postgres_server)
+    results = run_locomo(config)
+    service = results["settings"]["service"]
+    assert (service["profile"], service["anchor_policy"], service["completion_model"]) == (
+        "paper", "paper", "plain")
+    policies = results["policies"]
+    # Observed-only scores the very anchors Mixed scores (the paper's rule draws them from the
+    # seed, not from the completion) and differs only in how it ranks the rest.
+    assert [r["scorer_calls"] for r in results["per_query"]["observed"]] == [
+        r["scorer_calls"] for r in results["per_query"]["earm"]]
+    table = format_markdown(results)
+    assert "### The paper's table: recall@5 / recall@10 (%) per budget stage" in table
+    stage_rows = [line for line in table.splitlines() if " scored (n=" in line]
+    assert [row.split(" scored")[0] for row in stage_rows] == ["| 100.0%", "| 50.0%"]
+    overall = next(line for line in table.splitlines() if line.startswith("| all |"))
+    cells = [cell.strip() for cell in overall.strip("|").split("|")]
+    recall = {name: policies[name]["recall@5"] for name in ("semantic", "observed", "earm")}
+    assert cells[3].split(" / ")[0] == pct(recall["observed"])
+    assert cells[5].split(" / ")[0] == pct(recall["observed"] - recall["semantic"], signed=True)
+    assert cells[6].split(" / ")[0] == pct(recall["earm"] - recall["observed"], signed=True)
+    assert cells[7] == " / ".join(f"{policies[name]['scorer_calls']:,}"
+                                  for name in ("observed", "earm", "full"))
 
 
 @pytest.mark.parametrize("errors", ["independent", "correlated", "crossencoder"])

@@ -99,7 +99,8 @@ def fold_in(
 
     The slope is floored at ``min_slope``: among memories the model knows nothing about, the
     estimate must never reverse the semantic order (a few noisy anchors can fit a negative slope).
-    With the floor active, (c_q, v_q) are re-solved for the fixed slope.
+    With the floor active, (c_q, v_q) are re-solved for the fixed slope. A model given no
+    similarities (all 0: the plain model) has no semantic order to keep, and its slope is 0.
     """
     bias = float_array("anchor_memory_bias", anchor_memory_bias, ndim=1)
     factors = float_array("anchor_memory_factors", anchor_memory_factors, ndim=2)
@@ -111,7 +112,7 @@ def fold_in(
         penalty(reg, factor_reg, 2, rank),
     )
     slope, query_factors = float(theta[0]), theta[1:]
-    if slope < min_slope:
+    if slope < min_slope and np.any(sims):
         slope = float(min_slope)
         query_bias, query_factors = solve_side(
             mu, bias + slope * sims, factors, anchor_scores, penalty(reg, factor_reg, 1, rank)

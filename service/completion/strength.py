@@ -73,13 +73,13 @@ def choose_factor_reg(
     query_idx: NDArray[np.intp],
     similarities: NDArray[np.float64],
     scores: NDArray[np.float64],
-    memory_embeddings: NDArray[np.float64],
+    memory_embeddings: NDArray[np.float64] | None,
     *,
     options: FitOptions,
     grid: tuple[float | None, ...] = FACTOR_REG_GRID,
 ) -> StrengthChoice:
     """The factor weight of the namespace whose cells these are (``query_idx`` in the order the
-    queries were asked)."""
+    queries were asked; ``memory_embeddings`` None: a model without content prior)."""
     window = _window(query_idx)
     if window is None:
         return StrengthChoice(None)
@@ -115,7 +115,7 @@ def _held_out_error(
     query_idx: NDArray[np.intp],
     similarities: NDArray[np.float64],
     scores: NDArray[np.float64],
-    memory_embeddings: NDArray[np.float64],
+    memory_embeddings: NDArray[np.float64] | None,
     window: _Window,
     options: FitOptions,
     factor_reg: float | None,
@@ -123,15 +123,20 @@ def _held_out_error(
     """Mean |leave-one-out estimate − score| over the held-out cells, the memory side fitted on
     the older queries with ``factor_reg``."""
     fit = window.fit
+    n_memories = (
+        int(memory_idx.max()) + 1 if memory_embeddings is None else memory_embeddings.shape[0]
+    )
     model = fit_model(
         memory_idx[fit], query_idx[fit], similarities[fit], scores[fit],
-        memory_embeddings.shape[0], int(query_idx.max()) + 1,
+        n_memories, int(query_idx.max()) + 1,
         rank=options.rank, reg=options.reg, n_iterations=options.n_iterations,
         memory_embeddings=memory_embeddings, content_reg=options.content_reg,
         memory_reg=options.memory_reg, factor_reg=factor_reg,
     )
-    content_scores = memory_embeddings @ model.prior.weights if len(model.prior.weights) else (
-        np.zeros(memory_embeddings.shape[0])
+    content_scores = (
+        memory_embeddings @ model.prior.weights
+        if memory_embeddings is not None and len(model.prior.weights)
+        else np.zeros(n_memories)
     )
     errors: list[NDArray[np.float64]] = []
     held = np.flatnonzero(window.held_out)

@@ -247,6 +247,8 @@ class Learner:
         observed, cell_similarities, bias, factors = await experience.query_observations(
             session, namespace, query_id, self.settings.rank
         )
+        if self.settings.completion_model == "plain":
+            cell_similarities = np.zeros_like(cell_similarities)  # the plain model has no slope
         query = fold_in(
             state.mean_score, bias, factors, cell_similarities, observed, self.settings.reg,
             factor_reg=state.factor_reg,

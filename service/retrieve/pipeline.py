@@ -314,7 +314,7 @@ class RetrievalPipeline:
         )
         return rank_candidates(
             policy,
-            found.candidate_state(),
+            found.candidate_state(self.settings.completion_model == "earm"),
             observed,
             found.state.mean_score,
             self.settings.reg,

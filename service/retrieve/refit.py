@@ -100,14 +100,19 @@ def _fit(
     # Query ids ascend in the order the queries were asked: the choice below holds out the
     # latest ones.
     query_ids, query_idx = np.unique(observations.query_ids, return_inverse=True)
+    # The plain model learns nothing from similarity or content: it is fitted as if every
+    # similarity were 0 (no slope) and without the embeddings (no content prior).
+    plain = settings.completion_model == "plain"
+    similarities = np.zeros_like(observations.similarities) if plain else observations.similarities
+    content_embeddings = None if plain else unit_embeddings
     options = FitOptions(
         rank=settings.rank, reg=settings.reg, memory_reg=settings.memory_reg,
         content_reg=settings.content_reg, n_iterations=settings.als_iterations,
     )
     strength = (
         choose_factor_reg(
-            memory_idx, query_idx, observations.similarities, observations.scores,
-            unit_embeddings, options=options,
+            memory_idx, query_idx, similarities, observations.scores,
+            content_embeddings, options=options,
         )
         if settings.factor_reg == "auto"
         else StrengthChoice(None if settings.factor_reg == "off" else settings.factor_reg)
@@ -115,14 +120,14 @@ def _fit(
     model = fit_model(
         memory_idx,
         query_idx,
-        observations.similarities,
+        similarities,
         observations.scores,
         len(memory_ids),
         len(query_ids),
         rank=settings.rank,
         reg=settings.reg,
         n_iterations=settings.als_iterations,
-        memory_embeddings=unit_embeddings,
+        memory_embeddings=content_embeddings,
         content_reg=settings.content_reg,
         memory_reg=settings.memory_reg,
         factor_reg=strength.factor_reg,

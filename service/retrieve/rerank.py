@@ -43,6 +43,17 @@ class CandidateState:
     # The weight of the factors the namespace's model was fitted with (None: unbalanced):
     # a query folded in against them must be solved with the same one.
     factor_reg: float | None = None
+    # Whether the completion reads the similarities (its per-query slope): False under the
+    # plain model (EARM_COMPLETION_MODEL=plain), which the refit fitted without them.
+    similarity_feature: bool = True
+
+    @property
+    def model_similarities(self) -> np.ndarray:
+        """The similarities as the completion model reads them (zeros under the plain model,
+        which has no similarity slope)."""
+        if self.similarity_feature:
+            return self.similarities
+        return np.zeros_like(self.similarities)
 
 
 @dataclass(frozen=True)
@@ -197,17 +208,16 @@ def _estimate_unobserved(
         )
         scores = calibration.estimate(candidates.similarities)
         return _Estimate(scores, sources, query, prequential_errors, paraphrased)
-    scores = predict(
-        mean_score, memory_offsets, candidates.memory_factors, candidates.similarities, query
-    )
+    similarities = candidates.model_similarities
+    scores = predict(mean_score, memory_offsets, candidates.memory_factors, similarities, query)
     positions = observed.positions
     posterior = score_posterior(
         mean_score,
         (memory_offsets[positions], candidates.memory_factors[positions],
-         candidates.similarities[positions]),
+         similarities[positions]),
         observed.scores,
         query,
-        (memory_offsets, candidates.memory_factors, candidates.similarities),
+        (memory_offsets, candidates.memory_factors, similarities),
         reg,
         candidates.factor_reg,
     )
@@ -238,7 +248,7 @@ def _fold_in_query(
         mean_score,
         memory_offsets[positions],
         candidates.memory_factors[positions],
-        candidates.similarities[positions],
+        candidates.model_similarities[positions],
         observed.scores,
         reg,
     )

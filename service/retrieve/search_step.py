@@ -57,8 +57,9 @@ class FoundCandidates:
             return np.zeros(0, dtype=np.int64)
         return self.neighbours.steering
 
-    def candidate_state(self) -> CandidateState:
-        """What reranking needs of the candidates."""
+    def candidate_state(self, similarity_feature: bool) -> CandidateState:
+        """What reranking needs of the candidates (``similarity_feature``: see
+        :class:`CandidateState`)."""
         candidates = self.candidates
         return CandidateState(
             candidates.similarities,
@@ -69,6 +70,7 @@ class FoundCandidates:
                 self.state.content_slope, candidates.similarities, candidates.content_scores
             ),
             self.state.factor_reg,
+            similarity_feature,
         )
 
 

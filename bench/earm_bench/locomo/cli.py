@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from earm_bench.common.cli import add_command, config_from_args, csv, quiet
-from earm_bench.locomo.config import POLICIES, LocomoConfig
+from earm_bench.locomo.config import LocomoConfig
 from earm_bench.locomo.judge_errors import JUDGE_ERRORS
 from earm_bench.locomo.report import format_markdown
 from earm_bench.locomo.run import run_locomo
@@ -28,9 +28,13 @@ def _add_replay_flags(parser: argparse.ArgumentParser) -> None:
     """What is replayed: the data, the policies, the cut-offs, the query stream and its rounds."""
     parser.add_argument("--data", required=True, type=Path,
                         help="directory of LoCoMo conversation files (<sample_id>.json)")
-    parser.add_argument("--policies", type=csv(str), default=POLICIES,
+    parser.add_argument("--policies", type=csv(str), default=(),
                         help="comma-separated subset of semantic,observed,earm,top-b,full "
-                             "(default all)")
+                             "(default all; with --profile paper semantic,observed,earm,full)")
+    parser.add_argument("--profile", choices=("earm", "paper"), default="earm",
+                        help="the service's learning preset (EARM_PROFILE): paper is the EARM "
+                             "paper's anchors and plain model, and the report adds the paper's "
+                             "table (default earm)")
     parser.add_argument("--k", dest="ks", type=csv(int), default=(10, 20),
                         help="cut-offs K, comma-separated (default 10,20)")
     parser.add_argument("--candidates", type=int, default=200,
@@ -42,7 +46,7 @@ def _add_replay_flags(parser: argparse.ArgumentParser) -> None:
                         help="add category 5 to the query stream (reported separately)")
     parser.add_argument("--conversations", type=csv(str), default=None,
                         help="only these sample ids, e.g. conv-26,conv-30 (default: all files)")
-    parser.add_argument("--max-questions", type=int, default=None,
+    parser.add_argument("--max-questions", "--limit", type=int, default=None,
                         help="replay at most this many questions per conversation")
     parser.add_argument("--max-sessions", type=int, default=None,
                         help="ingest only the first sessions (keeps questions whose evidence "

@@ -25,6 +25,10 @@ TOP_B = "top-b"
 #: from no scorer call to a scorer call for every candidate.
 POLICIES: tuple[str, ...] = ("semantic", "observed", "earm", TOP_B, "full")
 
+#: What ``--profile paper`` replays unless ``--policies`` says otherwise: the EARM paper's four
+#: policies (Semantic, Observed-only, Mixed, Full).
+PAPER_POLICIES: tuple[str, ...] = ("semantic", "observed", "earm", "full")
+
 #: What ``--via rerank`` replays (earm_bench.locomo.via_rerank): the client's own first stage,
 #: earm in a reranker's slot, and the judge called directly on all or the top B.
 VIA_RERANK_POLICIES: tuple[str, ...] = ("semantic", "earm", TOP_B, "full")
@@ -41,7 +45,9 @@ class LocomoConfig:
     data_dir: Path
     out: Path | None = None
     plot: Path | None = None
-    policies: tuple[str, ...] = POLICIES
+    policies: tuple[str, ...] = ()  # none given: POLICIES, or PAPER_POLICIES with the profile
+    # The service's learning preset (EARM_PROFILE): "earm" (its defaults) or "paper"
+    profile: str = "earm"
     ks: tuple[int, ...] = (10, 20)
     candidates: int = 200
     schedule: str | None = None  # None: the service's default schedule
@@ -93,11 +99,13 @@ class LocomoConfig:
 
     def __post_init__(self) -> None:
         self.data_dir = Path(self.data_dir)
+        if self.profile not in ("earm", "paper"):
+            raise ValueError("--profile must be 'earm' or 'paper'")
+        if not self.policies:
+            self.policies = PAPER_POLICIES if self.profile == "paper" else POLICIES
         unknown = [p for p in self.policies if p not in POLICIES]
         if unknown:
             raise ValueError(f"unknown policies {unknown}; choose from {', '.join(POLICIES)}")
-        if not self.policies:
-            raise ValueError("at least one policy is required")
         if not self.ks or any(k < 1 for k in self.ks):
             raise ValueError("--k needs positive integers")
         self.ks = tuple(sorted(set(self.ks)))

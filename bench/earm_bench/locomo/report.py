@@ -117,6 +117,50 @@ def _by_stage(policies: Policies, k0: int) -> list[str]:
     return ["", f"### recall@{k0} per budget stage (%)", "", *table(head, rows)]
 
 
+#: The paper's table: its policy names, in its column order, for the bench's policies.
+PAPER_COLUMNS = (("semantic", "Semantic"), ("full", "Full"), ("observed", "Observed-only"),
+                 ("earm", "Mixed"))
+
+
+def _paper_table(policies: Policies, ks: Sequence[int], candidates: int) -> list[str]:
+    """``--profile paper``: the EARM paper's table, per budget stage (its share of the
+    candidates scored) and overall, recall at each K with scorer calls, and its two ablations
+    (Observed-only − Semantic, Mixed − Observed-only)."""
+    if not all(name in policies for name, _ in PAPER_COLUMNS):
+        return []
+    stages = sorted(policies["earm"].get("by_stage", {}), key=int)
+    head = ["stage", *(title for _, title in PAPER_COLUMNS), "Observed-only − Semantic",
+            "Mixed − Observed-only", "calls: Observed-only / Mixed / Full"]
+
+    def row(label: str, entries: dict[str, dict[str, Any]]) -> list[str]:
+        def recall(name: str) -> list[float | None]:
+            return [entries[name].get(f"recall@{k}") for k in ks]
+
+        def cell(values: Sequence[float | None], signed: bool = False) -> str:
+            return " / ".join(pct(v, signed) for v in values)
+
+        def minus(a: str, b: str) -> list[float | None]:
+            return [x - y if x is not None and y is not None else None
+                    for x, y in zip(recall(a), recall(b), strict=True)]
+
+        calls = " / ".join(_calls(entries[name].get("scorer_calls"))
+                           for name in ("observed", "earm", "full"))
+        return [label, *(cell(recall(name)) for name, _ in PAPER_COLUMNS),
+                cell(minus("observed", "semantic"), signed=True),
+                cell(minus("earm", "observed"), signed=True), calls]
+
+    rows = []
+    for stage in stages:
+        entries = {name: policies[name].get("by_stage", {}).get(stage, {})
+                   for name, _ in PAPER_COLUMNS}
+        budget = entries["earm"].get("budget_mean")
+        share = f"{100 * budget / candidates:.1f}%" if isinstance(budget, (int, float)) else "?"
+        rows.append(row(f"{share} scored (n={entries['earm'].get('n', 0)})", entries))
+    rows.append(row("all", {name: policies[name] for name, _ in PAPER_COLUMNS}))
+    cuts = " / ".join(f"recall@{k}" for k in ks)
+    return ["", f"### The paper's table: {cuts} (%) per budget stage", "", *table(head, rows)]
+
+
 def _derived(derived: dict[str, Any], ks: Sequence[int], cats: list[str]) -> list[str]:
     if not derived:
         return []
@@ -241,12 +285,18 @@ def format_markdown(results: dict[str, Any]) -> str:
     policies: Policies = results.get("policies", {})
     ks = results.get("settings", {}).get("ks") or [10, 20]
     cats = sorted({c for p in policies.values() for c in p.get("by_category", {})}, key=int)
+    settings = results.get("settings", {})
+    paper = (
+        _paper_table(policies, ks, settings.get("candidates") or 200)
+        if settings.get("profile") == "paper" else []
+    )
     lines = [
         _title(results),
         "",
         *_summary(policies, ks),
         *_by_category(policies, ks, cats),
         *_by_stage(policies, ks[0]),
+        *paper,
         *_derived(results.get("derived", {}), ks, cats),
         *_adversarial(results.get("adversarial"), ks),
         *_repeat(results.get("repeat"), ks),

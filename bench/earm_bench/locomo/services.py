@@ -43,6 +43,8 @@ def service_for(
         "reuse_observations": not set(policies) <= STATELESS_POLICIES,
         **judge.service_settings(),
     }
+    if config.profile != "earm":
+        options["profile"] = config.profile
     with _database(config, options) as database_url:
         logger.info("starting the service")
         with in_process_service(**options, database_url=database_url) as service:
@@ -56,6 +58,9 @@ def service_for(
 
 def _warn_external(config: LocomoConfig, policies: Sequence[str]) -> None:
     """What the bench cannot set on a running service, and what follows for the report."""
+    if config.profile != "earm":
+        logger.warning("--profile does not reach a service at --url: run the service with "
+                       "EARM_PROFILE=%s for the profile's figures", config.profile)
     if config.schedule:
         logger.warning("--schedule does not reach a service at --url: its own schedule applies "
                        "to its policies (top-b's budgets follow --schedule)")
