@@ -266,6 +266,13 @@ class Settings(BaseSettings):
         "among the scored ones only when EARM_TRUST_PROBABILITY says so); 'paper': the EARM "
         "paper's one round, half the most similar, half drawn uniformly from the rest.",
     )
+    anchor_rounds: Literal[1, 2] = Field(
+        default=2,
+        description="The learned rule's scorer rounds. 2: round two picks the anchors after "
+        "the head from the completion with the head's scores folded in; 1: they are picked "
+        "with the head, by what the namespace knew before the query (memory biases, the "
+        "content prior), and every anchor leaves at once: one scorer latency instead of two.",
+    )
     trust_probability: float = Field(
         default=0.95,
         ge=0.5,

@@ -6,7 +6,9 @@ Round 1 scores the head: the most similar unobserved candidates, a fixed share o
 (a query judges its own head itself; the head is also what its parameters are folded in from).
 Round 2 spends the rest on the unobserved candidates the completion estimates highest (with
 this query folded in from round one, paraphrase evidence included), except an exploring share
-drawn uniformly from the rest. At most two sequential rounds per retrieve.
+drawn uniformly from the rest. At most two sequential rounds per retrieve; with
+``EARM_ANCHOR_ROUNDS=1`` the rest is picked with the head, by the estimates the namespace had
+before this query (:class:`OneRound`), and every anchor leaves in one round.
 
 Why the exploring share is learned and not fixed: exploring pays only where a memory found
 below the head is relevant to later queries too (the model then ranks it high for them), and
@@ -257,11 +259,24 @@ class AnchorPlan:
     seed: int
 
 
+@dataclass(frozen=True)
+class OneRound:
+    """What a one-round plan chooses the picks after the head by, before any score of this
+    query: each candidate's estimate from what the namespace knew (``prior_estimates``), and
+    the candidates paraphrases' evidence speaks for (``steered``: never explored)."""
+
+    prior_estimates: np.ndarray
+    steered: np.ndarray
+
+
 def learned_plan(
-    n_candidates: int, observed: np.ndarray, budget: int, history: AnchorHistory, seed: int
+    n_candidates: int, observed: np.ndarray, budget: int, history: AnchorHistory, seed: int,
+    one_round: OneRound | None = None,
 ) -> AnchorPlan:
     """The default rule's plan for a budget among the candidates the query's family has not
     ``observed``: the head, then the rest by estimate with the share ``history`` has earned.
+    In two rounds (``one_round`` None) the rest waits for the head's scores, folded in; with
+    ``one_round`` it is picked now, by the prior estimates, and all anchors leave together.
     A budget that covers every unobserved candidate leaves nothing to choose: one round."""
     rule = AnchorRule()
     remaining = np.setdiff1d(np.arange(n_candidates, dtype=np.int64), observed)
@@ -270,7 +285,15 @@ def learned_plan(
     first = first_round(n_candidates, observed, budget, rule)
     second_size = max(0, budget) - len(first)
     share = exploring_share(history, rule) if second_size > 0 else None
-    return AnchorPlan(first, np.full(len(first), HEAD, np.int8), second_size, share, seed)
+    head_kinds = np.full(len(first), HEAD, np.int8)
+    if one_round is None:
+        return AnchorPlan(first, head_kinds, second_size, share, seed)
+    rest = second_round(
+        one_round.prior_estimates, np.setdiff1d(remaining, first), second_size, share or 0.0,
+        seed, one_round.steered,
+    )
+    positions = np.concatenate([first, rest.positions]).astype(np.int64)
+    return AnchorPlan(positions, np.concatenate([head_kinds, rest.kinds()]), 0, share, seed)
 
 
 def paper_plan(

@@ -1,5 +1,6 @@
 """The plan step of a retrieve: its budget and every anchor decision, round one before any score
-and round two from round one's (docs/design.md "Budget and anchors"). The rules themselves are
+and round two from round one's, or both before any score with ``EARM_ANCHOR_ROUNDS=1``
+(docs/design.md "Budget and anchors"). The rules themselves are
 ``service.retrieve.anchors``; this step applies them to what the search found. Pure decisions,
 no I/O."""
 
@@ -17,6 +18,7 @@ from service.retrieve.anchors import (
     AnchorHistory,
     AnchorPlan,
     AnchorRule,
+    OneRound,
     SecondRound,
     acquisition_values,
     anchor_seed,
@@ -108,6 +110,15 @@ class Planner:
     def _learns_anchors(self, request: RetrieveRequest) -> bool:
         return self.settings.anchor_policy == "learned" and request.policy in ("earm", "observed")
 
+    def _one_round(self, found: FoundCandidates) -> OneRound | None:
+        """With ``EARM_ANCHOR_ROUNDS=1``, what the picks after the head are chosen by: the
+        model's estimate for a query it has no anchors of yet, μ + b_m + γ·cos + w·e_m (μ is
+        the same for every candidate and left out). None: two rounds."""
+        if self.settings.anchor_rounds == 2:
+            return None
+        state = found.candidate_state(self.settings.completion_model == "earm")
+        return OneRound(state.memory_bias + state.prior_offsets, found.steered)
+
     def _budget(
         self, request: RetrieveRequest, query_index: int, n_candidates: int
     ) -> BudgetDecision:
@@ -133,5 +144,7 @@ class Planner:
             history = AnchorHistory(
                 recent.query_index, recent.kind, recent.memory_ids, recent.scores
             )
-            return learned_plan(n_candidates, observed, budget.budget, history, seed)
+            return learned_plan(
+                n_candidates, observed, budget.budget, history, seed, self._one_round(found)
+            )
         return paper_plan(n_candidates, observed, budget.budget, seed, found.steered)

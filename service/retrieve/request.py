@@ -98,6 +98,9 @@ class RetrieveResult:
     # HTTP requests the scorer made for those calls, retries included (0 for the local
     # scorer; one per batch of documents for a reranker).
     scorer_requests: int
+    # The scorer rounds the anchors went out in, one after the other: the score phase waits
+    # about this many scorer latencies (0: nothing scored; 2 where round two ran).
+    scorer_rounds: int
     degraded: bool
     memories: list[RetrievedMemory]
     timings: Timings

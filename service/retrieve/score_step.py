@@ -31,6 +31,7 @@ class ScoredAnchors:
     degraded: bool  # some pair failed
     # Anchors the plan budgeted and its stop rule left unscored (round two skipped).
     stopped: int = 0
+    rounds: int = 0  # the scorer rounds they were sent in, one after the other
 
     def on_scale(self, scale: ScoreScale) -> ScoredAnchors:
         """These anchors with their scores on the common scale, the scorer's under ``scale``."""
@@ -48,6 +49,7 @@ class ScoredAnchors:
             requests=self.requests + later.requests,
             degraded=self.degraded or later.degraded,
             stopped=self.stopped + later.stopped,
+            rounds=self.rounds + later.rounds,
         )
 
     def stopping(self, anchors: int) -> ScoredAnchors:
@@ -90,5 +92,5 @@ def scored_anchors(
     raw = scores[succeeded]
     return ScoredAnchors(
         anchors, kinds, anchors[succeeded], raw, raw, kinds[succeeded], requests,
-        bool(np.any(~succeeded)),
+        bool(np.any(~succeeded)), rounds=1,
     )

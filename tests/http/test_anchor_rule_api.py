@@ -1,6 +1,7 @@
 """The anchor rule through the API: the default scores in two rounds (the head, then the
 candidates the completion estimates highest, with an exploring share the namespace learns),
-the paper's rule in one; each anchor's reason is in the trace, the share in the response."""
+EARM_ANCHOR_ROUNDS=1 and the paper's rule in one; each anchor's reason is in the trace, the
+share and the rounds in the response."""
 
 from __future__ import annotations
 
@@ -82,6 +83,39 @@ def test_the_default_rule_scores_the_head_then_the_highest_estimates_in_a_second
     assert 0.1 <= share <= 0.5
     # round(share · 5) of round two were drawn to explore, the rest chosen by estimate
     assert sum(reasons[t] == "explore" for t in second) == round(share * 5)
+
+
+def test_one_round_sends_every_anchor_before_any_is_scored(
+    judge_settings: Callable[..., Settings], reranker: Any
+) -> None:
+    settings = settings_for(judge_settings, reranker, anchor_rounds=1)
+    with TestClient(create_app(settings)) as client:
+        ingest(client)
+        result = retrieve(client, "Which memories are about topic 3?")
+        found = trace(client, result["query_id"])
+    # One request holds the whole budget: the stand-in saw every anchor before answering any.
+    assert (result["scorer_calls"], result["scorer_requests"], result["scorer_rounds"]) == (
+        BUDGET, 1, 1)
+    (documents,) = reranker.requests
+    assert len(documents) == BUDGET
+    by_similarity = sorted(found["candidates"], key=lambda c: -c["similarity"])
+    reasons = {c["text"]: c["anchor_reason"] for c in found["candidates"]}
+    assert {reasons[c["text"]] for c in by_similarity[:10]} == {"head"}
+    rest = [t for t in documents if reasons[t] != "head"]
+    assert len(rest) == 5 and {reasons[t] for t in rest} <= {"estimate", "explore"}
+    assert sum(reasons[t] == "explore" for t in rest) == round(result["exploration_share"] * 5)
+
+
+def test_the_response_counts_the_scorer_rounds(
+    judge_settings: Callable[..., Settings], reranker: Any
+) -> None:
+    with TestClient(create_app(settings_for(judge_settings, reranker))) as client:
+        ingest(client)
+        two = retrieve(client, "Which memories are about topic 3?")
+        full = retrieve(client, "Which memories are about topic 3?", policy="full", budget=None)
+        semantic = retrieve(client, "Which memories are about topic 3?", policy="semantic",
+                            budget=None)
+    assert (two["scorer_rounds"], full["scorer_rounds"], semantic["scorer_rounds"]) == (2, 1, 0)
 
 
 def test_the_paper_rule_scores_its_anchors_in_one_request_half_of_them_exploring(

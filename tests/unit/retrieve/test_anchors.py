@@ -23,12 +23,14 @@ from service.retrieve.anchors import (
     MARGINAL,
     AnchorHistory,
     AnchorRule,
+    OneRound,
     acquisition_values,
     anchor_values,
     expected_entrants,
     exploring_share,
     first_round,
     kth_score,
+    learned_plan,
     second_round,
 )
 
@@ -315,3 +317,24 @@ def test_an_unscored_candidate_at_the_bar_counts_half() -> None:
 def test_with_fewer_than_k_observed_every_unscored_candidate_may_still_enter() -> None:
     posterior = ScorePosterior(np.zeros(4), np.full(4, 0.01))
     assert expected_entrants(posterior, np.array([0.9, 0.8]), np.array([2, 3]), k=3) is None
+
+
+def test_one_round_picks_the_rest_by_the_prior_estimates_with_the_head() -> None:
+    n, budget = 40, 15
+    prior = np.zeros(n)
+    prior[[30, 35, 38]] = [0.3, 0.2, 0.1]  # what the namespace knew: three far candidates
+    plan = learned_plan(n, np.zeros(0, dtype=np.int64), budget, AnchorHistory.empty(), seed=3,
+                        one_round=OneRound(prior, np.zeros(0, dtype=np.int64)))
+    assert plan.second_size == 0 and len(plan.first) == budget
+    head = plan.first[plan.first_kinds == HEAD]
+    np.testing.assert_array_equal(head, np.arange(10))
+    exploiting = plan.first[np.isin(plan.first_kinds, (EXPLOIT, MARGINAL))]
+    n_explore = round(plan.share * 5)
+    # the highest prior estimates first, ties by similarity
+    assert list(exploiting) == [30, 35, 38, 10, 11][: 5 - n_explore]
+    assert np.count_nonzero(plan.first_kinds == EXPLORE) == n_explore
+
+
+def test_two_rounds_leave_the_rest_to_round_two() -> None:
+    plan = learned_plan(40, np.zeros(0, dtype=np.int64), 15, AnchorHistory.empty(), seed=3)
+    assert plan.second_size == 5 and len(plan.first) == 10
