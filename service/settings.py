@@ -266,8 +266,10 @@ class Settings(BaseSettings):
         "among the scored ones only when EARM_TRUST_PROBABILITY says so); 'paper': the EARM "
         "paper's one round, half the most similar, half drawn uniformly from the rest.",
     )
-    anchor_rounds: Literal[1, 2] = Field(
+    anchor_rounds: int = Field(
         default=2,
+        ge=1,
+        le=2,
         description="The learned rule's scorer rounds. 2: round two picks the anchors after "
         "the head from the completion with the head's scores folded in; 1: they are picked "
         "with the head, by what the namespace knew before the query (memory biases, the "
@@ -357,6 +359,14 @@ class Settings(BaseSettings):
         "that no call has named for this long and that was never observed (no scorer score, "
         "no feedback) is deleted by the background maintenance (earm serve, earm worker). "
         "Memories ingested through /memories never expire. 0: documents are kept forever.",
+    )
+    rerank_repeat_window_s: float = Field(
+        default=600.0,
+        ge=0,
+        description="A rerank call identical to one answered this recently (same namespace, "
+        "query, documents in the same order and top_n) gets the same answer with no scorer "
+        "call and nothing recorded; in-process, so per replica. 0: every call is answered anew "
+        "(a repeat then explores as a re-asked retrieve does).",
     )
     url: str = Field(
         default="http://127.0.0.1:8000",

@@ -23,6 +23,7 @@ from service.providers.factory import build_embedder, build_scorer
 from service.providers.local_embedder import LocalEmbedder
 from service.providers.scorer_health import ScorerHealth
 from service.providers.scorers import observe_all
+from service.retrieve.given import RepeatedCalls
 from service.retrieve.pipeline import RetrievalPipeline
 from service.retrieve.refit_health import RefitHealth
 from service.retrieve.refit_process import refits_for
@@ -109,6 +110,7 @@ def _lifespan(
                 refit_health=refit_health,
                 pipeline=pipeline,
                 indexer=indexer,
+                repeated_reranks=RepeatedCalls(settings.rerank_repeat_window_s),
                 metrics=metrics,
             )
             try:

@@ -20,6 +20,7 @@ from service.metrics import Metrics
 from service.providers.embedders import Embedder
 from service.providers.scorer_health import ScorerHealth
 from service.providers.scorers import RelevanceScorer
+from service.retrieve.given import RepeatedCalls
 from service.retrieve.pipeline import RetrievalPipeline
 from service.retrieve.refit_health import RefitHealth
 from service.settings import Settings
@@ -37,6 +38,7 @@ class Components:
     refit_health: RefitHealth
     pipeline: RetrievalPipeline
     indexer: BackgroundIndexer
+    repeated_reranks: RepeatedCalls
     # Built by create_app before the lifespan (the middleware needs it); one per app.
     metrics: Metrics = field(default_factory=Metrics)
 

@@ -6,9 +6,11 @@ evidence, completion, the record). No HTTP here."""
 
 from __future__ import annotations
 
+import hashlib
 import time
-from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, replace
 
 from service.errors import EmbedderUnavailable, EmbeddingRequired, InvalidInput, LimitExceeded
 from service.ingest.documents import document_ids
@@ -49,13 +51,78 @@ class RerankResult:
     retrieve: RetrieveResult | None
 
 
-async def rerank_documents(pipeline: RetrievalPipeline, request: RerankRequest) -> RerankResult:
+class RepeatedCalls:
+    """The answers of recent rerank calls, so that a call identical to one answered within
+    ``window_s`` (same namespace, query, documents in the same order, and ``top_n``) gets the
+    same answer with nothing sent upstream and nothing recorded: for a reranker's caller an
+    identical call is a cache hit, while a retrieve re-asked, or a call with other documents,
+    explores further (its family's cells are reused, the budget goes to unobserved ones).
+
+    In-process and bounded (the least recently answered calls go first): each replica keeps
+    its own, so behind a load balancer a repeat may reach a replica that has not seen it and
+    explore as a re-ask. A degraded answer is never kept. Written here, not taken from a
+    library, because the core has no cache library and this is an ordered dict with a clock.
+    """
+
+    def __init__(
+        self, window_s: float, capacity: int = 1024,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.window_s = window_s
+        self.capacity = capacity
+        self._clock = clock
+        self._answers: OrderedDict[bytes, tuple[float, RerankResult]] = OrderedDict()
+
+    @staticmethod
+    def _key(request: RerankRequest) -> bytes:
+        digest = hashlib.sha256()
+        for part in (request.namespace, request.query, str(request.top_n), *request.documents):
+            digest.update(len(part).to_bytes(8, "big"))
+            digest.update(part.encode())
+        return digest.digest()
+
+    def answer(self, request: RerankRequest) -> RerankResult | None:
+        """The earlier answer to this very call, as a repeat (no scorer calls, nothing stored),
+        if one was kept within the window."""
+        key = self._key(request)
+        kept = self._answers.get(key)
+        if kept is None:
+            return None
+        answered_at, result = kept
+        if self._clock() - answered_at > self.window_s:
+            del self._answers[key]
+            return None
+        # Every cell the earlier answer observed is taken from experience now.
+        return replace(result, budget=0, scorer_calls=0, reused=result.scorer_calls + result.reused,
+                       stored=0, retrieve=None, timings={})
+
+    def remember(self, request: RerankRequest, result: RerankResult) -> None:
+        if self.window_s <= 0 or result.degraded or result.query_id is None:
+            return
+        key = self._key(request)
+        self._answers[key] = (self._clock(), result)
+        self._answers.move_to_end(key)
+        while len(self._answers) > self.capacity:
+            self._answers.popitem(last=False)
+
+    def forget_namespace(self, namespace: str) -> None:
+        """Drop every answer of ``namespace`` (it was erased: its answers name queries and
+        memories that are gone)."""
+        for key in [k for k, (_, r) in self._answers.items() if r.namespace == namespace]:
+            del self._answers[key]
+
+
+async def rerank_documents(
+    pipeline: RetrievalPipeline, request: RerankRequest, repeats: RepeatedCalls | None = None
+) -> RerankResult:
     """Every document of ``request`` ranked, with a relevance in [0, 1]. Refused before anything
     is stored when a limit is exceeded or no embedder is configured; an embedder that fails
     degrades the answer to the caller's order (nothing recorded), as a failing scorer degrades
-    a retrieve."""
+    a retrieve. With ``repeats``, a call identical to a recent one is answered as it was."""
     _check(pipeline, request)
     start = time.perf_counter()
+    if repeats is not None and (repeated := repeats.answer(request)) is not None:
+        return replace(repeated, timings={"total_ms": _ms_since(start)})
     try:
         documents = await document_ids(
             pipeline.sessions,
@@ -81,7 +148,7 @@ async def rerank_documents(pipeline: RetrievalPipeline, request: RerankRequest) 
     timings = {"documents_ms": documents_ms} | asdict(result.timings)
     timings["total_ms"] = _ms_since(start)
     ranked = _ranked(ids, result.memories)
-    return RerankResult(
+    answer = RerankResult(
         namespace=request.namespace,
         query_id=result.query_id,
         budget=result.budget,
@@ -94,6 +161,9 @@ async def rerank_documents(pipeline: RetrievalPipeline, request: RerankRequest) 
         timings=timings,
         retrieve=result,
     )
+    if repeats is not None:
+        repeats.remember(request, answer)
+    return answer
 
 
 def _check(pipeline: RetrievalPipeline, request: RerankRequest) -> None:

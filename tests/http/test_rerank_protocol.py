@@ -284,6 +284,63 @@ def test_a_repeated_call_sends_nothing_upstream_and_answers_the_same_order(
     ]
 
 
+def _warm(client: httpx.Client, documents: list[str]) -> None:
+    """Two queries that score every document (the warm-up of the schedule 0:1.0,2:0.175)."""
+    for query in ("What does Alice eat?", "Where does Alice run?"):
+        client.post("/v1/rerank", json=cohere_body(query=query, documents=documents))
+
+
+NOTES = [f"Alice's note {i}: {word}" for i, word in enumerate(
+    ["peanuts", "sushi", "Porto", "marathon", "meetings", "river"] * 10)]  # 60: a budget of 10
+
+
+def test_an_identical_call_within_the_window_is_answered_again_with_nothing_upstream(
+    earm: Earm, upstream: tuple[Upstream, str]
+) -> None:
+    judge, _ = upstream
+    client = earm(budget_schedule="0:1.0,2:0.175")
+    _warm(client, NOTES)
+    body = cohere_body(query="Which city is Alice in?", documents=NOTES, top_n=5)
+    first = client.post("/v1/rerank", json=body)
+    sent = judge.documents_sent
+    assert earm_of(first)["scorer_calls"] == 10
+    again = client.post("/v1/rerank", json=body)
+    assert judge.documents_sent == sent
+    meta = earm_of(again)
+    assert (meta["scorer_calls"], meta["budget"], meta["reused"]) == (0, 0, 10)
+    assert meta["query_id"] == earm_of(first)["query_id"]
+    assert again.json()["results"] == first.json()["results"]
+    # Another top_n, or the documents in another order, is another call: it explores.
+    other = client.post("/v1/rerank", json=body | {"top_n": 6})
+    assert earm_of(other)["scorer_calls"] == judge.documents_sent - sent > 0
+
+
+def test_without_a_window_an_identical_call_explores_as_a_re_ask(
+    earm: Earm, upstream: tuple[Upstream, str]
+) -> None:
+    judge, _ = upstream
+    client = earm(budget_schedule="0:1.0,2:0.175", rerank_repeat_window_s=0)
+    _warm(client, NOTES)
+    body = cohere_body(query="Which city is Alice in?", documents=NOTES)
+    client.post("/v1/rerank", json=body)
+    sent = judge.documents_sent
+    again = earm_of(client.post("/v1/rerank", json=body))
+    assert again["scorer_calls"] == judge.documents_sent - sent == 10
+    assert again["reused"] == 10
+
+
+def test_an_erased_namespace_answers_an_identical_call_anew(
+    earm: Earm, upstream: tuple[Upstream, str]
+) -> None:
+    judge, _ = upstream
+    client = earm()
+    client.post("/v1/rerank", json=cohere_body())
+    assert client.delete("/namespaces/tour").status_code == 200
+    sent = judge.documents_sent
+    again = earm_of(client.post("/v1/rerank", json=cohere_body()))
+    assert again["scorer_calls"] == judge.documents_sent - sent == len(DOCUMENTS)
+
+
 def test_after_the_warm_up_a_call_forwards_the_schedules_budget_less_what_reuse_covers(
     earm: Earm, upstream: tuple[Upstream, str]
 ) -> None:

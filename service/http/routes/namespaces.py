@@ -45,5 +45,6 @@ async def delete_namespace(
     require_namespace(principal, namespace)
     erased = await erase_namespace(session, namespace)
     await session.commit()
+    components.repeated_reranks.forget_namespace(namespace)
     await components.database.replicas.note_commit(namespace, memories=True)
     return erased

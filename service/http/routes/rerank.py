@@ -117,7 +117,7 @@ async def _rerank(
     )
     annotate(request, namespace=rerank.namespace, documents=len(rerank.documents))
     require_namespace(principal, rerank.namespace)
-    result = await rerank_documents(components.pipeline, rerank)
+    result = await rerank_documents(components.pipeline, rerank, components.repeated_reranks)
     await components.database.replicas.note_commit(rerank.namespace, memories=bool(result.stored))
     if result.stored:
         components.indexer.notify()

@@ -33,6 +33,7 @@ from service.retrieve.anchors import (
     learned_plan,
     second_round,
 )
+from service.settings import Settings
 
 RULE = AnchorRule()
 
@@ -338,3 +339,8 @@ def test_one_round_picks_the_rest_by_the_prior_estimates_with_the_head() -> None
 def test_two_rounds_leave_the_rest_to_round_two() -> None:
     plan = learned_plan(40, np.zeros(0, dtype=np.int64), 15, AnchorHistory.empty(), seed=3)
     assert plan.second_size == 5 and len(plan.first) == 10
+
+
+def test_one_scorer_round_is_a_setting_of_the_environment(monkeypatch) -> None:
+    monkeypatch.setenv("EARM_ANCHOR_ROUNDS", "1")
+    assert Settings(_env_file=None).anchor_rounds == 1
