@@ -267,13 +267,13 @@ class Settings(BaseSettings):
         "paper's one round, half the most similar, half drawn uniformly from the rest.",
     )
     anchor_rounds: int = Field(
-        default=2,
+        default=1,
         ge=1,
         le=2,
-        description="The learned rule's scorer rounds. 2: round two picks the anchors after "
-        "the head from the completion with the head's scores folded in; 1: they are picked "
-        "with the head, by what the namespace knew before the query (memory biases, the "
-        "content prior), and every anchor leaves at once: one scorer latency instead of two.",
+        description="The learned rule's scorer rounds. 1: the anchors after the head are "
+        "picked with it, by what the namespace knew before the query (memory biases, the "
+        "content prior), and every anchor leaves at once; 2: they wait for the head's scores, "
+        "folded in (a second scorer latency; needed by EARM_STOP_EXPECTED, which skips it).",
     )
     trust_probability: float = Field(
         default=0.95,
@@ -414,6 +414,15 @@ class Settings(BaseSettings):
     def _parseable_schedule(cls, schedule: str) -> str:
         BudgetSchedule.parse(schedule)  # raises ValueError naming the bad entry
         return schedule
+
+    @model_validator(mode="after")
+    def _stop_rule_has_a_round_to_stop(self) -> Settings:
+        if self.stop_expected > 0 and self.anchor_rounds == 1:
+            raise ValueError(
+                f"EARM_STOP_EXPECTED={self.stop_expected:g} skips the learned rule's round two, "
+                "and EARM_ANCHOR_ROUNDS=1 has none: set EARM_ANCHOR_ROUNDS=2 with it"
+            )
+        return self
 
     @model_validator(mode="after")
     def _default_candidates_allowed(self) -> Settings:

@@ -6,9 +6,9 @@ Round 1 scores the head: the most similar unobserved candidates, a fixed share o
 (a query judges its own head itself; the head is also what its parameters are folded in from).
 Round 2 spends the rest on the unobserved candidates the completion estimates highest (with
 this query folded in from round one, paraphrase evidence included), except an exploring share
-drawn uniformly from the rest. At most two sequential rounds per retrieve; with
-``EARM_ANCHOR_ROUNDS=1`` the rest is picked with the head, by the estimates the namespace had
-before this query (:class:`OneRound`), and every anchor leaves in one round.
+drawn uniformly from the rest. By default (``EARM_ANCHOR_ROUNDS=1``) the rest is picked with
+the head, by the estimates the namespace had before this query (:class:`OneRound`), and every
+anchor leaves in one round; with ``EARM_ANCHOR_ROUNDS=2`` it waits for the head's scores.
 
 Why the exploring share is learned and not fixed: exploring pays only where a memory found
 below the head is relevant to later queries too (the model then ranks it high for them), and

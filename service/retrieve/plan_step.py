@@ -112,12 +112,15 @@ class Planner:
 
     def _one_round(self, found: FoundCandidates) -> OneRound | None:
         """With ``EARM_ANCHOR_ROUNDS=1``, what the picks after the head are chosen by: the
-        model's estimate for a query it has no anchors of yet, μ + b_m + γ·cos + w·e_m (μ is
-        the same for every candidate and left out). None: two rounds."""
+        model's estimate for a query it has no anchors of yet, μ + b_m + γ·cos + w·e_m, with
+        what near-paraphrases observed weighed in as the ranking weighs it. None: two rounds."""
         if self.settings.anchor_rounds == 2:
             return None
         state = found.candidate_state(self.settings.completion_model == "earm")
-        return OneRound(state.memory_bias + state.prior_offsets, found.steered)
+        estimates = found.state.mean_score + state.memory_bias + state.prior_offsets
+        if found.neighbours is not None:
+            estimates = found.neighbours.blended(estimates, self.settings.paraphrase_prior)
+        return OneRound(estimates, found.steered)
 
     def _budget(
         self, request: RetrieveRequest, query_index: int, n_candidates: int

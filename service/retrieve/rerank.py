@@ -224,10 +224,7 @@ def _estimate_unobserved(
     learned = (candidates.observation_count > 0) | (candidates.prior_offsets != 0)
     if neighbours is not None:
         paraphrased = neighbours.weights > 0
-        scores[paraphrased] = (
-            neighbour_prior * scores[paraphrased]
-            + neighbours.weights[paraphrased] * neighbours.means[paraphrased]
-        ) / (neighbour_prior + neighbours.weights[paraphrased])
+        scores = neighbours.blended(scores, neighbour_prior)
         learned |= paraphrased
     for position in np.flatnonzero(learned):
         sources[position] = ESTIMATED

@@ -80,6 +80,16 @@ class NeighbourEvidence:
         """Positions whose evidence is strong enough to spend no exploring anchor on them."""
         return np.flatnonzero(self.weights >= STEER_WEIGHT).astype(np.int64)
 
+    def blended(self, estimates: np.ndarray, prior: float) -> np.ndarray:
+        """``estimates`` with this evidence weighed in: (κ·estimate + Σ w·s) / (κ + Σ w) where
+        there is some, κ = ``prior`` (EARM_PARAPHRASE_PRIOR); unchanged elsewhere."""
+        blended = estimates.astype(np.float64).copy()
+        weighed = self.weights > 0
+        blended[weighed] = (
+            prior * blended[weighed] + self.weights[weighed] * self.means[weighed]
+        ) / (prior + self.weights[weighed])
+        return blended
+
 
 def neighbour_evidence(
     candidate_ids: np.ndarray,

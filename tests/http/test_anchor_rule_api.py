@@ -1,7 +1,7 @@
-"""The anchor rule through the API: the default scores in two rounds (the head, then the
-candidates the completion estimates highest, with an exploring share the namespace learns),
-EARM_ANCHOR_ROUNDS=1 and the paper's rule in one; each anchor's reason is in the trace, the
-share and the rounds in the response."""
+"""The anchor rule through the API: the default scores the head and the candidates the
+namespace estimates highest (with an exploring share it learns) in one round, EARM_ANCHOR_ROUNDS=2
+in two (the head, then the highest estimates with the head folded in), the paper's rule in
+one; each anchor's reason is in the trace, the share and the rounds in the response."""
 
 from __future__ import annotations
 
@@ -61,10 +61,11 @@ def settings_for(judge_settings: Callable[..., Settings], server: Any, **more: A
     )
 
 
-def test_the_default_rule_scores_the_head_then_the_highest_estimates_in_a_second_request(
+def test_two_rounds_score_the_head_then_the_highest_estimates_in_a_second_request(
     judge_settings: Callable[..., Settings], reranker: Any
 ) -> None:
-    with TestClient(create_app(settings_for(judge_settings, reranker))) as client:
+    settings = settings_for(judge_settings, reranker, anchor_rounds=2)
+    with TestClient(create_app(settings)) as client:
         ingest(client)
         result = retrieve(client, "Which memories are about topic 3?")
         found = trace(client, result["query_id"])
@@ -85,11 +86,10 @@ def test_the_default_rule_scores_the_head_then_the_highest_estimates_in_a_second
     assert sum(reasons[t] == "explore" for t in second) == round(share * 5)
 
 
-def test_one_round_sends_every_anchor_before_any_is_scored(
+def test_by_default_one_round_sends_every_anchor_before_any_is_scored(
     judge_settings: Callable[..., Settings], reranker: Any
 ) -> None:
-    settings = settings_for(judge_settings, reranker, anchor_rounds=1)
-    with TestClient(create_app(settings)) as client:
+    with TestClient(create_app(settings_for(judge_settings, reranker))) as client:
         ingest(client)
         result = retrieve(client, "Which memories are about topic 3?")
         found = trace(client, result["query_id"])
@@ -109,7 +109,8 @@ def test_one_round_sends_every_anchor_before_any_is_scored(
 def test_the_response_counts_the_scorer_rounds(
     judge_settings: Callable[..., Settings], reranker: Any
 ) -> None:
-    with TestClient(create_app(settings_for(judge_settings, reranker))) as client:
+    settings = settings_for(judge_settings, reranker, anchor_rounds=2)
+    with TestClient(create_app(settings)) as client:
         ingest(client)
         two = retrieve(client, "Which memories are about topic 3?")
         full = retrieve(client, "Which memories are about topic 3?", policy="full", budget=None)
@@ -194,7 +195,8 @@ def test_the_stop_rule_skips_round_two_and_reports_the_calls_it_saved(
 ) -> None:
     """A threshold no posterior can fall below (more entrants than candidates) stops every
     query whose top k round one filled with scores."""
-    settings = settings_for(judge_settings, reranker, stop_expected=float(CANDIDATES + 1))
+    settings = settings_for(judge_settings, reranker, stop_expected=float(CANDIDATES + 1),
+                            anchor_rounds=2)
     with TestClient(create_app(settings)) as client:
         ingest(client)
         result = retrieve(client, "Which memories are about topic 3?", k=5)
@@ -206,7 +208,8 @@ def test_the_stop_rule_skips_round_two_and_reports_the_calls_it_saved(
 def test_the_stop_rule_never_stops_a_query_whose_top_k_is_not_full_of_scores(
     judge_settings: Callable[..., Settings], reranker: Any
 ) -> None:
-    settings = settings_for(judge_settings, reranker, stop_expected=float(CANDIDATES + 1))
+    settings = settings_for(judge_settings, reranker, stop_expected=float(CANDIDATES + 1),
+                            anchor_rounds=2)
     with TestClient(create_app(settings)) as client:
         ingest(client)
         result = retrieve(client, "Which memories are about topic 3?", k=BUDGET)

@@ -489,7 +489,7 @@ def test_top_n_is_the_top_the_stop_rule_protects(earm: Earm) -> None:
     """With a stop threshold no posterior falls below, a call whose round one filled its
     top_n with scores skips round two; without top_n every document is read, so it never
     stops."""
-    client = earm(budget_schedule="0:0.5", stop_expected=1000.0)
+    client = earm(budget_schedule="0:0.5", stop_expected=1000.0, anchor_rounds=2)
     documents = [f"Alice's note {i}: {word}" for i, word in enumerate(
         ["peanuts", "sushi", "Porto", "marathon", "meetings", "river"] * 5
     )]  # 30 documents: a budget of 15, of which the head is 10

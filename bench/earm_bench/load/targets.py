@@ -95,9 +95,9 @@ def _slow_judge(report: dict[str, Any], floors: dict[int, float]) -> Iterator[Ta
 
 
 def _rerank(report: dict[str, Any]) -> Iterator[Target]:
-    """The rerank backend: one request per round of the anchor rule (the head, then the anchors
-    chosen by estimate: at most two), and a total of a backend latency per round plus the
-    service's own overhead (that of the `earm` cell at concurrency 1, 0 ms judge)."""
+    """The rerank backend: one request per round of the anchor rule (one by default, two with
+    EARM_ANCHOR_ROUNDS=2), and a total of a backend latency per round plus the service's own
+    overhead (that of the `earm` cell at concurrency 1, 0 ms judge)."""
     overhead = next((c["overhead_ms"]["p50"] for c in report.get("retrieve", [])
                      if c["policy"] == "earm" and c["concurrency"] == 1), None)
     for cell in report.get("slow_judge", []):

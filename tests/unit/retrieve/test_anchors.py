@@ -344,3 +344,9 @@ def test_two_rounds_leave_the_rest_to_round_two() -> None:
 def test_one_scorer_round_is_a_setting_of_the_environment(monkeypatch) -> None:
     monkeypatch.setenv("EARM_ANCHOR_ROUNDS", "1")
     assert Settings(_env_file=None).anchor_rounds == 1
+
+
+def test_the_stop_rule_is_refused_without_a_round_two_to_skip() -> None:
+    with pytest.raises(ValueError, match="EARM_ANCHOR_ROUNDS=2"):
+        Settings(_env_file=None, stop_expected=0.5)
+    assert Settings(_env_file=None, stop_expected=0.5, anchor_rounds=2).stop_expected == 0.5

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from service.retrieve.anchors import EXPLORE, HEAD, sample_anchors, unobserved_anchors
-from service.retrieve.reuse import neighbour_evidence, reused_candidates
+from service.retrieve.reuse import NeighbourEvidence, neighbour_evidence, reused_candidates
 
 
 def test_reused_candidates_are_the_candidates_the_family_observed_with_their_scores() -> None:
@@ -72,3 +72,10 @@ def test_only_strong_neighbour_evidence_steers_anchors_away() -> None:
     )
     assert evidence.weights == pytest.approx([0.6, 0.9])
     assert evidence.steering.tolist() == [1]
+
+
+def test_neighbour_evidence_weighs_into_an_estimate_only_where_there_is_some() -> None:
+    evidence = NeighbourEvidence(weights=np.array([0.0, 1.0, 3.0]),
+                                 means=np.array([0.0, 0.9, 0.1]))
+    blended = evidence.blended(np.array([0.4, 0.4, 0.4]), prior=1.0)
+    np.testing.assert_allclose(blended, [0.4, (0.4 + 0.9) / 2, (0.4 + 3 * 0.1) / 4])
