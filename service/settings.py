@@ -287,7 +287,8 @@ class Settings(BaseSettings):
         default=0.5,
         gt=0,
         lt=1,
-        description="The learned rule's round two: its exploiting picks are the unscored "
+        description="The learned rule's round two (EARM_ANCHOR_ROUNDS=2): its exploiting "
+        "picks are the unscored "
         "candidates with the highest posterior quantile at this level (0.5: the highest "
         "estimates; above, an upper confidence bound that favours candidates the anchors "
         "leave uncertain).",
