@@ -260,8 +260,8 @@ class Settings(BaseSettings):
     )
     anchor_policy: Literal["learned", "paper"] = Field(
         default="learned",
-        description="Which candidates a budget scores. 'learned': two rounds, the most similar "
-        "two thirds of the budget, then the rest on the highest estimates, of which an "
+        description="Which candidates a budget scores. 'learned': the most similar two thirds "
+        "of the budget and the rest on the highest estimates (EARM_ANCHOR_ROUNDS), of which an "
         "exploring share the namespace learns is drawn at random (an unscored candidate ranks "
         "among the scored ones only when EARM_TRUST_PROBABILITY says so); 'paper': the EARM "
         "paper's one round, half the most similar, half drawn uniformly from the rest.",
