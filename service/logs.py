@@ -60,12 +60,14 @@ def startup_detail_level(level: str) -> str:
     return level if level == "DEBUG" else max(level, "WARNING", key=logging.getLevelName)
 
 
-def logging_config(level: str) -> dict[str, Any]:
+def logging_config(level: str, access_log: bool = True) -> dict[str, Any]:
     """A ``logging.config.dictConfig`` (also given to uvicorn, so every worker applies it):
     JSON lines on stderr at ``level``; uvicorn's loggers propagate to it; its access log is
-    replaced by ours; start-up detail only at DEBUG."""
+    replaced by ours, whose line per request ``access_log`` False leaves out (warnings and
+    errors of that logger still show); start-up detail only at DEBUG."""
     level = level.upper()
     detail_level = startup_detail_level(level)
+    access_level = level if access_log else max(level, "WARNING", key=logging.getLevelName)
     return {
         "version": 1,
         "disable_existing_loggers": False,
@@ -82,10 +84,11 @@ def logging_config(level: str) -> dict[str, Any]:
             "uvicorn": {"level": level, "handlers": [], "propagate": True},
             "uvicorn.error": {"level": level, "handlers": [], "propagate": True},
             "uvicorn.access": {"level": "WARNING", "handlers": [], "propagate": False},
+            ACCESS_LOGGER: {"level": access_level},
         }
         | {name: {"level": detail_level} for name in STARTUP_DETAIL_LOGGERS},
     }
 
 
-def configure_logging(level: str) -> None:
-    logging.config.dictConfig(logging_config(level))
+def configure_logging(level: str, access_log: bool = True) -> None:
+    logging.config.dictConfig(logging_config(level, access_log))

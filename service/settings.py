@@ -382,6 +382,11 @@ class Settings(BaseSettings):
     host: str = "127.0.0.1"
     port: int = Field(default=8000, ge=0, le=65535)
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"] = "INFO"
+    access_log: bool = Field(
+        default=True,
+        description="Log one line per request (earm.access) at INFO; false leaves them out, "
+        "e.g. for a terminal someone reads during a demo (other lines are unchanged).",
+    )
     header_timeout_s: float = Field(
         default=10.0,
         gt=0,

@@ -122,8 +122,10 @@ def test_lines_logged_while_serving_a_request_carry_its_request_id(
 
 SERVE_LOGGING = """
 import logging
+import os
 from service.logs import configure_logging
-configure_logging(__import__("os").environ["EARM_LOG_LEVEL"])
+configure_logging(os.environ["EARM_LOG_LEVEL"], os.environ.get("ACCESS_LOG", "1") == "1")
+logging.getLogger("earm.access").info("request", extra={"path": "/retrieve"})
 logging.getLogger("service.example").info("started", extra={"port": 8000})
 logging.getLogger("service.example").warning("careful")
 logging.getLogger("uvicorn.error").info("Uvicorn running", extra={"color_message": "\\x1b[1m"})
@@ -132,7 +134,7 @@ logging.getLogger("uvicorn.error").info("Uvicorn running", extra={"color_message
 
 @pytest.mark.parametrize(
     ("level", "expected"),
-    [("INFO", ["started", "careful", "Uvicorn running"]), ("warning", ["careful"])],
+    [("INFO", ["request", "started", "careful", "Uvicorn running"]), ("warning", ["careful"])],
 )
 def test_serve_logging_writes_json_lines_at_the_configured_level(
     level: str, expected: list[str]
@@ -151,4 +153,15 @@ def test_serve_logging_writes_json_lines_at_the_configured_level(
     assert all({"ts", "level", "logger"} <= set(line) for line in lines)
     assert "color_message" not in done.stderr
     if level == "INFO":
-        assert lines[0]["port"] == 8000 and lines[0]["logger"] == "service.example"
+        assert lines[1]["port"] == 8000 and lines[1]["logger"] == "service.example"
+
+
+def test_without_the_access_log_a_request_writes_no_line_and_the_rest_still_shows() -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", SERVE_LOGGING],
+        env=os.environ | {"EARM_LOG_LEVEL": "INFO", "ACCESS_LOG": "0"},
+        cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    lines = [json.loads(line) for line in done.stderr.splitlines()]
+    assert [line["message"] for line in lines] == ["started", "careful", "Uvicorn running"]

@@ -35,7 +35,7 @@ def _serve(args: argparse.Namespace, settings: Settings) -> int:
 
     # JSON lines on stderr (before the app's imports log anything); our one line per request
     # replaces uvicorn's access log.
-    configure_logging(settings.log_level)
+    configure_logging(settings.log_level, settings.access_log)
     from service.http import server
     from service.http.app import create_app
 

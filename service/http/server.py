@@ -107,7 +107,7 @@ def uvicorn_options(settings: Settings) -> dict[str, Any]:
         "host": settings.host,
         "port": settings.port,
         "log_level": settings.log_level.lower(),
-        "log_config": logging_config(settings.log_level),
+        "log_config": logging_config(settings.log_level, settings.access_log),
         "access_log": False,
         # A request that never ends (a wedged dependency) must not keep the process alive.
         "timeout_graceful_shutdown": settings.shutdown_timeout_s,
