@@ -113,6 +113,7 @@ def _query_checks(limits: RecordLimits) -> dict[str, Check]:
         "trace_anchor_reasons": nullable(fields.array(fields.anchor_reason)),
         # The share of the anchors after the head drawn to explore: 0 to 1, as a score.
         "exploration_share": nullable(fields.score),
+        "scorer_rounds": nullable(fields.integer(16)),
     }
 
 

@@ -87,8 +87,8 @@ QUERY = RecordKind(
      "returned_count", "returned_estimated", "family_key", "reused_memory_ids", "stage",
      "timings", "trace_memory_ids", "trace_similarities", "trace_estimates", "trace_scores",
      "trace_sources", "trace_origins", "trace_anchors", "trace_anchor_reasons",
-     "exploration_share"),
-    "id",
+     "exploration_share", "scorer_rounds"),
+    "id", optional=("scorer_rounds",),
 )
 OBSERVATION = RecordKind(
     "observation", "scores",

@@ -174,6 +174,7 @@ class Query(Base):
     # and the exploring share the anchor rule used (NULL: no rule ran; both NULL before 0014).
     trace_anchor_reasons: Mapped[list[str | None] | None] = mapped_column(ARRAY(Text))
     exploration_share: Mapped[float | None] = mapped_column(REAL)
+    scorer_rounds: Mapped[int | None] = mapped_column(SmallInteger)
 
 
 class Score(Base):

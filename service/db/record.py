@@ -49,6 +49,7 @@ class QueryTrace:
     anchors: np.ndarray  # bool: sampled as an anchor (scored, or failed: degraded)
     # why each anchor was scored ("head", "estimate", "explore"), None for the others
     anchor_reasons: Sequence[str | None]
+    scorer_rounds: int  # the rounds the anchors went out in, one after the other
 
 
 @dataclass(frozen=True)
@@ -150,7 +151,7 @@ _RECORD_SQL = """
                              family_key, reused_memory_ids, stage, timings,
                              trace_memory_ids, trace_similarities, trace_estimates,
                              trace_scores, trace_sources, trace_origins, trace_anchors,
-                             trace_anchor_reasons, exploration_share)
+                             trace_anchor_reasons, exploration_share, scorer_rounds)
         SELECT %(namespace)s::text, n.query_index, %(text)s::text, %(embedding)b,
                %(policy)s::text, %(n_candidates)s::int, %(budget)s::int, %(calls)s::int,
                %(bias)s::float8, %(slope)s::float8, %(factors)s::real[],
@@ -161,7 +162,8 @@ _RECORD_SQL = """
                %(trace_similarities)b::real[], %(trace_estimates)b::real[],
                %(trace_scores)b::real[], %(trace_sources)s::text[],
                %(trace_origins)s::text[], %(trace_anchors)s::boolean[],
-               %(trace_anchor_reasons)s::text[], %(exploration_share)s::real
+               %(trace_anchor_reasons)s::text[], %(exploration_share)s::real,
+               %(scorer_rounds)s::smallint
         FROM n
         RETURNING id, query_index
     ), located AS (
@@ -264,4 +266,5 @@ def _trace_parameters(trace: QueryTrace) -> dict[str, Any]:
         "trace_origins": list(trace.origins),
         "trace_anchors": array_literal(trace.anchors),
         "trace_anchor_reasons": list(trace.anchor_reasons),
+        "scorer_rounds": trace.scorer_rounds,
     }

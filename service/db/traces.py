@@ -90,6 +90,13 @@ class QueryTraceResult:
             "(null: there was no choice of anchors, or recorded before 0014)."
         ),
     ]
+    scorer_rounds: Annotated[
+        int | None,
+        Field(
+            description="The scorer rounds the anchors went out in, one after the other, as "
+            "the retrieve response's scorer_rounds (null: recorded before it was kept)."
+        ),
+    ]
     candidates: Annotated[
         list[TracedCandidate],
         Field(
@@ -101,7 +108,8 @@ class QueryTraceResult:
 
 _QUERY_SQL = """
 SELECT id, namespace, query_index, text, policy, stage, budget, scorer_calls, candidates,
-       returned_count, created_at, timings, prequential_abs_error, exploration_share
+       returned_count, created_at, timings, prequential_abs_error, exploration_share,
+       scorer_rounds
 FROM queries WHERE namespace = %(namespace)s AND id = %(query_id)s
 """
 
@@ -159,6 +167,7 @@ async def query_trace(session: AsyncSession, namespace: str, query_id: int) -> Q
         timings=row["timings"],
         prequential_error=row["prequential_abs_error"],
         exploration_share=row["exploration_share"],
+        scorer_rounds=row["scorer_rounds"],
         candidates=[_candidate(r, int(row["returned_count"])) for r in rows],
     )
 

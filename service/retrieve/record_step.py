@@ -104,4 +104,5 @@ def query_trace(
         origins=[origins[p] for p in order],
         anchors=anchors[order],
         anchor_reasons=[reasons[p] for p in order],
+        scorer_rounds=scored.rounds,
     )

@@ -116,7 +116,9 @@ def test_the_response_counts_the_scorer_rounds(
         full = retrieve(client, "Which memories are about topic 3?", policy="full", budget=None)
         semantic = retrieve(client, "Which memories are about topic 3?", policy="semantic",
                             budget=None)
+        traced = [trace(client, r["query_id"])["scorer_rounds"] for r in (two, full, semantic)]
     assert (two["scorer_rounds"], full["scorer_rounds"], semantic["scorer_rounds"]) == (2, 1, 0)
+    assert traced == [2, 1, 0]  # the trace says what the response said
 
 
 def test_the_paper_rule_scores_its_anchors_in_one_request_half_of_them_exploring(
