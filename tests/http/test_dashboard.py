@@ -237,3 +237,9 @@ def test_a_query_is_named_by_the_query_id_the_api_answered(app_client: TestClien
     assert f"<h1>Query {query_id}</h1>" in page
     recent = app_client.get("/dashboard/namespaces/agent-ids").text
     assert f'<td>{query_id}</td>' in recent
+
+
+def test_a_query_page_says_how_many_scorer_rounds_its_calls_took(app_client: TestClient) -> None:
+    query_id = fill(app_client, "agent-rounds", 20)
+    page = app_client.get(f"/dashboard/queries/{query_id}").text
+    assert "<dd>5 in 1 round</dd>" in page
