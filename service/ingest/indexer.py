@@ -67,6 +67,7 @@ class BackgroundIndexer:
         self.sweeper = sweeper
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self._stopping = False
 
     @classmethod
     def from_settings(
@@ -95,15 +96,23 @@ class BackgroundIndexer:
         self._wake.set()
 
     async def stop(self) -> None:
-        """Cancel the task; a batch in flight rolls back and its rows stay for the next start."""
+        """Cancel the task; a batch in flight rolls back and its rows stay for the next start.
+
+        The loop also ends by the flag, not by the cancellation alone: on Python 3.11
+        ``asyncio.wait_for`` can swallow a cancellation that arrives as the wait it wraps
+        completes (CPython gh-86296: here, a ``notify()`` just before shutdown), and the loop
+        would then run on while ``stop()`` waited for it forever."""
         if self._task is not None:
+            self._stopping = True
+            self._wake.set()
             self._task.cancel()
             with suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
+            self._stopping = False
 
     async def _run(self) -> None:
-        while True:
+        while not self._stopping:
             self._wake.clear()
             try:
                 indexed = await index_all(self.sessions, self.batch_size)
