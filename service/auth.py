@@ -267,7 +267,8 @@ class Authenticator:
         self.ttl_s = ttl_s
         self.allow_anonymous = allow_anonymous
         self.seeds = list(seeds)
-        self._principals: dict[str, tuple[float, Principal | None]] = {}
+        # key hash -> (expiry, its principal if active, whether it was ever issued)
+        self._keys: dict[str, tuple[float, Principal | None, bool]] = {}
         self._keys_enforced: tuple[float, bool] | None = None
 
     @classmethod
@@ -309,23 +310,25 @@ class Authenticator:
         return enforced
 
     async def principal_for_key(self, key: str) -> Principal | None:
-        digest = hash_key(key)
-        now = time.monotonic()
-        cached = self._principals.get(digest)
-        if cached is not None and cached[0] > now:
-            return cached[1]
-        async with self.sessions() as session:
-            row = await key_table.active_key(session, digest)
-        principal = Principal(*row) if row is not None else None
-        if len(self._principals) >= CACHE_MAX_ENTRIES:
-            self._principals.clear()  # bounded: a flood of bad keys cannot grow it
-        self._principals[digest] = (now + self.ttl_s, principal)
+        principal, _ = await self._lookup(key)
         return principal
 
-    async def _issued(self, key: str) -> bool:
-        """Whether ``key`` was ever issued here (it is revoked if it is not active)."""
+    async def _lookup(self, key: str) -> tuple[Principal | None, bool]:
+        """``key``'s principal if it is active, and whether it was ever issued (revoked if
+        issued and not active): one cached lookup, so a made-up key sent with every request of
+        a keyless install costs no more than a valid one."""
+        digest = hash_key(key)
+        now = time.monotonic()
+        cached = self._keys.get(digest)
+        if cached is not None and cached[0] > now:
+            return cached[1], cached[2]
         async with self.sessions() as session:
-            return await key_table.key_exists(session, hash_key(key))
+            row = await key_table.issued_key(session, digest)
+        principal = Principal(*row[:3]) if row is not None and row[3] else None
+        if len(self._keys) >= CACHE_MAX_ENTRIES:
+            self._keys.clear()  # bounded: a flood of bad keys cannot grow it
+        self._keys[digest] = (now + self.ttl_s, principal, row is not None)
+        return principal, row is not None
 
     async def authenticate(
         self, authorization: str | None, peer: str | None, host_header: str | None
@@ -338,10 +341,10 @@ class Authenticator:
             key = key.strip()
             if scheme.lower() != "bearer" or not key:
                 raise Unauthenticated("send an API key as 'Authorization: Bearer <key>'")
-            principal = await self.principal_for_key(key)
+            principal, issued = await self._lookup(key)
             if principal is not None:
                 return principal
-            if await self.keys_enforced() or await self._issued(key):
+            if issued or await self.keys_enforced():
                 raise Unauthenticated("the API key is unknown or revoked")
         elif await self.keys_enforced():
             raise Unauthenticated("send an API key as 'Authorization: Bearer <key>'")

@@ -47,11 +47,10 @@ _UPSERT_SEED_SQL = """
     WHERE api_keys.revoked_at IS NULL
 """
 _COUNT_ACTIVE_SQL = "SELECT count(*) FROM api_keys WHERE revoked_at IS NULL"
-_ACTIVE_KEY_SQL = (
-    "SELECT id, name, namespace_patterns FROM api_keys "
-    "WHERE key_hash = %(key_hash)s AND revoked_at IS NULL"
+_KEY_SQL = (
+    "SELECT id, name, namespace_patterns, revoked_at IS NULL FROM api_keys "
+    "WHERE key_hash = %(key_hash)s"
 )
-_KEY_EXISTS_SQL = "SELECT EXISTS (SELECT 1 FROM api_keys WHERE key_hash = %(key_hash)s)"
 _ENFORCEMENT_SQL = "SELECT key_enforcement FROM auth_settings"
 _SET_ENFORCEMENT_SQL = """
     INSERT INTO auth_settings (id, key_enforcement) VALUES (1, %(enforced)s)
@@ -110,15 +109,10 @@ async def enforce_keys_unless_decided(session: AsyncSession) -> None:
     await execute(session, _ENFORCE_UNLESS_DECIDED_SQL)
 
 
-async def key_exists(session: AsyncSession, key_hash: str) -> bool:
-    """Whether a key with this hash was ever created, revoked or not."""
-    row = await fetch_one(session, _KEY_EXISTS_SQL, {"key_hash": key_hash})
-    return bool(row and row[0])
-
-
-async def active_key(
+async def issued_key(
     session: AsyncSession, key_hash: str
-) -> tuple[int, str, tuple[str, ...]] | None:
-    """(id, name, namespace patterns) of the unrevoked key with this hash, or None."""
-    row = await fetch_one(session, _ACTIVE_KEY_SQL, {"key_hash": key_hash})
-    return None if row is None else (row[0], row[1], tuple(row[2]))
+) -> tuple[int, str, tuple[str, ...], bool] | None:
+    """(id, name, namespace patterns, whether unrevoked) of the key with this hash, revoked or
+    not; None for a key never issued."""
+    row = await fetch_one(session, _KEY_SQL, {"key_hash": key_hash})
+    return None if row is None else (row[0], row[1], tuple(row[2]), bool(row[3]))
