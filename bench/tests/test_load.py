@@ -1,4 +1,4 @@
-"""A small `earm bench load` (500 memories, 2k observations, the scale-out cell): every section
+"""A small `earm bench load` (500 memories, 5k observations, the scale-out cell): every section
 of the report is there and its values are sane. Nothing about speed is asserted: targets live in
 the report."""
 
@@ -24,7 +24,9 @@ def report(postgres_server: str) -> dict:
     url = postgres_server.replace("/postgres?", "/earm_bench_load?")
     config = LoadConfig(
         memories=500,
-        observations=(1_000, 2_000),
+        # The second tier adds more rows than the first holds: its growth on disk then cannot
+        # vanish into the free space that refits' rewrites of the first tier's scores leave.
+        observations=(1_000, 5_000),
         embed_memories=20,
         copy_memories=100,
         concurrency=(1, 4),
