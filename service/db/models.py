@@ -15,13 +15,18 @@ from sqlalchemy import (
     Double,
     ForeignKey,
     ForeignKeyConstraint,
+    Index,
     Integer,
     LargeBinary,
     MetaData,
     SmallInteger,
     Text,
+    UniqueConstraint,
     false,
     func,
+)
+from sqlalchemy import (
+    text as sql_text,
 )
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, declared_attr, mapped_column
@@ -83,7 +88,19 @@ def _by_namespace() -> dict[str, Any]:
 
 class Memory(Base):
     __tablename__ = "memories"
-    __table_args__ = _by_namespace()
+    __table_args__ = (
+        UniqueConstraint("namespace", "external_id"),
+        # Built on the rows the background indexer has marked; the rest are scanned exactly.
+        Index(
+            "ix_memories_embedding_hnsw", "embedding", postgresql_using="hnsw",
+            postgresql_ops={"embedding": "vector_cosine_ops"},
+            postgresql_with={"m": 16, "ef_construction": 128}, postgresql_where=sql_text("indexed"),
+        ),
+        # Ingest's lookup of a text already stored (on_conflict by text).
+        Index("ix_memories_namespace_text_md5", "namespace", sql_text("md5(text)"), "id"),
+        Index("ix_memories_unindexed", "namespace", "id", postgresql_where=sql_text("NOT indexed")),
+        _by_namespace(),
+    )
 
     namespace: Mapped[str] = mapped_column(
         ForeignKey("namespaces.name", ondelete="CASCADE"), primary_key=True
@@ -116,6 +133,7 @@ class RerankDocument(Base):
         ForeignKeyConstraint(
             ["namespace", "memory_id"], ["memories.namespace", "memories.id"], ondelete="CASCADE"
         ),
+        Index("ix_rerank_documents_last_seen_at", "last_seen_at"),
         _by_namespace(),
     )
 
@@ -128,7 +146,14 @@ class RerankDocument(Base):
 
 class Query(Base):
     __tablename__ = "queries"
-    __table_args__ = _by_namespace()
+    __table_args__ = (
+        UniqueConstraint("namespace", "query_index"),
+        Index(
+            "ix_queries_namespace_family_key", "namespace", "family_key",
+            postgresql_where=sql_text("family_key IS NOT NULL"),
+        ),
+        _by_namespace(),
+    )
 
     namespace: Mapped[str] = mapped_column(
         ForeignKey("namespaces.name", ondelete="CASCADE"), primary_key=True
@@ -189,6 +214,7 @@ class Score(Base):
         ForeignKeyConstraint(
             ["namespace", "memory_id"], ["memories.namespace", "memories.id"], ondelete="CASCADE"
         ),
+        Index("ix_scores_namespace_memory_id", "namespace", "memory_id"),
         _by_namespace(),
     )
 
@@ -222,6 +248,10 @@ class ScoreHistory(Base):
         ForeignKeyConstraint(
             ["namespace", "memory_id"], ["memories.namespace", "memories.id"], ondelete="CASCADE"
         ),
+        Index(
+            "ix_score_history_namespace_query_id_memory_id", "namespace", "query_id", "memory_id"
+        ),
+        Index("ix_score_history_namespace_memory_id", "namespace", "memory_id"),
         _by_namespace(),
     )
 
