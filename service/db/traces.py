@@ -35,7 +35,7 @@ class TracedCandidate:
             description="Why an anchor was scored: head (among the most similar), estimate (the "
             "completion estimated it highest after the head was scored), explore (drawn at "
             "random from the rest); null for the other candidates and for queries recorded "
-            "before 0014."
+            "by a version that did not keep it."
         ),
     ]
     returned: bool
@@ -69,7 +69,9 @@ class QueryTraceResult:
     query_index: int
     text: str
     policy: str
-    stage: Annotated[int | None, Field(description="Budget stage (null: recorded before 0012).")]
+    stage: Annotated[int | None, Field(
+        description="Budget stage (null: recorded by a version that kept no trace)."
+    )]
     budget: int
     scorer_calls: int
     candidate_count: Annotated[int, Field(description="Semantic candidates (N).")]
@@ -87,21 +89,23 @@ class QueryTraceResult:
         float | None,
         Field(
             description="The share of the anchors after the head that were drawn to explore "
-            "(null: there was no choice of anchors, or recorded before 0014)."
+            "(null: there was no choice of anchors, or recorded by a version that did not "
+            "keep it)."
         ),
     ]
     scorer_rounds: Annotated[
         int | None,
         Field(
             description="The scorer rounds the anchors went out in, one after the other, as "
-            "the retrieve response's scorer_rounds (null: recorded before it was kept)."
+            "the retrieve response's scorer_rounds (null: recorded by a version that did not "
+            "keep it)."
         ),
     ]
     candidates: Annotated[
         list[TracedCandidate],
         Field(
-            description="Every candidate, best first (empty for queries recorded before 0012 "
-            "or with EARM_QUERY_TRACES=false)."
+            description="Every candidate, best first (empty for queries recorded with "
+            "EARM_QUERY_TRACES=false or by a version that kept no trace)."
         ),
     ]
 
