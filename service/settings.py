@@ -266,15 +266,6 @@ class Settings(BaseSettings):
         "among the scored ones only when EARM_TRUST_PROBABILITY says so); 'paper': the EARM "
         "paper's one round, half the most similar, half drawn uniformly from the rest.",
     )
-    expand: int = Field(
-        default=0,
-        ge=0,
-        le=1000,
-        description="Search expansion (earm policy, while its budget is below its candidates): "
-        "up to this many memories outside the semantic candidates join them, those with history "
-        "the namespace's model puts highest for the query (b_m + γ·cos + w·e_m); they can be "
-        "picked as anchors and rank by score like the rest. 0: off.",
-    )
     anchor_rounds: int = Field(
         default=1,
         ge=1,

@@ -127,34 +127,6 @@ GIVEN_CANDIDATES_SQL = _with_model_rows(
 )
 
 
-#: Search expansion: up to ``%(expand)s`` memories outside the semantic pool (``%(pool)s``)
-#: with history (observed for some earlier query), those the namespace's model puts highest for
-#: a query it has no anchors of yet, b_m + γ·cos + w·e_m (the one-round plan's estimate less
-#: the global mean); ``key`` is that estimate, negated so the ascending order is best first.
-#: The memories with history are the only ones outside the pool the model knows more of than
-#: their similarity: a scan of them, the index being of no help to this order.
-EXPANSION_SQL = {
-    filtered: _with_model_rows(
-        f"""
-        SELECT {_CANDIDATE_COLUMNS},
-               -(h.bias + (SELECT coalesce(content_slope, 0) FROM namespaces
-                           WHERE name = %(namespace)s) * (1 - (embedding <=> %(query)b))
-                 + coalesce({content_sql(
-                     "embedding",
-                     "(SELECT content_weights FROM namespaces WHERE name = %(namespace)s)",
-                 )}, 0)) AS key,
-               true AS complete
-        FROM memories JOIN memory_factors h
-          ON h.namespace = memories.namespace AND h.memory_id = memories.id
-        WHERE {_where(filtered).replace("namespace =", "memories.namespace =")}
-          AND h.observation_count > 0 AND memories.id <> ALL(%(pool)s::bigint[])
-        ORDER BY key, memories.id LIMIT %(expand)s
-        """,
-        "c.key, c.id",
-    )
-    for filtered in (False, True)
-}
-
 #: plan_cache_mode: the candidate query is prepared (psycopg prepares a statement from its
 #: 5th execution on a connection), and Postgres may then switch to a generic plan, which does
 #: not know the query vector or the limit and is slower (measured 18 vs 10 ms at 100k

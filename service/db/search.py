@@ -19,7 +19,6 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from service.db.candidate_sql import (
     CANDIDATES_SQL,
     EXACT_CANDIDATES_SQL,
-    EXPANSION_SQL,
     GIVEN_CANDIDATES_SQL,
     SEARCH_SETTINGS_SQL,
 )
@@ -31,8 +30,7 @@ from service.db.statements import pipeline
 
 @dataclass(frozen=True)
 class Candidates:
-    """The candidates of one query as parallel arrays: the semantic ones, most similar first,
-    then the last ``expanded`` ones, admitted from outside them by search expansion.
+    """The candidates of one query as parallel arrays, most similar first.
 
     Embeddings are not fetched here: only a scorer that reads them needs them, and only for the
     anchors (:func:`memory_embeddings`).
@@ -48,30 +46,9 @@ class Candidates:
     # id, external_id, text, occurred_at, metadata_json (the metadata as JSON text: only the
     # returned top-k parse it)
     rows: list[dict[str, Any]]
-    expanded: int = 0
 
     def __len__(self) -> int:
         return len(self.ids)
-
-    @property
-    def semantic_count(self) -> int:
-        """The semantic candidates (N, or fewer in a small namespace): what a budget is a share
-        of."""
-        return len(self.ids) - self.expanded
-
-    def expanded_by(self, more: Candidates) -> Candidates:
-        """These candidates followed by ``more``, counted as expanded."""
-        return Candidates(
-            self.namespace,
-            np.concatenate([self.ids, more.ids]),
-            np.concatenate([self.similarities, more.similarities]),
-            np.concatenate([self.memory_bias, more.memory_bias]),
-            np.concatenate([self.memory_factors, more.memory_factors]),
-            np.concatenate([self.observation_count, more.observation_count]),
-            np.concatenate([self.content_scores, more.content_scores]),
-            self.rows + more.rows,
-            self.expanded + len(more),
-        )
 
 
 @dataclass(frozen=True)
@@ -250,20 +227,6 @@ async def search(
             await conn.commit()
         rows = await exact_cursor.fetchall()
     return state, _candidates(query.namespace, rows, query.rank), past
-
-
-async def expansion(
-    session: AsyncSession, query: CandidateSearch, pool: Candidates, expand: int
-) -> Candidates:
-    """Up to ``expand`` memories with history outside the ``pool`` of ``query``'s candidates,
-    among those its filters pass, best by the namespace's model first
-    (``service.db.candidate_sql.EXPANSION_SQL``)."""
-    conn = await driver_connection(session)
-    params = _search_parameters(query) | {"pool": pool.ids.tolist(), "expand": expand}
-    async with pipeline(conn, [("", params)]):
-        cursor = await conn.execute(EXPANSION_SQL[query.filters is not None], params)
-        await conn.commit()
-    return _candidates(query.namespace, await cursor.fetchall(), query.rank)
 
 
 def _search_parameters(query: CandidateSearch) -> dict[str, Any]:

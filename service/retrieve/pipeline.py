@@ -163,12 +163,9 @@ class RetrievalPipeline:
         found = await self.search.find(
             request, query_vector, self.planner.anchor_window(request)
         )
-        if found is None or len(found.candidates) == 0:
-            return self._nothing_found(request, found, watch, watch.lap("search_ms", since))
-        found = await self.search.expand(
-            found, request, query_vector, self.planner.expansion(request, found)
-        )
         since = watch.lap("search_ms", since)
+        if found is None or len(found.candidates) == 0:
+            return self._nothing_found(request, found, watch, since)
         plan = self.planner.first_round(request, found)
         rows = _RowReads(self.learner, found.candidates)
         try:

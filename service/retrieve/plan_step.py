@@ -72,20 +72,10 @@ class Planner:
         and anchors follow the index this query expects; under concurrent requests the
         recorded index can be a few higher, never lower."""
         query_index = found.state.next_query_index
-        budget = self._budget(request, query_index, found.candidates.semantic_count)
+        budget = self._budget(request, query_index, len(found.candidates))
         return RetrievePlan(
             self.schedule.stage_for(query_index), budget, self._anchors(request, found, budget)
         )
-
-    def expansion(self, request: RetrieveRequest, found: FoundCandidates) -> int:
-        """How many memories search expansion may add to an earm retrieve's candidates:
-        ``EARM_EXPAND``, or none while its budget scores every candidate (nothing would be
-        left to choose between) or for a reranker's given documents."""
-        if request.policy != "earm" or request.given is not None or self.settings.expand == 0:
-            return 0
-        n_candidates = found.candidates.semantic_count
-        budget = self._budget(request, found.state.next_query_index, n_candidates)
-        return self.settings.expand if budget.budget < n_candidates else 0
 
     def second_round(
         self, plan: RetrievePlan, found: FoundCandidates, round_one: Ranking, k: int

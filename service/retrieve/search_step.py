@@ -19,7 +19,6 @@ from service.db.search import (
     NeighbourSearch,
     PastObservations,
     RecentAnchors,
-    expansion,
     search,
 )
 from service.errors import NotFound
@@ -49,8 +48,6 @@ class FoundCandidates:
     reused: Reused  # candidates observed for the query's family
     neighbours: NeighbourEvidence | None  # paraphrase transfer (None: off)
     recent_anchors: RecentAnchors  # of the namespace's latest queries (the AnchorWindow asked)
-    past: PastObservations  # what the family and the paraphrases observed, of any memory
-    paraphrases: NeighbourSearch | None  # which earlier queries counted (None: transfer off)
 
     @property
     def steered(self) -> np.ndarray:
@@ -113,27 +110,16 @@ class SearchStep:
             state, candidates, past = await search(session, search_for)
         except NotFound:
             return None
-        await session.commit()
-        return _found(state, candidates, search_for.family_key, past, search_for.neighbours)
-
-    async def expand(
-        self, found: FoundCandidates, request: RetrieveRequest, query_vector: np.ndarray, size: int
-    ) -> FoundCandidates:
-        """``found`` with up to ``size`` memories with history from outside its candidates
-        appended (search expansion; ``size`` 0: ``found`` as it is)."""
-        if size == 0:
-            return found
-        beyond = CandidateSearch(
-            request.namespace, query_vector, len(found.candidates), self.settings.rank,
-            request.filters,
+        family, paraphrases = search_for.family_key, search_for.neighbours
+        reused = (
+            reused_candidates(candidates.ids, past.family_ids, past.family_scores)
+            if family is not None
+            else NOTHING_REUSED
         )
-        async with self.sessions() as session:
-            more = await expansion(session, beyond, found.candidates, size)
-        if len(more) == 0:
-            return found
-        return _found(
-            found.state, found.candidates.expanded_by(more), found.family_key, found.past,
-            found.paraphrases,
+        neighbours = _neighbour_evidence(candidates, past, paraphrases)
+        await session.commit()
+        return FoundCandidates(
+            state, candidates, family, reused, neighbours, past.recent_anchors
         )
 
     def _candidate_search(
@@ -180,25 +166,6 @@ class SearchStep:
         return NeighbourSearch(
             settings.paraphrase_similarity, PARAPHRASE_NEIGHBOURS, settings.paraphrase_window
         )
-
-
-def _found(
-    state: NamespaceState,
-    candidates: Candidates,
-    family: bytes | None,
-    past: PastObservations,
-    paraphrases: NeighbourSearch | None,
-) -> FoundCandidates:
-    """What the search found of ``candidates``: what their family and paraphrases observed."""
-    reused = (
-        reused_candidates(candidates.ids, past.family_ids, past.family_scores)
-        if family is not None
-        else NOTHING_REUSED
-    )
-    return FoundCandidates(
-        state, candidates, family, reused, _neighbour_evidence(candidates, past, paraphrases),
-        past.recent_anchors, past, paraphrases,
-    )
 
 
 def _neighbour_evidence(
