@@ -26,6 +26,7 @@ from service.retrieve.online import feedback_rows, new_cells, update_memory_rows
 from service.retrieve.refit_health import RefitOutcome
 from service.retrieve.refit_process import InProcessRefits, Refits
 from service.settings import Settings
+from service.tracing import current
 
 log = logging.getLogger(__name__)
 
@@ -136,6 +137,16 @@ class Learner:
         """:meth:`refit` for background callers (a query's refit, the worker's loop): a
         failure is counted and logged by the refits' health, not raised; whether the
         namespace was refitted."""
+        # Its own trace, linked to the query that made it due: a background refit outlives
+        # the query's answer, and is no part of it.
+        with current().linked_trace("refit", {"gen_ai.memory.store.id": namespace}) as span:
+            outcome = await self._refit_outcome(namespace)
+            span.set({"earm.refit.outcome": outcome.value})
+            if outcome is RefitOutcome.FAILED:
+                span.fail("refit_failed")
+        return outcome is RefitOutcome.REFITTED
+
+    async def _refit_outcome(self, namespace: str) -> RefitOutcome:
         health = self.refits.health
         try:
             refitted = await self.refit(namespace)
@@ -143,15 +154,16 @@ class Learner:
             # Erased (DELETE /namespaces) after the refit was due: nothing left to refit.
             log.info("namespace %r was erased before its refit", namespace)
             health.ended(namespace, RefitOutcome.ERASED)
-            return False
+            return RefitOutcome.ERASED
         except Exception as error:
             # The query is committed and the online state is consistent; a failed refit is
             # retried later (its counter was not reset), so a client gets its answer instead
             # of an error that would invite a duplicate retry.
             health.failed(namespace, error)
-            return False
-        health.ended(namespace, RefitOutcome.REFITTED if refitted else RefitOutcome.SKIPPED)
-        return refitted
+            return RefitOutcome.FAILED
+        outcome = RefitOutcome.REFITTED if refitted else RefitOutcome.SKIPPED
+        health.ended(namespace, outcome)
+        return outcome
 
     def _start_background_refit(self, namespace: str) -> None:
         """At most one refit task per namespace in this process. A query that finds one
