@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterator, Mapping, MutableMapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, MutableMapping, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from contextvars import ContextVar
 from typing import Literal, Protocol
@@ -24,6 +24,8 @@ log = logging.getLogger(__name__)
 #: A span attribute's value, as OpenTelemetry takes it.
 Attribute = str | bool | int | float | Sequence[str] | Sequence[int] | Sequence[float]
 Attributes = Mapping[str, Attribute]
+#: A span that later work links to (:meth:`Tracing.cause`): opaque outside the tracing.
+Cause = object
 #: ``client``: a call to another service (the GenAI memory and rerank operations, a scorer
 #: request); ``internal``: a step of earm's own work.
 SpanKind = Literal["internal", "client"]
@@ -65,9 +67,14 @@ class Tracing(Protocol):
         """A request's server span, under the caller's span if ``headers`` carry its trace
         context (W3C ``traceparent``)."""
 
-    def linked_trace(self, name: str, attributes: Attributes) -> AbstractContextManager[Span]:
-        """The root span of a new trace, linked to the current span: work a request made due
-        but that is not part of its answer (a refit)."""
+    def cause(self) -> Cause | None:
+        """The current span, for a later trace to link to (None: nothing to link to)."""
+
+    def linked_trace(
+        self, name: str, attributes: Attributes, causes: Iterable[Cause]
+    ) -> AbstractContextManager[Span]:
+        """The root span of a new trace, linked to ``causes``: work that requests made due
+        but that is no part of their answers (a refit)."""
 
     def inject(self, headers: MutableMapping[str, str]) -> None:
         """Add the current trace context to an outgoing request's ``headers``."""
@@ -108,7 +115,12 @@ class NoTracing:
     ) -> AbstractContextManager[Span]:
         return self._no_span
 
-    def linked_trace(self, name: str, attributes: Attributes) -> AbstractContextManager[Span]:
+    def cause(self) -> Cause | None:
+        return None
+
+    def linked_trace(
+        self, name: str, attributes: Attributes, causes: Iterable[Cause]
+    ) -> AbstractContextManager[Span]:
         return self._no_span
 
     def inject(self, headers: MutableMapping[str, str]) -> None:

@@ -14,7 +14,7 @@ given."""
 from __future__ import annotations
 
 import importlib.metadata
-from collections.abc import Iterator, Mapping, MutableMapping
+from collections.abc import Iterable, Iterator, Mapping, MutableMapping
 from contextlib import contextmanager
 
 from opentelemetry import propagate, trace
@@ -26,7 +26,7 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExport
 from opentelemetry.trace import Status, StatusCode
 
 from service.settings import Settings
-from service.tracing import Attributes, Span, SpanKind, Tracing
+from service.tracing import Attributes, Cause, Span, SpanKind, Tracing
 
 _KINDS = {"internal": trace.SpanKind.INTERNAL, "client": trace.SpanKind.CLIENT}
 _VERSION = importlib.metadata.version("earm")
@@ -68,7 +68,13 @@ class OtelTracing:
         with self._tracer.start_as_current_span(
             name, kind=_KINDS[kind], attributes=attributes
         ) as span:
-            yield _OtelSpan(span)
+            try:
+                yield _OtelSpan(span)
+            except Exception as error:
+                # The conventions' failure attribute (the SDK records the exception and the
+                # status itself): an operation refused with a 4xx is told from a 5xx by it.
+                span.set_attribute("error.type", type(error).__qualname__)
+                raise
 
     @contextmanager
     def server_span(
@@ -80,10 +86,15 @@ class OtelTracing:
         ) as span:
             yield _OtelSpan(span)
 
+    def cause(self) -> Cause | None:
+        context = trace.get_current_span().get_span_context()
+        return context if context.is_valid else None
+
     @contextmanager
-    def linked_trace(self, name: str, attributes: Attributes) -> Iterator[Span]:
-        cause = trace.get_current_span().get_span_context()
-        links = [trace.Link(cause)] if cause.is_valid else []
+    def linked_trace(
+        self, name: str, attributes: Attributes, causes: Iterable[Cause]
+    ) -> Iterator[Span]:
+        links = [trace.Link(cause) for cause in causes if isinstance(cause, trace.SpanContext)]
         # An empty context: no parent, so the span starts a trace of its own.
         with self._tracer.start_as_current_span(
             name, context=Context(), attributes=attributes, links=links

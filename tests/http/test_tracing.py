@@ -22,7 +22,7 @@ from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
 from service.http.app import create_app
 from service.settings import Settings
-from service.testing import LoopbackServer, chat_completions_app
+from service.testing import LoopbackServer, chat_completions_app, rerank_app
 
 CALLER_TRACE_ID = "0af7651916cd43dd8448eb211c80319c"
 CALLER_SPAN_ID = "b7ad6b7169203331"
@@ -61,6 +61,9 @@ class OtlpReceiver:
                 pass
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        # The exporter's keep-alive connection may outlive the test: not waited for.
+        self.server.daemon_threads = True
+        self.server.block_on_close = False
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
 
@@ -238,9 +241,10 @@ def test_every_operation_is_traced_under_its_server_span_and_the_trace_reaches_t
     assert refit.trace_id != server.trace_id
     assert by_id[refit.links[0].span_id] in steps
     assert by_id[refit.links[0].span_id].name == "record"
-    assert attributes(refit.attributes) == {
-        "gen_ai.memory.store.id": "agent-1", "earm.refit.outcome": "refitted"
-    }
+    refitted = attributes(refit.attributes)
+    assert refitted["gen_ai.memory.store.id"] == "agent-1"
+    # (Erased if the erase at the end overtook it on a slow box.)
+    assert refitted["earm.refit.outcome"] in ("refitted", "erased")
 
     # The other memory operations, each under its request's server span.
     for server_name, operation, record_id in [
@@ -296,3 +300,30 @@ def test_content_goes_into_spans_only_when_asked_for(
     assert [record["content"] for record in created] == MEMORIES
     scores = attributes(receiver.one("rerank earm/agent-1").attributes)["gen_ai.rerank.scores"]
     assert len(scores) == 3 and all(0 <= score <= 1 for score in scores)
+
+
+def test_a_reranker_scorer_request_is_a_rerank_span_whose_trace_the_reranker_receives(
+    judge_settings: Callable[..., Settings], receiver: OtlpReceiver
+) -> None:
+    reranker_app = rerank_app(lambda query, documents: [0.5] * len(documents))
+    with LoopbackServer(reranker_app) as reranker:
+        settings = traced_settings(
+            judge_settings, reranker.url, scorer="rerank", scorer_base_url=f"{reranker.url}/v1"
+        )
+        with TestClient(create_app(settings)) as client:
+            ingest(client)
+            answer = retrieve(client)
+    sent = reranker_app.state.last_request
+    model = sent["json"]["model"]
+
+    [request] = receiver.named(f"rerank {model}")
+    assert answer["scorer_requests"] == 1 and request.kind == Span.SPAN_KIND_CLIENT
+    assert attributes(request.attributes) | {
+        "gen_ai.operation.name": "rerank",
+        "gen_ai.request.model": model,
+        "server.address": "127.0.0.1",
+        "server.port": int(reranker.url.rsplit(":", 1)[1]),
+        "earm.pairs": answer["scorer_calls"],
+        "http.response.status_code": 200,
+    } == attributes(request.attributes)
+    assert sent["headers"]["traceparent"] == f"00-{CALLER_TRACE_ID}-{request.span_id.hex()}-01"

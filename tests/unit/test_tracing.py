@@ -2,10 +2,18 @@
 
 from __future__ import annotations
 
-import pytest
+import sys
 
+import pytest
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import StatusCode
+
+from service.errors import LimitExceeded
 from service.settings import Settings
 from service.tracing import NO_TRACING, current, open_tracing, traced_by, tracing_wanted
+from service.tracing.otel import OtelTracing
 
 
 @pytest.mark.parametrize(
@@ -69,3 +77,43 @@ def test_otlp_over_grpc_is_refused_at_startup(variable: str) -> None:
 def test_an_unknown_exporter_is_refused_at_startup() -> None:
     with pytest.raises(ValueError, match="otlp or console"):
         open_tracing(Settings(_env_file=None), {"OTEL_TRACES_EXPORTER": "zipkin"})
+
+
+def test_without_the_otel_extra_the_variables_only_get_a_warning(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setitem(sys.modules, "service.tracing.otel", None)  # import fails
+    tracing = open_tracing(Settings(_env_file=None), {"OTEL_TRACES_EXPORTER": "otlp"})
+    assert tracing is NO_TRACING
+    assert "install earm[otel]" in caplog.text
+
+
+def recorded() -> tuple[OtelTracing, InMemorySpanExporter]:
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    return OtelTracing(provider, content=False), exporter
+
+
+def test_a_failed_operation_says_what_failed() -> None:
+    tracing, exporter = recorded()
+    with pytest.raises(LimitExceeded), tracing.span("search_memory", kind="client"):
+        raise LimitExceeded("k=1000 is outside 1..100")
+    [span] = exporter.get_finished_spans()
+    assert span.attributes is not None and span.attributes["error.type"] == "LimitExceeded"
+    assert span.status.status_code is StatusCode.ERROR
+
+
+def test_a_refit_is_a_trace_of_its_own_linked_to_the_requests_that_made_it_due() -> None:
+    tracing, exporter = recorded()
+    assert tracing.cause() is None
+    with tracing.linked_trace("refit", {"gen_ai.memory.store.id": "agent-1"}, []):
+        pass
+    with tracing.span("record"):
+        cause = tracing.cause()
+        with tracing.linked_trace("refit", {}, [cause]):
+            pass
+    lone, linked, record = exporter.get_finished_spans()
+    assert lone.links == () and lone.parent is None
+    assert linked.parent is None and linked.context.trace_id != record.context.trace_id
+    assert [link.context.span_id for link in linked.links] == [record.context.span_id]
