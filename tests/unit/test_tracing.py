@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
 import sys
 
 import pytest
@@ -117,3 +119,23 @@ def test_a_refit_is_a_trace_of_its_own_linked_to_the_requests_that_made_it_due()
     assert lone.links == () and lone.parent is None
     assert linked.parent is None and linked.context.trace_id != record.context.trace_id
     assert [link.context.span_id for link in linked.links] == [record.context.span_id]
+
+
+OFF_PROBE = """
+import sys
+import service.http.app
+from service.settings import Settings
+from service.tracing import open_tracing
+open_tracing(Settings(_env_file=None), {})
+prefixes = ("opentelemetry.sdk", "service.tracing.")
+print(sorted(name for name in sys.modules if name.startswith(prefixes)))
+"""
+
+
+def test_tracing_off_loads_no_opentelemetry_sdk() -> None:
+    result = subprocess.run(
+        [sys.executable, "-c", OFF_PROBE], capture_output=True, text=True, timeout=120,
+        env={name: value for name, value in os.environ.items() if not name.startswith("OTEL_")},
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"
