@@ -16,13 +16,14 @@ RUN groupadd --gid 10001 earm \
 WORKDIR /app
 
 # Dependencies first, so editing the code does not reinstall them. With the mcp extra, the
-# service also serves the MCP tools at /mcp (docs/integrations.md); pyproject.toml
-# bounds its versions, which hadolint cannot see in '.[mcp]'.
+# service also serves the MCP tools at /mcp (docs/integrations.md); with the otel extra, it
+# exports traces once OTEL_EXPORTER_OTLP_ENDPOINT is set (docs/operations.md "Tracing").
+# pyproject.toml bounds their versions, which hadolint cannot see in '.[mcp,otel]'.
 COPY pyproject.toml README.md ./
 # hadolint ignore=DL3013
 RUN mkdir -p service \
     && touch service/__init__.py \
-    && pip install --no-cache-dir '.[mcp]' \
+    && pip install --no-cache-dir '.[mcp,otel]' \
     && pip uninstall --yes earm \
     && rm -rf service build ./*.egg-info
 

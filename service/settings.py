@@ -387,6 +387,12 @@ class Settings(BaseSettings):
         description="Log one line per request (earm.access) at INFO; false leaves them out, "
         "e.g. for a terminal someone reads during a demo (other lines are unchanged).",
     )
+    trace_content: bool = Field(
+        default=False,
+        description="With tracing on (the OTEL_* variables, docs/operations.md \"Tracing\"), "
+        "also put content in spans: the query text, the memories' texts, metadata and scores, "
+        "the rerank scores. Off: ids, counts and sizes only.",
+    )
     header_timeout_s: float = Field(
         default=10.0,
         gt=0,

@@ -16,6 +16,7 @@ from service.http.docs import install_offline_docs
 from service.http.error_handlers import install_error_handlers
 from service.http.middleware import BodyLimits, RequestObservabilityMiddleware
 from service.http.routes import health, memories, namespaces, queries, rerank, retrieve, stats
+from service.http.server_spans import ServerSpans
 from service.ingest.indexer import BackgroundIndexer
 from service.integrations import mount_mcp
 from service.metrics import Metrics
@@ -28,6 +29,7 @@ from service.retrieve.pipeline import RetrievalPipeline
 from service.retrieve.refit_health import RefitHealth
 from service.retrieve.refit_process import refits_for
 from service.settings import Settings
+from service.tracing import NO_TRACING, open_tracing
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
@@ -52,6 +54,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     app.state.metrics = metrics
     app.add_middleware(RequestObservabilityMiddleware, metrics=metrics)
+    # Added last, so outermost: the server span covers the other middleware's work too. The
+    # lifespan replaces the tracing with the one the OTEL_* variables ask for.
+    app.state.tracing = NO_TRACING
+    app.add_middleware(ServerSpans)
     install_error_handlers(app)
     install_offline_docs(app)
     app.include_router(health.router)
@@ -73,56 +79,72 @@ def _lifespan(
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        # In embedded mode, the server is restarted whenever it dies (service.db.engine).
-        async with (
-            open_database(settings, metrics.observe_replica_read) as database,
-            supervised(database, settings),
-        ):
-            # Seeds EARM_API_KEYS; refuses a non-loopback EARM_HOST without key enforcement.
-            app.state.authenticator = Authenticator.from_settings(settings, database.sessions)
-            await app.state.authenticator.start(bind_host=settings.host)
-            embedder = build_embedder(settings)
-            if isinstance(embedder, LocalEmbedder):
-                # Load the ONNX model now, not on the first request (~0.4 s).
-                await asyncio.to_thread(embedder.load)
-            scorer_health = ScorerHealth(settings.scorer)
-            scorer = build_scorer(
-                settings, observer=observe_all(metrics.observe_scorer_call, scorer_health)
-            )
-            refit_health = RefitHealth(metrics.observe_refit)
-            refits = refits_for(settings, database.url, database.sessions, refit_health)
-            pipeline = RetrievalPipeline(
-                database.sessions, embedder, scorer, settings,
-                late_observer=metrics.observe_late_anchors, replicas=database.replicas,
-                refits=refits,
-            )
-            indexer = BackgroundIndexer.from_settings(database.sessions, settings)
-            if settings.background_work:
-                # Started now: memories left unindexed by an earlier run are indexed first.
-                # (Otherwise `earm worker` indexes; notify() then wakes nothing.)
-                indexer.start()
-            app.state.components = Components(
-                settings=settings,
-                database=database,
-                embedder=embedder,
-                scorer=scorer,
-                scorer_health=scorer_health,
-                refit_health=refit_health,
-                pipeline=pipeline,
-                indexer=indexer,
-                repeated_reranks=RepeatedCalls(settings.rerank_repeat_window_s),
-                metrics=metrics,
-            )
-            try:
+        tracing = open_tracing(settings)
+        app.state.tracing = tracing
+        try:
+            async with _components(app, settings, metrics):
                 yield
-            finally:
-                await indexer.stop()
-                # Late anchors still in flight: recorded if they land in time, else dropped.
-                await pipeline.late.close(settings.late_drain_s)
-                await pipeline.drain()  # a refit in flight finishes while the database is up
-                refits.close()
-                await scorer.aclose()
-                if embedder is not None:
-                    await embedder.aclose()
+        finally:
+            app.state.tracing = NO_TRACING
+            # After the refits drained (their spans end), the last spans are exported, which
+            # blocks up to the exporter's timeout: not on the event loop.
+            await asyncio.to_thread(tracing.close)
 
     return lifespan
+
+
+@asynccontextmanager
+async def _components(app: FastAPI, settings: Settings, metrics: Metrics) -> AsyncIterator[None]:
+    """The database, providers, pipeline and indexer, on ``app.state.components`` while they
+    serve."""
+    # In embedded mode, the server is restarted whenever it dies (service.db.engine).
+    async with (
+        open_database(settings, metrics.observe_replica_read) as database,
+        supervised(database, settings),
+    ):
+        # Seeds EARM_API_KEYS; refuses a non-loopback EARM_HOST without key enforcement.
+        app.state.authenticator = Authenticator.from_settings(settings, database.sessions)
+        await app.state.authenticator.start(bind_host=settings.host)
+        embedder = build_embedder(settings)
+        if isinstance(embedder, LocalEmbedder):
+            # Load the ONNX model now, not on the first request (~0.4 s).
+            await asyncio.to_thread(embedder.load)
+        scorer_health = ScorerHealth(settings.scorer)
+        scorer = build_scorer(
+            settings, observer=observe_all(metrics.observe_scorer_call, scorer_health)
+        )
+        refit_health = RefitHealth(metrics.observe_refit)
+        refits = refits_for(settings, database.url, database.sessions, refit_health)
+        pipeline = RetrievalPipeline(
+            database.sessions, embedder, scorer, settings,
+            late_observer=metrics.observe_late_anchors, replicas=database.replicas,
+            refits=refits,
+        )
+        indexer = BackgroundIndexer.from_settings(database.sessions, settings)
+        if settings.background_work:
+            # Started now: memories left unindexed by an earlier run are indexed first.
+            # (Otherwise `earm worker` indexes; notify() then wakes nothing.)
+            indexer.start()
+        app.state.components = Components(
+            settings=settings,
+            database=database,
+            embedder=embedder,
+            scorer=scorer,
+            scorer_health=scorer_health,
+            refit_health=refit_health,
+            pipeline=pipeline,
+            indexer=indexer,
+            repeated_reranks=RepeatedCalls(settings.rerank_repeat_window_s),
+            metrics=metrics,
+        )
+        try:
+            yield
+        finally:
+            await indexer.stop()
+            # Late anchors still in flight: recorded if they land in time, else dropped.
+            await pipeline.late.close(settings.late_drain_s)
+            await pipeline.drain()  # a refit in flight finishes while the database is up
+            refits.close()
+            await scorer.aclose()
+            if embedder is not None:
+                await embedder.aclose()

@@ -170,6 +170,7 @@ class OpenAIChatScorer(HTTPScorer):
     """
 
     name = "openai"
+    operation = "chat"
 
     def __init__(
         self,

@@ -19,6 +19,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlsplit
 
 import numpy as np
 
@@ -35,6 +36,7 @@ from service.providers.http1 import (
 )
 from service.providers.retry import backoff_delay, retry_after_seconds, retryable_status
 from service.providers.scorers import Outcome, PartScored, ScorerObserver, Scores, notify
+from service.tracing import Attributes, Span, current
 
 logger = logging.getLogger(__name__)
 
@@ -127,6 +129,8 @@ class HTTPScorer:
     """
 
     name = "http"
+    #: The GenAI operation of its requests, as their spans name it ("chat", "rerank").
+    operation: str
     reads_embeddings = False  # HTTP scorers read texts only
 
     def __init__(
@@ -153,6 +157,11 @@ class HTTPScorer:
         self._headers = {"Content-Type": "application/json", "User-Agent": USER_AGENT} | (
             {"Authorization": f"Bearer {api_key}"} if api_key else {})
         self._cookies = CookieJar()
+        endpoint = urlsplit(url)
+        self._server: Attributes = {
+            "server.address": endpoint.hostname or "",
+            "server.port": endpoint.port or (443 if endpoint.scheme == "https" else 80),
+        }
         # One connection per concurrency slot, handed out through a queue (the most recently
         # used first, so idle ones expire). A slot's connection is created when no idle one is
         # left and fewer than `concurrency` exist: the connections follow the demand (a
@@ -334,7 +343,7 @@ class HTTPScorer:
             outcome: Outcome
             attempts.count += 1
             try:
-                response = await client.post(body, self._headers | self._cookies.header())
+                response = await self._post(client, body, request)
             except AnswerTooLarge as error:  # a faulty backend: asking again would not help
                 logger.debug("scorer endpoint: %s (EARM_SCORER_MAX_ANSWER_BYTES)", error)
                 raise RequestFailed("too_large") from None
@@ -362,6 +371,34 @@ class HTTPScorer:
             await asyncio.sleep(delay)
             attempt += 1
 
+    async def _post(
+        self, client: ScorerConnection, body: bytes, request: ScoringRequest
+    ) -> Answer:
+        """One HTTP request, in a span of its own (``{operation} {model}``, as the GenAI
+        conventions name a model call) whose trace context the backend receives."""
+        tracing = current()
+        if not tracing.enabled:  # the common case: nothing to build for a span
+            return await client.post(body, self._headers | self._cookies.header())
+        model = request.body.get("model")
+        attributes: Attributes = {
+            "gen_ai.operation.name": self.operation,
+            **({"gen_ai.request.model": model} if isinstance(model, str) else {}),
+            **self._server,
+            "earm.pairs": len(request.positions),
+        }
+        name = f"{self.operation} {model}" if isinstance(model, str) else self.operation
+        with tracing.span(name, attributes, kind="client") as span:
+            headers = self._headers | self._cookies.header()
+            tracing.inject(headers)
+            try:
+                response = await client.post(body, headers)
+            except ConnectionFailed as error:
+                span.fail(type(error).__name__)
+                raise
+            if span.recording:
+                _describe_answer(span, response)
+            return response
+
     async def _wait_out_backoff(self, deadline: float) -> None:
         """Wait until the backend's 429 backoff is over; :class:`RequestFailed` at once if it
         outlasts the call's deadline (the pairs would fail anyway, and nothing is sent)."""
@@ -378,6 +415,33 @@ class HTTPScorer:
         while not self._clients.empty():
             await self._clients.get_nowait().aclose()
         await asyncio.gather(*self._closing, return_exceptions=True)
+
+
+def _describe_answer(span: Span, response: Answer) -> None:
+    """A scorer request's span: the answer's status, and the model and tokens it reports
+    (OpenAI's ``usage``, or a reranker's: Jina and vLLM count ``total_tokens``, all input)."""
+    span.set({"http.response.status_code": response.status})
+    if response.status != 200:
+        span.fail(str(response.status))
+        return
+    try:
+        answer = response.json()
+    except ValueError:
+        return
+    if not isinstance(answer, dict):
+        return
+    if isinstance(answer.get("model"), str):
+        span.set({"gen_ai.response.model": answer["model"]})
+    usage = answer.get("usage")
+    if not isinstance(usage, dict):
+        return
+    tokens = {
+        "gen_ai.usage.input_tokens": usage.get(
+            "prompt_tokens", usage.get("input_tokens", usage.get("total_tokens"))
+        ),
+        "gen_ai.usage.output_tokens": usage.get("completion_tokens", usage.get("output_tokens")),
+    }
+    span.set({key: value for key, value in tokens.items() if isinstance(value, int)})
 
 
 class _Attempts:

@@ -55,6 +55,8 @@ class RerankScorer(HTTPScorer):
     (after retries) loses only its own pairs, which stay unobserved.
     """
 
+    operation = "rerank"
+
     def __init__(
         self,
         base_url: str,

@@ -6,8 +6,9 @@ refits". No HTTP here."""
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -26,6 +27,7 @@ from service.retrieve.online import feedback_rows, new_cells, update_memory_rows
 from service.retrieve.refit_health import RefitOutcome
 from service.retrieve.refit_process import InProcessRefits, Refits
 from service.settings import Settings
+from service.tracing import Cause, current
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +73,14 @@ class LateObservations:
     requests: int
 
 
+#: The queries a refit's trace links to, at most: the latest ones of a burst that asked for it.
+MAX_REFIT_CAUSES = 32
+
+
+def _causes(cause: Cause | None) -> list[Cause]:
+    return [] if cause is None else [cause]
+
+
 class Learner:
     """Writes what a namespace learns; one per pipeline, so per process (it owns the
     process's background refit tasks)."""
@@ -89,8 +99,9 @@ class Learner:
         # namespace -> its running background refit (the reference keeps the task from being
         # garbage-collected; it is dropped when the task ends)
         self._background_refits: dict[str, asyncio.Task[None]] = {}
-        # Namespaces whose running background refit must go once more (see below).
-        self._refit_again: set[str] = set()
+        # Namespaces whose running background refit must go once more (see below), with the
+        # queries that asked, which that refit's trace links to.
+        self._refit_again: dict[str, collections.deque[Cause]] = {}
 
     async def record_and_learn(
         self, retrieve: RecordedRetrieve, state: NamespaceState, stored: StoredRows
@@ -118,10 +129,11 @@ class Learner:
             self.settings.refit_growth,
         ):
             # (Without background work, the count just recorded is what `earm worker` reads.)
+            causes = _causes(current().cause())
             if self.settings.refit_in_background:
-                self._start_background_refit(retrieve.namespace)
+                self._start_background_refit(retrieve.namespace, causes)
             else:
-                await self.refit_logged(retrieve.namespace)
+                await self.refit_logged(retrieve.namespace, causes)
         return recorded
 
     async def read_rows(self, namespace: str, memory_ids: np.ndarray) -> StoredRows:
@@ -132,10 +144,21 @@ class Learner:
                 session, namespace, memory_ids, self.settings.rank
             )
 
-    async def refit_logged(self, namespace: str) -> bool:
+    async def refit_logged(self, namespace: str, causes: Iterable[Cause] = ()) -> bool:
         """:meth:`refit` for background callers (a query's refit, the worker's loop): a
         failure is counted and logged by the refits' health, not raised; whether the
-        namespace was refitted."""
+        namespace was refitted. ``causes``: the queries that made it due."""
+        # Its own trace, linked to the queries that made it due: a background refit outlives
+        # their answers, and is no part of them.
+        attributes = {"gen_ai.memory.store.id": namespace}
+        with current().linked_trace("refit", attributes, causes) as span:
+            outcome = await self._refit_outcome(namespace)
+            span.set({"earm.refit.outcome": outcome.value})
+            if outcome is RefitOutcome.FAILED:
+                span.fail("refit_failed")
+        return outcome is RefitOutcome.REFITTED
+
+    async def _refit_outcome(self, namespace: str) -> RefitOutcome:
         health = self.refits.health
         try:
             refitted = await self.refit(namespace)
@@ -143,17 +166,18 @@ class Learner:
             # Erased (DELETE /namespaces) after the refit was due: nothing left to refit.
             log.info("namespace %r was erased before its refit", namespace)
             health.ended(namespace, RefitOutcome.ERASED)
-            return False
+            return RefitOutcome.ERASED
         except Exception as error:
             # The query is committed and the online state is consistent; a failed refit is
             # retried later (its counter was not reset), so a client gets its answer instead
             # of an error that would invite a duplicate retry.
             health.failed(namespace, error)
-            return False
-        health.ended(namespace, RefitOutcome.REFITTED if refitted else RefitOutcome.SKIPPED)
-        return refitted
+            return RefitOutcome.FAILED
+        outcome = RefitOutcome.REFITTED if refitted else RefitOutcome.SKIPPED
+        health.ended(namespace, outcome)
+        return outcome
 
-    def _start_background_refit(self, namespace: str) -> None:
+    def _start_background_refit(self, namespace: str, causes: list[Cause]) -> None:
         """At most one refit task per namespace in this process. A query that finds one
         running asks it to go once more when it is done (its observations came after the
         running refit read the namespace), so the last query's refit is never skipped, and
@@ -161,18 +185,19 @@ class Learner:
         refit's advisory lock."""
         running = self._background_refits.get(namespace)
         if running is not None and not running.done():
-            self._refit_again.add(namespace)
+            self._refit_again.setdefault(
+                namespace, collections.deque(maxlen=MAX_REFIT_CAUSES)
+            ).extend(causes)
             return
-        task = asyncio.create_task(self._refit_until_current(namespace),
+        task = asyncio.create_task(self._refit_until_current(namespace, causes),
                                    name=f"earm-refit:{namespace}")
         self._background_refits[namespace] = task
         task.add_done_callback(lambda _: self._forget_refit(namespace, task))
 
-    async def _refit_until_current(self, namespace: str) -> None:
-        await self.refit_logged(namespace)
+    async def _refit_until_current(self, namespace: str, causes: list[Cause]) -> None:
+        await self.refit_logged(namespace, causes)
         while namespace in self._refit_again:
-            self._refit_again.discard(namespace)
-            await self.refit_logged(namespace)
+            await self.refit_logged(namespace, self._refit_again.pop(namespace))
 
     def _forget_refit(self, namespace: str, task: asyncio.Task[None]) -> None:
         if self._background_refits.get(namespace) is task:

@@ -45,6 +45,7 @@ from service.retrieve.rerank import (
 from service.retrieve.score_step import ScoredAnchors
 from service.retrieve.search_step import FoundCandidates, SearchStep
 from service.settings import Settings
+from service.tracing import current
 
 # The pipeline's request and result types are defined in service.retrieve.request and are part
 # of the pipeline's interface.
@@ -160,13 +161,25 @@ class RetrievalPipeline:
         query_vector = await self._query_vector(request)
         since = watch.lap("embed_ms", watch.start)
 
-        found = await self.search.find(
-            request, query_vector, self.planner.anchor_window(request)
-        )
+        tracing = current()
+        with tracing.span("search") as span:
+            found = await self.search.find(
+                request, query_vector, self.planner.anchor_window(request)
+            )
+            span.set({
+                "earm.candidates": 0 if found is None else len(found.candidates),
+                "earm.reused": 0 if found is None else len(found.reused),
+            })
         since = watch.lap("search_ms", since)
         if found is None or len(found.candidates) == 0:
             return self._nothing_found(request, found, watch, since)
-        plan = self.planner.first_round(request, found)
+        with tracing.span("plan", {"earm.round": 1}) as span:
+            plan = self.planner.first_round(request, found)
+            span.set({
+                "earm.stage": plan.stage,
+                "earm.budget": plan.budget.budget,
+                "earm.anchors": len(plan.anchors.first),
+            })
         rows = _RowReads(self.learner, found.candidates)
         try:
             return await self._score_and_record(
@@ -187,22 +200,28 @@ class RetrievalPipeline:
     ) -> RetrieveResult:
         scored, pending = await self._score(request, query_vector, found, plan, rows)
         since = watch.lap("score_ms", since)
+        tracing = current()
         try:
-            ranking = await asyncio.to_thread(
-                self._rank, request.policy, found, scored, self._trust()
-            )
-            memories = self._top_k(request, found.candidates, ranking)
+            with tracing.span("rank", {"earm.policy": request.policy}) as span:
+                ranking = await asyncio.to_thread(
+                    self._rank, request.policy, found, scored, self._trust()
+                )
+                memories = self._top_k(request, found.candidates, ranking)
+                span.set({"earm.paraphrased": ranking.paraphrased})
             since = watch.lap("complete_ms", since)
             trace = query_trace(found, ranking, scored, plan.stage, dict(watch.timings),
                                 self.settings.query_traces)
-            recorded = await self.learner.record_and_learn(
-                recorded_retrieve(
-                    request, query_vector, found, plan, scored, ranking, memories, trace,
-                    self.learner.scorer_source,
-                ),
-                found.state,
-                await rows.result(),
-            )
+            with tracing.span("record") as span:
+                recorded = await self.learner.record_and_learn(
+                    recorded_retrieve(
+                        request, query_vector, found, plan, scored, ranking, memories, trace,
+                        self.learner.scorer_source,
+                    ),
+                    found.state,
+                    await rows.result(),
+                )
+                if recorded is not None:
+                    span.set({"earm.query_id": recorded.query_id})
         except BaseException:
             if pending is not None:
                 pending.cancel()
@@ -262,25 +281,33 @@ class RetrievalPipeline:
         anchors, candidates = plan.anchors, found.candidates
         query, deadline = (request.query, query_vector), self._deadline()
         scale = found.state.scale_of(self.learner.scorer_source)
+        tracing = current()
         rows.start(anchors.first)
-        scored, pending = await score_anchors_by(
-            self.scorer, query, candidates, (anchors.first, anchors.first_kinds),
-            await self._embeddings(candidates, anchors.first), deadline,
-        )
+        with tracing.span("score", {"earm.round": 1, "earm.anchors": len(anchors.first)}) as span:
+            scored, pending = await score_anchors_by(
+                self.scorer, query, candidates, (anchors.first, anchors.first_kinds),
+                await self._embeddings(candidates, anchors.first), deadline,
+            )
+            span.set({"earm.degraded": scored.degraded, "earm.late": pending is not None})
         scored = scored.on_scale(scale)
         if anchors.second_size == 0 or pending is not None:
             return scored, pending
-        # Round two is chosen by the completion's estimates whatever the policy ranks by, so
-        # the policies score the same anchors (a paired comparison).
-        round_one = await asyncio.to_thread(self._rank, "earm", found, scored, None)
-        second = self.planner.second_round(plan, found, round_one, request.read)
+        with tracing.span("plan", {"earm.round": 2}) as span:
+            # Round two is chosen by the completion's estimates whatever the policy ranks by,
+            # so the policies score the same anchors (a paired comparison).
+            round_one = await asyncio.to_thread(self._rank, "earm", found, scored, None)
+            second = self.planner.second_round(plan, found, round_one, request.read)
+            span.set({"earm.anchors": len(second.positions), "earm.stopped": second.stopped})
         if second.stopped:
             return scored.stopping(second.stopped), pending
         rows.start(second.positions)
-        later, pending = await score_anchors_by(
-            self.scorer, query, candidates, (second.positions, second.kinds()),
-            await self._embeddings(candidates, second.positions), deadline,
-        )
+        round_two = {"earm.round": 2, "earm.anchors": len(second.positions)}
+        with tracing.span("score", round_two) as span:
+            later, pending = await score_anchors_by(
+                self.scorer, query, candidates, (second.positions, second.kinds()),
+                await self._embeddings(candidates, second.positions), deadline,
+            )
+            span.set({"earm.degraded": later.degraded, "earm.late": pending is not None})
         return scored.plus(later.on_scale(scale)), pending
 
     async def _embeddings(self, candidates: Candidates, positions: np.ndarray) -> np.ndarray:

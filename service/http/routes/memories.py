@@ -17,6 +17,7 @@ from service.http.deps import (
     SessionDep,
     SettingsDep,
 )
+from service.http.genai_spans import MemoryOperation, describe_ingest, memory_span, name_store
 from service.http.middleware import FastJSONRoute, annotate
 from service.http.schemas import (
     ErrorResponse,
@@ -67,25 +68,33 @@ async def ingest_memories(
             settings.max_metadata_depth,
             f"memories[{position}].metadata",
         )
-    result = await memories.ingest(
-        session,
-        components.embedder,
-        settings.embedding_dim,
-        body.namespace,
-        [
-            memories.NewMemory(
-                text=item.text,
-                embedding=item.embedding,
-                external_id=item.external_id,
-                occurred_at=item.occurred_at,
-                metadata=item.metadata,
-            )
-            for item in body.memories
-        ],
-        body.on_conflict,
-        settings.max_unindexed,
+    operation: MemoryOperation = (
+        "upsert_memory" if body.on_conflict == "update" else "create_memory"
     )
-    await session.commit()
+    with memory_span(operation, body.namespace) as span:
+        result = await memories.ingest(
+            session,
+            components.embedder,
+            settings.embedding_dim,
+            body.namespace,
+            [
+                memories.NewMemory(
+                    text=item.text,
+                    embedding=item.embedding,
+                    external_id=item.external_id,
+                    occurred_at=item.occurred_at,
+                    metadata=item.metadata,
+                )
+                for item in body.memories
+            ],
+            body.on_conflict,
+            settings.max_unindexed,
+        )
+        await session.commit()
+        describe_ingest(
+            span, result, [item.text for item in body.memories],
+            [item.metadata for item in body.memories],
+        )
     await components.database.replicas.note_commit(body.namespace, memories=True)
     if result.created or result.updated:
         components.indexer.notify()
@@ -109,28 +118,32 @@ async def patch_memory(
     """Change a memory's text, embedding, metadata or occurred_at (the memory keeps its id).
     A new text (re-embedded unless a vector is sent) or embedding retires the memory's
     observations: they judged the old content."""
-    namespace = (await memories.get_memory(session, memory_id)).namespace
-    annotate(request, namespace=namespace)
-    require_namespace(principal, namespace)
-    if body.text is not None:
-        check_text_length(body.text, settings.max_text_chars, "text")
-    check_metadata(
-        body.metadata, settings.max_metadata_bytes, settings.max_metadata_depth, "metadata"
-    )
-    result = await memories.update_memory(
-        session,
-        components.embedder,
-        settings.embedding_dim,
-        memory_id,
-        memories.MemoryPatch(
-            text=body.text,
-            embedding=body.embedding,
-            metadata=body.metadata,
-            occurred_at=body.occurred_at,
-            sets_occurred_at="occurred_at" in body.model_fields_set,
-        ),
-    )
-    await session.commit()
+    with memory_span(
+        "update_memory", attributes={"gen_ai.memory.record.id": str(memory_id)}
+    ) as span:
+        namespace = (await memories.get_memory(session, memory_id)).namespace
+        name_store(span, namespace)
+        annotate(request, namespace=namespace)
+        require_namespace(principal, namespace)
+        if body.text is not None:
+            check_text_length(body.text, settings.max_text_chars, "text")
+        check_metadata(
+            body.metadata, settings.max_metadata_bytes, settings.max_metadata_depth, "metadata"
+        )
+        result = await memories.update_memory(
+            session,
+            components.embedder,
+            settings.embedding_dim,
+            memory_id,
+            memories.MemoryPatch(
+                text=body.text,
+                embedding=body.embedding,
+                metadata=body.metadata,
+                occurred_at=body.occurred_at,
+                sets_occurred_at="occurred_at" in body.model_fields_set,
+            ),
+        )
+        await session.commit()
     await components.database.replicas.note_commit(namespace, memories=True)
     if body.text is not None or body.embedding is not None:  # maybe a vector to index
         components.indexer.notify()
@@ -189,10 +202,14 @@ async def delete_memory(
     session: SessionDep,
     principal: PrincipalDep,
 ) -> Response:
-    namespace = (await memories.get_memory(session, memory_id)).namespace
-    annotate(request, namespace=namespace)
-    require_namespace(principal, namespace)
-    await memories.delete_memory(session, memory_id, namespace)
-    await session.commit()
+    with memory_span(
+        "delete_memory", attributes={"gen_ai.memory.record.id": str(memory_id)}
+    ) as span:
+        namespace = (await memories.get_memory(session, memory_id)).namespace
+        name_store(span, namespace)
+        annotate(request, namespace=namespace)
+        require_namespace(principal, namespace)
+        await memories.delete_memory(session, memory_id, namespace)
+        await session.commit()
     await components.database.replicas.note_commit(namespace, memories=True)
     return Response(status_code=status.HTTP_204_NO_CONTENT)

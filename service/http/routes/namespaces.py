@@ -15,6 +15,7 @@ from service.http.deps import (
     PrincipalDep,
     SessionDep,
 )
+from service.http.genai_spans import memory_span
 from service.http.middleware import FastJSONRoute, annotate
 from service.http.schemas import ErrorResponse, NamespaceName
 
@@ -43,8 +44,9 @@ async def delete_namespace(
     their history and the learned model. Answers what was deleted."""
     annotate(request, namespace=namespace)
     require_namespace(principal, namespace)
-    erased = await erase_namespace(session, namespace)
-    await session.commit()
+    with memory_span("delete_memory_store", namespace):
+        erased = await erase_namespace(session, namespace)
+        await session.commit()
     components.repeated_reranks.forget_namespace(namespace)
     await components.database.replicas.note_commit(namespace, memories=True)
     return erased

@@ -21,6 +21,7 @@ from service.http.deps import (
     MetricsDep,
     PrincipalDep,
 )
+from service.http.genai_spans import describe_rerank, rerank_span
 from service.http.middleware import FastJSONRoute, annotate
 from service.http.rerank_schemas import (
     AnyRerankIn,
@@ -117,7 +118,11 @@ async def _rerank(
     )
     annotate(request, namespace=rerank.namespace, documents=len(rerank.documents))
     require_namespace(principal, rerank.namespace)
-    result = await rerank_documents(components.pipeline, rerank, components.repeated_reranks)
+    with rerank_span(model, rerank.namespace, len(rerank.documents), top_n) as span:
+        result = await rerank_documents(
+            components.pipeline, rerank, components.repeated_reranks
+        )
+        describe_rerank(span, result)
     await components.database.replicas.note_commit(rerank.namespace, memories=bool(result.stored))
     if result.stored:
         components.indexer.notify()

@@ -15,6 +15,7 @@ from service.http.deps import (
     PrincipalDep,
     SettingsDep,
 )
+from service.http.genai_spans import describe_retrieve, memory_span
 from service.http.middleware import FastJSONRoute, annotate
 from service.http.schemas import ErrorResponse, FeedbackIn, RetrieveIn
 from service.ingest.validation import check_metadata
@@ -52,7 +53,9 @@ async def retrieve(
     check_metadata(
         body.filters, settings.max_metadata_bytes, settings.max_metadata_depth, "filters"
     )
-    result = await pipeline.retrieve(RetrieveRequest(**body.model_dump()))
+    with memory_span("search_memory", body.namespace) as span:
+        result = await pipeline.retrieve(RetrieveRequest(**body.model_dump()))
+        describe_retrieve(span, body.query, result)
     if result.query_id is not None:  # recorded
         await components.database.replicas.note_commit(body.namespace, memories=False)
     annotate(
