@@ -108,9 +108,16 @@ class _Replay:
         self.status = 1  # until the replay has finished
 
     def __call__(self) -> None:
+        import httpx
+
         try:
             self._run()
             self.status = 0
+        except httpx.TransportError:
+            # The service went away (Ctrl-C during the replay, or it failed): it is stopping
+            # already, and what stopped it has been said.
+            print("earm demo: the service stopped before the replay finished", file=sys.stderr)
+            return
         except Exception as error:  # reported here: the serving thread cannot see it
             print(f"earm demo: the replay failed: {error!r}", file=sys.stderr, flush=True)
         if self.exit or self.status:
