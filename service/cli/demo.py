@@ -42,13 +42,19 @@ def add_demo_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser
     demo.add_argument("--host", default=None, help="bind address (default EARM_HOST, 127.0.0.1)")
     demo.add_argument("--port", type=int, default=None, help="port (default EARM_PORT, 8000)")
     demo.add_argument(
-        "--questions", type=int, default=None,
+        "--questions", type=_positive, default=None,
         help="ask only the first this many of the workload's 80 questions (default all)",
     )
     demo.add_argument(
         "--exit", action="store_true", help="stop the service after the summary (no dashboard)"
     )
     demo.set_defaults(func=_demo)
+
+
+def _positive(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive whole number")
+    return int(text)
 
 
 def _demo(args: argparse.Namespace, settings: Settings) -> int:
@@ -88,8 +94,10 @@ def _database(settings: Settings) -> str:
 
 
 def _client_host(host: str) -> str:
-    """Where this process reaches its own service bound to ``host``."""
-    return "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
+    """Where this process reaches its own service bound to ``host`` (in a URL)."""
+    if host in ("0.0.0.0", "::", ""):
+        return "127.0.0.1"
+    return f"[{host}]" if ":" in host else host
 
 
 class _Replay:

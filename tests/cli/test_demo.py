@@ -10,6 +10,7 @@ import sys
 
 import pytest
 
+from service.cli.main import build_parser
 from service.testing import free_port
 
 pytestmark = pytest.mark.processes
@@ -45,3 +46,12 @@ def test_demo_help_says_the_scorer_is_simulated_and_how_long_it_takes() -> None:
     text = " ".join(done.stdout.split())
     assert "SIMULATED scorer" in text and "not a model" in text
     assert "About a minute" in text and "--exit" in text
+
+
+@pytest.mark.parametrize("count", ["0", "-3", "many"])
+def test_demo_refuses_a_question_count_that_is_not_a_positive_number(
+    count: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit):
+        build_parser(["demo"]).parse_args(["demo", "--questions", count])
+    assert "is not a positive whole number" in capsys.readouterr().err
