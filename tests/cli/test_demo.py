@@ -13,9 +13,8 @@ import pytest
 from service.cli.main import build_parser
 from service.testing import free_port
 
-pytestmark = pytest.mark.processes
 
-
+@pytest.mark.processes
 def test_demo_replays_prints_its_summary_and_exits(clean_database: str) -> None:
     environment = {k: v for k, v in os.environ.items() if not k.startswith("EARM_")} | {
         "EARM_DATABASE_URL": clean_database,
@@ -37,6 +36,7 @@ def test_demo_replays_prints_its_summary_and_exits(clean_database: str) -> None:
     assert '"HTTP Request' not in done.stderr  # the replay's own requests are not logged
 
 
+@pytest.mark.processes
 def test_demo_help_says_the_scorer_is_simulated_and_how_long_it_takes() -> None:
     done = subprocess.run(
         [sys.executable, "-m", "service", "demo", "--help"],
