@@ -20,7 +20,8 @@ NAMESPACE = "demo-simulated-scorer"
 class Request:
     """What each question asks for. An agent filling a prompt asks for ten memories; forty
     candidates keep the late budget stage (17.5% of them: 7 anchors) below k, so the top k
-    needs estimates, where 200 candidates would score 35 and fill it with observed ones."""
+    holds estimated memories, where 200 candidates would score 35 and mostly fill it with
+    observed ones."""
 
     k: int = 10
     candidates: int = 40
@@ -61,7 +62,7 @@ class Phase:
 
     again: bool
     stage: int
-    first: int  # 1-based numbers of its first and last question
+    first: int  # 1-based numbers of its first and last retrieve
     last: int
     outcomes: tuple[Outcome, ...]
 
@@ -112,7 +113,8 @@ def ask(client: EarmClient, asked: Ask, request: Request, namespace: str = NAMES
     """Retrieve for the question and read back its trace (the prequential error)."""
     question = asked.question
     result = client.retrieve(namespace, question.text, k=request.k, candidates=request.candidates)
-    assert result.query_id is not None  # the namespace has memories, so the query is recorded
+    if result.query_id is None:  # only where the namespace has no memories
+        raise RuntimeError(f"the namespace {namespace} has no memories: ingest the workload first")
     trace = client.trace(result.query_id)
     return Outcome(
         again=asked.again,
