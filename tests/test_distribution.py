@@ -33,7 +33,7 @@ def test_the_service_its_app_and_earm_serve_import_no_benchmark() -> None:
     assert json.loads(result.stdout) == {"before": [], "after": True}
 
 
-def test_the_wheel_of_the_root_pyproject_contains_no_benchmark(tmp_path: Path) -> None:
+def test_the_root_wheel_has_its_package_data_and_no_benchmark(tmp_path: Path) -> None:
     # Built from a copy: an in-tree build would leave build/ behind, whose stale files a later
     # wheel may pick up. bench/ comes along so a too-wide package search would find it.
     source = tmp_path / "source"
@@ -50,6 +50,7 @@ def test_the_wheel_of_the_root_pyproject_contains_no_benchmark(tmp_path: Path) -
     (wheel,) = (tmp_path / "wheel").glob("earm-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
     assert "service/testing/__init__.py" in names
+    assert "service/demo/workload.json" in names  # package data: `earm demo` runs from a wheel
     dist_info = f"earm-{importlib.metadata.version('earm')}.dist-info"
     assert {name.partition("/")[0] for name in names} == {"service", dist_info}
     assert not [name for name in names if "bench" in name]

@@ -1,5 +1,5 @@
-"""The ``earm`` command: serve, worker, migrate, keys, namespace, mcp, and the commands of installed
-distributions (``bench``: service/cli/plugins.py)."""
+"""The ``earm`` command: serve, worker, migrate, keys, namespace, mcp, demo, and the commands of
+installed distributions (``bench``: service/cli/plugins.py)."""
 
 from __future__ import annotations
 
@@ -24,7 +24,9 @@ RESULT_COMMANDS = frozenset({"keys", "migrate", "namespace"})
 #: The product's own commands, which take the settings. Any other comes from an installed
 #: distribution and is loaded only for a command line that names none of these, so that
 #: `earm serve` loads no benchmark code.
-BUILTIN_COMMANDS = frozenset({"serve", "worker", "migrate", "keys", "namespace", "mcp"})
+BUILTIN_COMMANDS = frozenset(
+    {"serve", "worker", "migrate", "keys", "namespace", "mcp", "demo"}
+)
 
 
 def _serve(args: argparse.Namespace, settings: Settings) -> int:
@@ -143,6 +145,9 @@ def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
     from service.cli.mcp import add_mcp_parser
 
     add_mcp_parser(commands)
+    from service.cli.demo import add_demo_parser
+
+    add_demo_parser(commands)
 
     if not argv or argv[0] not in BUILTIN_COMMANDS:
         from service.cli.plugins import add_installed_commands
