@@ -1,11 +1,12 @@
 """The scorer client's CPU per chat request, side by side in one run: httpx's ``AsyncClient``,
-aiohttp's ``ClientSession`` and the service's own connection, each sending 35 and then 200
+aiohttp's ``ClientSession`` and the service's ``ScorerClient`` (aiohttp's, pooled under the
+scorer's bounds and reading answers up to its cap), each sending 35 and then 200
 requests at once (a retrieve's anchors at the schedule's last stage, and a large retrieve's) on
 uvloop to an instant loopback judge served by a child process; then the service's whole
 ``OpenAIChatScorer.score`` of 35 and of 200 pairs (prompt building, JSON, parsing included).
 Each client keeps one pool of as many connections as requests in flight, opened before the
-clock starts. CPU is this process's (``time.process_time``), so the judge's own work is not
-counted.
+clock starts (the scorer's own, of ``EARM_SCORER_MAX_CONNECTIONS``, for its whole calls).
+CPU is this process's (``time.process_time``), so the judge's own work is not counted.
 
     PYTHONPATH=.:bench python docs/perf/scorer_client_cpu.py
 """
@@ -25,7 +26,7 @@ import uvloop
 from earm_bench.common.chat_server import ChatServer
 from earm_bench.common.processes import child_server
 from service.providers.chat_scorer import OpenAIChatScorer
-from service.providers.http1 import Http1Connection, encode_json
+from service.providers.http_client import PoolLimits, ScorerClient, encode_json
 
 #: Requests per measured client and concurrency: enough rounds that a run's CPU is ~1 s.
 REQUESTS = 4200
@@ -59,9 +60,8 @@ async def clients(endpoint: str, concurrent: int, stack: AsyncExitStack) -> dict
         limits=httpx.Limits(max_connections=concurrent, max_keepalive_connections=concurrent)))
     session = await stack.enter_async_context(aiohttp.ClientSession(
         connector=aiohttp.TCPConnector(limit=concurrent), skip_auto_headers=("Accept-Encoding",)))
-    lean = [Http1Connection(endpoint, None, 4.0) for _ in range(concurrent)]
-    for connection in lean:
-        stack.push_async_callback(connection.aclose)
+    ours = ScorerClient(endpoint, PoolLimits(connections=concurrent))
+    stack.push_async_callback(ours.aclose)
 
     async def with_httpx(slot: int) -> object:
         return (await client.post(endpoint, content=body, headers=HEADERS)).json()
@@ -70,11 +70,11 @@ async def clients(endpoint: str, concurrent: int, stack: AsyncExitStack) -> dict
         async with session.post(endpoint, data=body, headers=HEADERS) as response:
             return await response.json()
 
-    async def with_lean(slot: int) -> object:
-        return (await lean[slot].post(body, HEADERS)).json()
+    async def with_ours(slot: int) -> object:
+        return (await ours.post(body, HEADERS)).json()
 
     return {"httpx AsyncClient.post": with_httpx, "aiohttp ClientSession.post": with_aiohttp,
-            "service connection": with_lean}
+            "ScorerClient.post": with_ours}
 
 
 async def measure(url: str) -> dict[str, float]:
