@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from service.providers.concurrency_limit import Admission, AIMDLimit
 from service.providers.http_client import (
     MAX_ANSWER_BYTES,
     Answer,
@@ -39,6 +40,10 @@ logger = logging.getLogger(__name__)
 USER_AGENT = f"earm/{importlib.metadata.version('earm')}"
 
 __all__ = ["FailureLog", "HTTPScorer", "RequestFailed", "ScoringRequest"]
+
+#: The statuses of a backend shedding load: the scorer's window halves (service.providers.
+#: concurrency_limit).
+SHED_LOAD = frozenset({429, 503})
 
 #: While a backend is down every retrieve fails its calls: at most one warning per this many
 #: seconds per scorer (counting the retrieves it stands for) keeps an outage from flooding the log.
@@ -105,10 +110,12 @@ class FailureLog:
 
 class HTTPScorer:
     """Base of the HTTP scorers: ``POST url`` per :class:`ScoringRequest`, all requests of one
-    :meth:`score` call issued at once, up to ``concurrency`` in flight per scorer instance (so
-    concurrent /retrieve requests share the provider's limit instead of multiplying it), over a
-    keep-alive pool bounded by ``pool``: a retrieve's anchors cost one round of the backend's
-    latency when the pool's connections are as many as its requests.
+    :meth:`score` call issued at once, over a keep-alive pool bounded by ``pool``: a retrieve's
+    anchors cost one round of the backend's latency when the pool's connections are as many as
+    its requests. Requests in flight per scorer instance (so concurrent /retrieve requests share
+    the provider's limit instead of multiplying it) are at most :attr:`limit`'s window, which
+    starts at ``concurrency`` (or the pool's connections, if fewer), halves when the backend
+    sheds load (429, 503, no answer) and grows back by one per window of answers.
 
     One :meth:`score` call has ``timeout_s`` in total (waiting for a slot, attempts and backoff
     of all its requests): a hung or slow endpoint costs a retrieve at most about ``timeout_s``,
@@ -149,8 +156,9 @@ class HTTPScorer:
         self.observer = observer
         self._headers = {"Content-Type": "application/json", "User-Agent": USER_AGENT} | (
             {"Authorization": f"Bearer {api_key}"} if api_key else {})
-        self._client = ScorerClient(url, pool or PoolLimits(), max_answer_bytes)
-        self._slots = asyncio.Semaphore(concurrency)
+        pool = pool or PoolLimits()
+        self._client = ScorerClient(url, pool, max_answer_bytes)
+        self.limit = AIMDLimit(min(concurrency, pool.connections))
         # Event-loop time before which no request is sent: the backend's last 429 asked for it.
         self._backoff_until = 0.0
         self.failure_log = FailureLog()
@@ -240,9 +248,9 @@ class HTTPScorer:
         try:
             # The deadline covers the wait for a slot too: one retrieve's scoring never
             # outlives timeout_s, however many requests queue behind a hung endpoint.
-            async with asyncio.timeout_at(deadline), self._slots:
+            async with asyncio.timeout_at(deadline), self.limit.admitted() as admission:
                 started = time.perf_counter()
-                values = await self._call_with_retries(request, deadline, attempts)
+                values = await self._call_with_retries(request, deadline, attempts, admission)
         except TimeoutError:
             failure = "timeout"
         except RequestFailed as failed:
@@ -270,8 +278,10 @@ class HTTPScorer:
         request: ScoringRequest,
         deadline: float,
         attempts: _Attempts,
+        admission: Admission,
     ) -> list[float | None]:
-        """The parsed scores, or :class:`RequestFailed`; runs inside the call's time budget."""
+        """The parsed scores, or :class:`RequestFailed`; runs inside the call's time budget.
+        Tells :attr:`limit` what each attempt says of the backend's load."""
         loop = asyncio.get_running_loop()
         body = encode_json(request.body)
         attempt = 0
@@ -287,9 +297,13 @@ class HTTPScorer:
                 raise RequestFailed("too_large") from None
             except ConnectionFailed:  # refused, reset, closed early, not HTTP
                 outcome = "transport_error"
+                self.limit.overloaded(admission)
             else:
                 if response.status == 200:
+                    self.limit.succeeded()
                     return self.parse(response, request)
+                if response.status in SHED_LOAD:
+                    self.limit.overloaded(admission)
                 outcome = "http_error"
                 if not retryable_status(response.status):
                     logger.debug("scorer endpoint answered HTTP %d", response.status)
