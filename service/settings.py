@@ -136,8 +136,8 @@ class Settings(BaseSettings):
     scorer_api_key: SecretStr | None = None
     # Requests in flight per scorer; over HTTP/1.1 at most one per connection, and the pool
     # keeps at most scorer_max_connections, of which at most scorer_max_connecting opened and not
-    # answered yet: 4 is under the listen backlog of small servers (5 for Python's http.server),
-    # beyond which the kernel drops connects and retries them after 1 s, 3 s, 7 s.
+    # answered yet (for 0.1 s at most): 4 is under the listen backlog of small servers (5 for
+    # Python's http.server), beyond which the kernel drops connects and retries them after 1 s.
     scorer_concurrency: int = Field(default=256, ge=1, le=1024)
     scorer_max_connections: int = Field(default=64, ge=1, le=1024)
     scorer_max_connecting: int = Field(default=4, ge=1, le=1024)

@@ -13,9 +13,10 @@ Why bounds: a backend's listen backlog can be small (5 for Python's ``http.serve
 connects beyond it are dropped and retried by the kernel after 1 s, 3 s, 7 s: 200 connects at
 once made a retrieve wait several backend latencies. The pool keeps at most
 ``PoolLimits.connections`` connections to the backend (requests beyond wait for one to come
-free, a warm one first), of which at most ``PoolLimits.connecting`` opened and not answered yet.
-aiohttp's connector bounds the first but not the second, hence :class:`_GatedConnector`. The
-price: a cold pool grows by ``connecting`` connections per backend latency.
+free, a warm one first), of which at most ``PoolLimits.connecting`` opened and not answered yet
+(for at most ``PoolLimits.unanswered_s``). aiohttp's connector bounds the first but not the
+second, hence :class:`_GatedConnector`. The price: a cold pool grows by ``connecting``
+connections per backend latency, or per ``unanswered_s`` if that is shorter.
 
 An answer's body is read up to ``max_answer_bytes``: a ``Content-Length`` over it is refused once
 the head is in, a chunked or connection-delimited body as soon as it passes it, and the
@@ -94,29 +95,32 @@ def encode_json(body: Any) -> bytes:
 class PoolLimits:
     """The connections a scorer keeps to its backend: at most ``connections`` open, of which at
     most ``connecting`` opened and not answered yet (4: under the listen backlog of small
-    servers, 5 for Python's http.server), an idle one closed after ``keepalive_s`` (below the
-    common 5 s server keep-alive, so a request is rarely sent on one the server is closing)."""
+    servers, 5 for Python's http.server), each counted for ``unanswered_s`` at most (a backend
+    that answers some requests late or never must not stop the pool from growing); an idle one
+    closed after ``keepalive_s`` (below the common 5 s server keep-alive, so a request is rarely
+    sent on one the server is closing)."""
 
     connections: int = 64
     connecting: int = 4
+    unanswered_s: float = 0.1
     keepalive_s: float = 4.0
 
 
 class _AnsweringHandler(ResponseHandler):
     """aiohttp's protocol of a connection, holding its connector's permit to be opened until
-    the backend's first bytes on it (or its end)."""
+    the backend's first bytes on it, its end, or :meth:`give_back_permit`."""
 
     permit: asyncio.Semaphore | None = None
 
     def data_received(self, data: bytes) -> None:
-        self._give_back_permit()
+        self.give_back_permit()
         super().data_received(data)
 
     def connection_lost(self, exc: BaseException | None) -> None:
-        self._give_back_permit()
+        self.give_back_permit()
         super().connection_lost(exc)
 
-    def _give_back_permit(self) -> None:
+    def give_back_permit(self) -> None:
         if self.permit is not None:
             self.permit.release()
             self.permit = None
@@ -128,15 +132,18 @@ class _GatedConnector(aiohttp.TCPConnector):
     A connection counts until the backend's first bytes on it, not until its connect returns:
     the server's kernel completes a handshake before the server accepts the connection, so a
     connect that returned proves nothing about the room left in its listen backlog (on
-    loopback, 64 connects one at a time still overflowed a backlog of 5). An answer does.
+    loopback, 64 connects one at a time still overflowed a backlog of 5). An answer does. But
+    no longer than ``unanswered_s``: requests a backend holds (a hung model) would otherwise
+    keep the pool from opening connections for the ones it answers.
 
     It overrides the connector's protocol factory and the one method that opens a connection
     (proxied or direct), aiohttp internals: the backlog test
     (tests/providers/test_http_client.py) fails if a release changes them."""
 
-    def __init__(self, connecting: int, **options: Any) -> None:
+    def __init__(self, connecting: int, unanswered_s: float, **options: Any) -> None:
         super().__init__(**options)
         self._connecting = asyncio.Semaphore(connecting)
+        self._unanswered_s = unanswered_s
         self._factory = functools.partial(  # type: ignore[assignment]
             _AnsweringHandler, loop=self._loop)
 
@@ -152,6 +159,7 @@ class _GatedConnector(aiohttp.TCPConnector):
         assert isinstance(protocol, _AnsweringHandler)
         if protocol.is_connected():  # else connection_lost came first: nothing to wait for
             protocol.permit = self._connecting
+            self._loop.call_later(self._unanswered_s, protocol.give_back_permit)
         else:
             self._connecting.release()
         return protocol
@@ -227,7 +235,8 @@ class ScorerClient:
             proxy, proxy_auth = None, None
         self._session = aiohttp.ClientSession(
             connector=_GatedConnector(
-                self.limits.connecting, limit=self.limits.connections, limit_per_host=0,
+                self.limits.connecting, self.limits.unanswered_s,
+                limit=self.limits.connections, limit_per_host=0,
                 keepalive_timeout=self.limits.keepalive_s, ssl=tls if tls is not None else True,
             ),
             proxy=proxy, proxy_auth=proxy_auth,
