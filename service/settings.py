@@ -141,6 +141,10 @@ class Settings(BaseSettings):
     scorer_concurrency: int = Field(default=256, ge=1, le=1024)
     scorer_max_connections: int = Field(default=64, ge=1, le=1024)
     scorer_max_connecting: int = Field(default=4, ge=1, le=1024)
+    # A backend that refused this many connects in a row is taken as down: its requests fail at
+    # once (unavailable), but for one probe every scorer_breaker_delay_s, until one is answered.
+    scorer_breaker_threshold: int = Field(default=5, ge=1)
+    scorer_breaker_delay_s: float = Field(default=5.0, gt=0)
     scorer_timeout_s: float = Field(default=10.0, gt=0)
     # Answer deadline of a retrieve's scoring (None or 0: off), below the scorer timeout, which
     # bounds the late anchors scored after the answer; shutdown waits late_drain_s for them.

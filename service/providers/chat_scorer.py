@@ -24,6 +24,7 @@ import re
 from collections.abc import Sequence
 from typing import Any, Literal
 
+from service.providers.breaker import Breaker
 from service.providers.http_client import MAX_ANSWER_BYTES, Answer, PoolLimits
 from service.providers.http_scorer import HTTPScorer, RequestFailed, ScoringRequest
 from service.providers.scorers import ScorerObserver
@@ -188,6 +189,7 @@ class OpenAIChatScorer(HTTPScorer):
         observer: ScorerObserver | None = None,
         max_answer_bytes: int = MAX_ANSWER_BYTES,
         pool: PoolLimits | None = None,
+        breaker: Breaker | None = None,
     ) -> None:
         if batch < 1:
             raise ValueError("batch must be >= 1")
@@ -201,6 +203,7 @@ class OpenAIChatScorer(HTTPScorer):
             observer=observer,
             max_answer_bytes=max_answer_bytes,
             pool=pool,
+            breaker=breaker,
         )
         self.model = model
         self.max_tokens = max_tokens

@@ -46,6 +46,7 @@ __all__ = [
     "MAX_ANSWER_BYTES",
     "Answer",
     "AnswerTooLarge",
+    "CannotConnect",
     "ConnectionFailed",
     "PoolLimits",
     "ScorerClient",
@@ -63,6 +64,10 @@ MAX_ANSWER_BYTES = 8 * 1024 * 1024
 
 class ConnectionFailed(Exception):
     """The request got no complete answer: refused, reset, closed early, or not HTTP."""
+
+
+class CannotConnect(ConnectionFailed):
+    """No connection to the backend: refused, unreachable, unknown name, TLS refused."""
 
 
 class AnswerTooLarge(ConnectionFailed):
@@ -199,7 +204,9 @@ class ScorerClient:
                 # (its FIN not read yet): sent once more, on a new connection, as aiohttp does
                 # for idempotent methods only. A score has no side effect to repeat.
                 return await self._exchange(session, body, headers)
-        except aiohttp.ClientError as error:  # connect, TLS, reset, closed early, not HTTP
+        except aiohttp.ClientConnectorError as error:  # refused, unreachable, name, TLS
+            raise CannotConnect(f"{type(error).__name__}: {error}") from None
+        except aiohttp.ClientError as error:  # reset, closed early, not HTTP
             raise ConnectionFailed(f"{type(error).__name__}: {error}") from None
 
     async def _exchange(self, session: aiohttp.ClientSession, body: bytes,

@@ -21,11 +21,13 @@ from typing import Any
 
 import numpy as np
 
+from service.providers.breaker import Breaker
 from service.providers.concurrency_limit import Admission, AIMDLimit
 from service.providers.http_client import (
     MAX_ANSWER_BYTES,
     Answer,
     AnswerTooLarge,
+    CannotConnect,
     ConnectionFailed,
     PoolLimits,
     ScorerClient,
@@ -115,7 +117,9 @@ class HTTPScorer:
     its requests. Requests in flight per scorer instance (so concurrent /retrieve requests share
     the provider's limit instead of multiplying it) are at most :attr:`limit`'s window, which
     starts at ``concurrency`` (or the pool's connections, if fewer), halves when the backend
-    sheds load (429, 503, no answer) and grows back by one per window of answers.
+    sheds load (429, 503, no answer) and grows back by one per window of answers. A backend
+    that refused connects ``breaker.threshold`` times in a row is taken as down: its requests
+    fail ``unavailable`` at once, but for a probe every ``breaker.delay_s``.
 
     One :meth:`score` call has ``timeout_s`` in total (waiting for a slot, attempts and backoff
     of all its requests): a hung or slow endpoint costs a retrieve at most about ``timeout_s``,
@@ -144,6 +148,7 @@ class HTTPScorer:
         observer: ScorerObserver | None = None,
         max_answer_bytes: int = MAX_ANSWER_BYTES,
         pool: PoolLimits | None = None,
+        breaker: Breaker | None = None,
     ) -> None:
         if concurrency < 1:
             raise ValueError("concurrency must be >= 1")
@@ -159,6 +164,7 @@ class HTTPScorer:
         pool = pool or PoolLimits()
         self._client = ScorerClient(url, pool, max_answer_bytes)
         self.limit = AIMDLimit(min(concurrency, pool.connections))
+        self.breaker = breaker or Breaker(threshold=5, delay_s=5.0)
         # Event-loop time before which no request is sent: the backend's last 429 asked for it.
         self._backoff_until = 0.0
         self.failure_log = FailureLog()
@@ -280,38 +286,31 @@ class HTTPScorer:
         attempts: _Attempts,
         admission: Admission,
     ) -> list[float | None]:
-        """The parsed scores, or :class:`RequestFailed`; runs inside the call's time budget.
-        Tells :attr:`limit` what each attempt says of the backend's load."""
+        """The parsed scores, or :class:`RequestFailed`; runs inside the call's time budget."""
         loop = asyncio.get_running_loop()
         body = encode_json(request.body)
         attempt = 0
         while True:
+            if not self.breaker.allows():
+                raise RequestFailed("unavailable")
             await self._wait_out_backoff(deadline)
             wait: float | None = None
             outcome: Outcome
             attempts.count += 1
-            try:
-                response = await self._client.post(body, self._headers)
-            except AnswerTooLarge as error:  # a faulty backend: asking again would not help
-                logger.debug("scorer endpoint: %s (EARM_SCORER_MAX_ANSWER_BYTES)", error)
-                raise RequestFailed("too_large") from None
-            except ConnectionFailed:  # refused, reset, closed early, not HTTP
-                outcome = "transport_error"
-                self.limit.overloaded(admission)
-            else:
-                if response.status == 200:
-                    self.limit.succeeded()
-                    return self.parse(response, request)
-                if response.status in SHED_LOAD:
-                    self.limit.overloaded(admission)
+            sent = await self._send(body, admission)
+            if isinstance(sent, Answer):
+                if sent.status == 200:
+                    return self.parse(sent, request)
                 outcome = "http_error"
-                if not retryable_status(response.status):
-                    logger.debug("scorer endpoint answered HTTP %d", response.status)
+                if not retryable_status(sent.status):
+                    logger.debug("scorer endpoint answered HTTP %d", sent.status)
                     raise RequestFailed(outcome)
-                wait = retry_after_seconds(response.headers)
-                if response.status == 429:
+                wait = retry_after_seconds(sent.headers)
+                if sent.status == 429:
                     wait = wait if wait is not None else backoff_delay(attempt, self.backoff_base_s)
                     self._backoff_until = max(self._backoff_until, loop.time() + wait)
+            else:
+                outcome = sent
             if attempt >= self.max_retries:
                 raise RequestFailed(outcome)
             delay = wait if wait is not None else backoff_delay(attempt, self.backoff_base_s)
@@ -319,6 +318,27 @@ class HTTPScorer:
                 raise RequestFailed(outcome)  # would outlive the budget: give the slot back now
             await asyncio.sleep(delay)
             attempt += 1
+
+    async def _send(self, body: bytes, admission: Admission) -> Answer | Outcome:
+        """One attempt: the backend's answer, or the outcome of a request it did not answer.
+        Tells the breaker whether the backend is up and :attr:`limit` whether it sheds load."""
+        try:
+            response = await self._client.post(body, self._headers)
+        except AnswerTooLarge as error:  # a faulty backend: asking again would not help
+            self.breaker.answered()
+            logger.debug("scorer endpoint: %s (EARM_SCORER_MAX_ANSWER_BYTES)", error)
+            raise RequestFailed("too_large") from None
+        except ConnectionFailed as error:  # refused, reset, closed early, not HTTP
+            if isinstance(error, CannotConnect):
+                self.breaker.refused()
+            self.limit.overloaded(admission)
+            return "transport_error"
+        self.breaker.answered()
+        if response.status == 200:
+            self.limit.succeeded()
+        elif response.status in SHED_LOAD:
+            self.limit.overloaded(admission)
+        return response
 
     async def _wait_out_backoff(self, deadline: float) -> None:
         """Wait until the backend's 429 backoff is over; :class:`RequestFailed` at once if it

@@ -21,6 +21,7 @@ import math
 from collections.abc import Sequence
 from typing import Any, Literal
 
+from service.providers.breaker import Breaker
 from service.providers.http_client import MAX_ANSWER_BYTES, Answer, PoolLimits
 from service.providers.http_scorer import HTTPScorer, RequestFailed, ScoringRequest
 from service.providers.scorers import ScorerObserver
@@ -71,6 +72,7 @@ class RerankScorer(HTTPScorer):
         observer: ScorerObserver | None = None,
         max_answer_bytes: int = MAX_ANSWER_BYTES,
         pool: PoolLimits | None = None,
+        breaker: Breaker | None = None,
     ) -> None:
         if batch_size < 1:
             raise ValueError("batch_size must be >= 1")
@@ -84,6 +86,7 @@ class RerankScorer(HTTPScorer):
             observer=observer,
             max_answer_bytes=max_answer_bytes,
             pool=pool,
+            breaker=breaker,
         )
         self.name = protocol
         self.protocol: RerankProtocol = protocol
