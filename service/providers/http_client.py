@@ -1,5 +1,5 @@
 """The scorers' HTTP client: one aiohttp session per scorer, its keep-alive pool bounded in
-connections and in connects in flight, answers read up to a size cap.
+connections and in connections not answered yet, answers read up to a size cap.
 
 Why aiohttp: a retrieve sends its anchors at once, 35 to 200 chat requests, and the client's CPU
 per request is paid on the event loop before the first one leaves and after the last answer
@@ -249,8 +249,10 @@ class ScorerClient:
             proxy=proxy, proxy_auth=proxy_auth,
             # Backends are often reached by IP address, whose cookies aiohttp drops by default.
             cookie_jar=aiohttp.CookieJar(unsafe=True),
-            # No compression asked for: the bytes the cap counts are the body's.
+            # No compression asked for, and none undone: the bytes the cap counts are all the
+            # body takes (a compressed answer within the cap could inflate past it).
             skip_auto_headers=("Accept-Encoding",),
+            auto_decompress=False,
             timeout=aiohttp.ClientTimeout(),
         )
         return self._session
