@@ -134,7 +134,17 @@ class Settings(BaseSettings):
     scorer_base_url: str | None = Field(default=None, validate_default=True)
     scorer_model: str = "gpt-4o-mini"
     scorer_api_key: SecretStr | None = None
+    # Requests in flight per scorer; over HTTP/1.1 at most one per connection, and the pool
+    # keeps at most scorer_max_connections, of which at most scorer_max_connecting opened and not
+    # answered yet (for 0.1 s at most): 4 is under the listen backlog of small servers (5 for
+    # Python's http.server), beyond which the kernel drops connects and retries them after 1 s.
     scorer_concurrency: int = Field(default=256, ge=1, le=1024)
+    scorer_max_connections: int = Field(default=64, ge=1, le=1024)
+    scorer_max_connecting: int = Field(default=4, ge=1, le=1024)
+    # A backend that refused this many connects in a row is taken as down: its requests fail at
+    # once (unavailable), but for one probe every scorer_breaker_delay_s, until one is answered.
+    scorer_breaker_threshold: int = Field(default=5, ge=1)
+    scorer_breaker_delay_s: float = Field(default=5.0, gt=0)
     scorer_timeout_s: float = Field(default=10.0, gt=0)
     # Answer deadline of a retrieve's scoring (None or 0: off), below the scorer timeout, which
     # bounds the late anchors scored after the answer; shutdown waits late_drain_s for them.
@@ -142,7 +152,7 @@ class Settings(BaseSettings):
     late_drain_s: float = Field(default=10.0, ge=0)
     scorer_max_retries: int = Field(default=2, ge=0, le=10)
     # Bytes of a scorer answer's body read at most; beyond, its pairs fail (too_large). 8 MiB:
-    # twice a batch of 64 documents echoed back at 8000 chars (service.providers.http1).
+    # twice a batch of 64 documents echoed back at 8000 chars (service.providers.http_client).
     scorer_max_answer_bytes: int = Field(default=8 * 1024 * 1024, ge=1024)
     # Documents per /rerank request (rerank, tei); a retrieve's batches run concurrently.
     scorer_batch_size: int = Field(default=64, ge=1, le=4096)

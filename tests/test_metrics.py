@@ -140,6 +140,8 @@ def test_metrics_after_retrieves_show_phase_histograms_and_scorer_outcomes(
     assert value(parsed, "earm_namespace_observations", namespace="agent-1") == calls / 2
     assert value(parsed, "earm_namespace_calls_saved_ratio", namespace="agent-1") == 0
     assert value(parsed, "earm_scorer_calls_recorded") == calls
+    # The scorer's concurrency window: at its ceiling, as the judge shed no load.
+    assert value(parsed, "earm_scorer_concurrency_window", scorer="openai") == 64
 
 
 def test_local_scorer_calls_are_counted(client: TestClient) -> None:

@@ -37,6 +37,18 @@ def scorer_health_gauges(health: ScorerHealthSnapshot) -> list[Metric]:
     return families
 
 
+def scorer_window_gauge(scorer: str, window: int) -> Metric:
+    """The requests the HTTP scorer lets in flight to its backend now, labelled by scorer."""
+    family = GaugeMetricFamily(
+        "earm_scorer_concurrency_window",
+        "Scorer requests let in flight at once now: halves when the backend sheds load (429, "
+        "503, no answer), grows back by one per window of answers.",
+        labels=["scorer"],
+    )
+    family.add_metric([scorer], float(window))
+    return family
+
+
 def database_gauges(snapshot: CounterSnapshot | None, schedule: BudgetSchedule) -> list[Metric]:
     """Gauges from the namespace counters (read at scrape time; identical in every worker)."""
     up = GaugeMetricFamily("earm_database_up", "1 if the database answered this scrape.")

@@ -24,7 +24,8 @@ import re
 from collections.abc import Sequence
 from typing import Any, Literal
 
-from service.providers.http1 import MAX_ANSWER_BYTES, Answer
+from service.providers.breaker import Breaker
+from service.providers.http_client import MAX_ANSWER_BYTES, Answer, PoolLimits
 from service.providers.http_scorer import HTTPScorer, RequestFailed, ScoringRequest
 from service.providers.scorers import ScorerObserver
 
@@ -188,6 +189,8 @@ class OpenAIChatScorer(HTTPScorer):
         backoff_base_s: float = 0.25,
         observer: ScorerObserver | None = None,
         max_answer_bytes: int = MAX_ANSWER_BYTES,
+        pool: PoolLimits | None = None,
+        breaker: Breaker | None = None,
     ) -> None:
         if batch < 1:
             raise ValueError("batch must be >= 1")
@@ -200,6 +203,8 @@ class OpenAIChatScorer(HTTPScorer):
             backoff_base_s=backoff_base_s,
             observer=observer,
             max_answer_bytes=max_answer_bytes,
+            pool=pool,
+            breaker=breaker,
         )
         self.model = model
         self.max_tokens = max_tokens

@@ -6,8 +6,10 @@ from pydantic import SecretStr
 
 from service.checks import missing_base_url
 from service.errors import ConfigurationError
+from service.providers.breaker import Breaker
 from service.providers.chat_scorer import USER_PROMPT, OpenAIChatScorer, check_template
 from service.providers.embedders import CLIENT_MODEL_ID, Embedder
+from service.providers.http_client import PoolLimits
 from service.providers.local_embedder import LOCAL_DIM, LOCAL_MODEL_ID, LocalEmbedder
 from service.providers.openai_embedder import OpenAIEmbedder, openai_model_id
 from service.providers.rerank_scorer import RerankScorer
@@ -88,6 +90,8 @@ def build_scorer(settings: Settings, observer: ScorerObserver | None = None) -> 
             max_retries=settings.scorer_max_retries,
             observer=observer,
             max_answer_bytes=settings.scorer_max_answer_bytes,
+            pool=_pool_limits(settings),
+            breaker=_breaker(settings),
         )
     return RerankScorer(
         base_url=base_url,
@@ -101,7 +105,17 @@ def build_scorer(settings: Settings, observer: ScorerObserver | None = None) -> 
         transform=settings.scorer_score_transform,
         observer=observer,
         max_answer_bytes=settings.scorer_max_answer_bytes,
+        pool=_pool_limits(settings),
+        breaker=_breaker(settings),
     )
+
+
+def _pool_limits(settings: Settings) -> PoolLimits:
+    return PoolLimits(settings.scorer_max_connections, settings.scorer_max_connecting)
+
+
+def _breaker(settings: Settings) -> Breaker:
+    return Breaker(settings.scorer_breaker_threshold, settings.scorer_breaker_delay_s)
 
 
 def _endpoint(

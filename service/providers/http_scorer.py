@@ -1,5 +1,5 @@
-"""The machinery every HTTP relevance scorer shares: concurrency slots with a connection each
-(``service.providers.http1``), one deadline per :meth:`HTTPScorer.score` call, retries of
+"""The machinery every HTTP relevance scorer shares: concurrency slots over one pooled client
+(``service.providers.http_client``), one deadline per :meth:`HTTPScorer.score` call, retries of
 429/5xx/transport errors, and one backoff for the whole backend once it answers 429.
 
 A backend (the chat judge, the rerank endpoints) only says which HTTP requests score which pairs
@@ -12,26 +12,26 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import contextlib
 import importlib.metadata
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
 import numpy as np
 
-from service.providers.http1 import (
+from service.providers.breaker import Breaker
+from service.providers.concurrency_limit import Admission, AIMDLimit
+from service.providers.http_client import (
     MAX_ANSWER_BYTES,
     Answer,
     AnswerTooLarge,
+    CannotConnect,
     ConnectionFailed,
-    ConnectionTimedOut,
-    CookieJar,
-    ScorerConnection,
-    connection_factory,
+    PoolLimits,
+    ScorerClient,
     encode_json,
 )
 from service.providers.retry import backoff_delay, retry_after_seconds, retryable_status
@@ -42,10 +42,12 @@ logger = logging.getLogger(__name__)
 
 #: Who calls, as the backend's logs see it.
 USER_AGENT = f"earm/{importlib.metadata.version('earm')}"
-#: How long an idle scorer connection is kept (below the common 5 s server keep-alive).
-KEEPALIVE_S = 4.0
 
 __all__ = ["FailureLog", "HTTPScorer", "RequestFailed", "ScoringRequest"]
+
+#: The statuses of a backend shedding load: the scorer's window halves (service.providers.
+#: concurrency_limit).
+SHED_LOAD = frozenset({429, 503})
 
 #: While a backend is down every retrieve fails its calls: at most one warning per this many
 #: seconds per scorer (counting the retrieves it stands for) keeps an outage from flooding the log.
@@ -112,9 +114,14 @@ class FailureLog:
 
 class HTTPScorer:
     """Base of the HTTP scorers: ``POST url`` per :class:`ScoringRequest`, all requests of one
-    :meth:`score` call issued at once, so a retrieve's anchors cost one round of the backend's
-    latency. Connections open as requests need them, up to ``concurrency`` per scorer instance
-    (so concurrent /retrieve requests share the provider's limit instead of multiplying it).
+    :meth:`score` call issued at once, over a keep-alive pool bounded by ``pool``: a retrieve's
+    anchors cost one round of the backend's latency when the pool's connections are as many as
+    its requests. Requests in flight per scorer instance (so concurrent /retrieve requests share
+    the provider's limit instead of multiplying it) are at most :attr:`limit`'s window, which
+    starts at ``concurrency`` (or the pool's connections, if fewer), halves when the backend
+    sheds load (429, 503, no answer) and grows back by one per window of answers. A backend
+    that refused connects ``breaker.threshold`` times in a row is taken as down: its requests
+    fail ``unavailable`` at once, but for a probe every ``breaker.delay_s``.
 
     One :meth:`score` call has ``timeout_s`` in total (waiting for a slot, attempts and backoff
     of all its requests): a hung or slow endpoint costs a retrieve at most about ``timeout_s``,
@@ -144,6 +151,8 @@ class HTTPScorer:
         backoff_base_s: float = 0.25,
         observer: ScorerObserver | None = None,
         max_answer_bytes: int = MAX_ANSWER_BYTES,
+        pool: PoolLimits | None = None,
+        breaker: Breaker | None = None,
     ) -> None:
         if concurrency < 1:
             raise ValueError("concurrency must be >= 1")
@@ -156,23 +165,17 @@ class HTTPScorer:
         self.observer = observer
         self._headers = {"Content-Type": "application/json", "User-Agent": USER_AGENT} | (
             {"Authorization": f"Bearer {api_key}"} if api_key else {})
-        self._cookies = CookieJar()
         endpoint = urlsplit(url)
         self._server: Attributes = {
             "server.address": endpoint.hostname or "",
             "server.port": endpoint.port or (443 if endpoint.scheme == "https" else 80),
         }
-        # One connection per concurrency slot, handed out through a queue (the most recently
-        # used first, so idle ones expire). A slot's connection is created when no idle one is
-        # left and fewer than `concurrency` exist: the connections follow the demand (a
-        # retrieve's budget) up to the cap.
-        self._connect = connection_factory(url, KEEPALIVE_S, timeout_s, max_answer_bytes)
-        self._clients: asyncio.LifoQueue[ScorerConnection] = asyncio.LifoQueue()
-        self._slots_opened = 0  # connections created for slots, idle or in use (≤ concurrency)
+        pool = pool or PoolLimits()
+        self._client = ScorerClient(url, pool, max_answer_bytes)
+        self.limit = AIMDLimit(min(concurrency, pool.connections))
+        self.breaker = breaker or Breaker(threshold=5, delay_s=5.0)
         # Event-loop time before which no request is sent: the backend's last 429 asked for it.
         self._backoff_until = 0.0
-        # Closing of clients taken out of service (see _slot); awaited by aclose().
-        self._closing: set[asyncio.Task[None]] = set()
         self.failure_log = FailureLog()
 
     # ----------------------------------------------------------------- what a backend defines
@@ -260,9 +263,9 @@ class HTTPScorer:
         try:
             # The deadline covers the wait for a slot too: one retrieve's scoring never
             # outlives timeout_s, however many requests queue behind a hung endpoint.
-            async with asyncio.timeout_at(deadline), self._slot() as client:
+            async with asyncio.timeout_at(deadline), self.limit.admitted() as admission:
                 started = time.perf_counter()
-                values = await self._call_with_retries(client, request, deadline, attempts)
+                values = await self._call_with_retries(request, deadline, attempts, admission)
         except TimeoutError:
             failure = "timeout"
         except RequestFailed as failed:
@@ -285,84 +288,38 @@ class HTTPScorer:
             notify(self.observer, self.name, outcome, duration_s, calls)
         return dict(zip(request.positions, zip(values, outcomes, strict=True), strict=True))
 
-    @contextlib.asynccontextmanager
-    async def _slot(self) -> AsyncIterator[ScorerConnection]:
-        """A concurrency slot's connection for one request; the slot always goes back.
-
-        Its connection goes back with it only if the call ended on its own: scores, or
-        :class:`RequestFailed` after a whole response or a failure the connection cleaned up
-        after. A call interrupted by asyncio cancellation (the retrieve's deadline, or the
-        retrieve cancelled) or by an unexpected error may leave a request half-sent or an
-        answer half-read on it: the slot gets a fresh connection and the old one is closed.
-        """
-        if self._clients.empty() and self._slots_opened < self.concurrency:
-            self._slots_opened += 1
-            client = self._connect()
-        else:
-            client = await self._clients.get()
-        interrupted = True
-        try:
-            yield client
-            interrupted = False
-        except RequestFailed:
-            interrupted = False
-            raise
-        finally:
-            self._clients.put_nowait(self._connect() if interrupted else client)
-            if interrupted:
-                self._retire(client)
-
-    def _retire(self, client: ScorerConnection) -> None:
-        """Close ``client`` in the background: the answer does not wait for it, and a second
-        cancellation cannot interrupt it."""
-        closing = asyncio.get_running_loop().create_task(client.aclose())
-        self._closing.add(closing)
-        closing.add_done_callback(self._closed)
-
-    def _closed(self, closing: asyncio.Task[None]) -> None:
-        self._closing.discard(closing)
-        if not closing.cancelled() and closing.exception() is not None:
-            logger.debug(
-                "relevance scorer: closing a retired connection failed: %r", closing.exception()
-            )
-
     async def _call_with_retries(
         self,
-        client: ScorerConnection,
         request: ScoringRequest,
         deadline: float,
         attempts: _Attempts,
+        admission: Admission,
     ) -> list[float | None]:
         """The parsed scores, or :class:`RequestFailed`; runs inside the call's time budget."""
         loop = asyncio.get_running_loop()
         body = encode_json(request.body)
         attempt = 0
         while True:
+            if not self.breaker.allows():
+                raise RequestFailed("unavailable")
             await self._wait_out_backoff(deadline)
             wait: float | None = None
             outcome: Outcome
             attempts.count += 1
-            try:
-                response = await self._post(client, body, request)
-            except AnswerTooLarge as error:  # a faulty backend: asking again would not help
-                logger.debug("scorer endpoint: %s (EARM_SCORER_MAX_ANSWER_BYTES)", error)
-                raise RequestFailed("too_large") from None
-            except ConnectionTimedOut:
-                outcome = "timeout"
-            except ConnectionFailed:  # refused, reset, closed early, not HTTP
-                outcome = "transport_error"
-            else:
-                self._cookies.take(response)
-                if response.status == 200:
-                    return self.parse(response, request)
+            sent = await self._send(body, request, admission)
+            if isinstance(sent, Answer):
+                if sent.status == 200:
+                    return self.parse(sent, request)
                 outcome = "http_error"
-                if not retryable_status(response.status):
-                    logger.debug("scorer endpoint answered HTTP %d", response.status)
+                if not retryable_status(sent.status):
+                    logger.debug("scorer endpoint answered HTTP %d", sent.status)
                     raise RequestFailed(outcome)
-                wait = retry_after_seconds(response.headers)
-                if response.status == 429:
+                wait = retry_after_seconds(sent.headers)
+                if sent.status == 429:
                     wait = wait if wait is not None else backoff_delay(attempt, self.backoff_base_s)
                     self._backoff_until = max(self._backoff_until, loop.time() + wait)
+            else:
+                outcome = sent
             if attempt >= self.max_retries:
                 raise RequestFailed(outcome)
             delay = wait if wait is not None else backoff_delay(attempt, self.backoff_base_s)
@@ -371,14 +328,35 @@ class HTTPScorer:
             await asyncio.sleep(delay)
             attempt += 1
 
-    async def _post(
-        self, client: ScorerConnection, body: bytes, request: ScoringRequest
-    ) -> Answer:
+    async def _send(
+        self, body: bytes, request: ScoringRequest, admission: Admission
+    ) -> Answer | Outcome:
+        """One attempt: the backend's answer, or the outcome of a request it did not answer.
+        Tells the breaker whether the backend is up and :attr:`limit` whether it sheds load."""
+        try:
+            response = await self._post(body, request)
+        except AnswerTooLarge as error:  # a faulty backend: asking again would not help
+            self.breaker.answered()
+            logger.debug("scorer endpoint: %s (EARM_SCORER_MAX_ANSWER_BYTES)", error)
+            raise RequestFailed("too_large") from None
+        except ConnectionFailed as error:  # refused, reset, closed early, not HTTP
+            if isinstance(error, CannotConnect):
+                self.breaker.refused()
+            self.limit.overloaded(admission)
+            return "transport_error"
+        self.breaker.answered()
+        if response.status == 200:
+            self.limit.succeeded()
+        elif response.status in SHED_LOAD:
+            self.limit.overloaded(admission)
+        return response
+
+    async def _post(self, body: bytes, request: ScoringRequest) -> Answer:
         """One HTTP request, in a span of its own (``{operation} {model}``, as the GenAI
         conventions name a model call) whose trace context the backend receives."""
         tracing = current()
         if not tracing.enabled:  # the common case: nothing to build for a span
-            return await client.post(body, self._headers | self._cookies.header())
+            return await self._client.post(body, self._headers)
         model = request.body.get("model")
         attributes: Attributes = {
             "gen_ai.operation.name": self.operation,
@@ -388,10 +366,10 @@ class HTTPScorer:
         }
         name = f"{self.operation} {model}" if isinstance(model, str) else self.operation
         with tracing.span(name, attributes, kind="client") as span:
-            headers = self._headers | self._cookies.header()
+            headers = dict(self._headers)
             tracing.inject(headers)
             try:
-                response = await client.post(body, headers)
+                response = await self._client.post(body, headers)
             except ConnectionFailed as error:
                 span.fail(type(error).__name__)
                 raise
@@ -412,9 +390,7 @@ class HTTPScorer:
 
     async def aclose(self) -> None:
         """Close the connections (the scorer is not used afterwards)."""
-        while not self._clients.empty():
-            await self._clients.get_nowait().aclose()
-        await asyncio.gather(*self._closing, return_exceptions=True)
+        await self._client.aclose()
 
 
 def _describe_answer(span: Span, response: Answer) -> None:

@@ -21,7 +21,8 @@ import math
 from collections.abc import Sequence
 from typing import Any, Literal
 
-from service.providers.http1 import MAX_ANSWER_BYTES, Answer
+from service.providers.breaker import Breaker
+from service.providers.http_client import MAX_ANSWER_BYTES, Answer, PoolLimits
 from service.providers.http_scorer import HTTPScorer, RequestFailed, ScoringRequest
 from service.providers.scorers import ScorerObserver
 
@@ -72,6 +73,8 @@ class RerankScorer(HTTPScorer):
         backoff_base_s: float = 0.25,
         observer: ScorerObserver | None = None,
         max_answer_bytes: int = MAX_ANSWER_BYTES,
+        pool: PoolLimits | None = None,
+        breaker: Breaker | None = None,
     ) -> None:
         if batch_size < 1:
             raise ValueError("batch_size must be >= 1")
@@ -84,6 +87,8 @@ class RerankScorer(HTTPScorer):
             backoff_base_s=backoff_base_s,
             observer=observer,
             max_answer_bytes=max_answer_bytes,
+            pool=pool,
+            breaker=breaker,
         )
         self.name = protocol
         self.protocol: RerankProtocol = protocol

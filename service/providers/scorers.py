@@ -46,7 +46,8 @@ LOCAL_TEMPERATURE = 0.08
 
 #: How one pair's call ended; "error" is an unexpected exception (a bug), logged with traceback.
 Outcome = Literal[
-    "ok", "http_error", "timeout", "unparseable", "too_large", "transport_error", "error"
+    "ok", "http_error", "timeout", "unparseable", "too_large", "transport_error", "unavailable",
+    "error",
 ]
 
 

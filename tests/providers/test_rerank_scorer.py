@@ -305,7 +305,7 @@ def test_rerank_scorer_gives_none_for_a_body_that_is_not_the_protocol(
 
 
 #: The answer cap the scorers of the test below get (EARM_SCORER_MAX_ANSWER_BYTES), and what a
-#: backend can have sent beyond what the scorer read when it hangs up (test_http1.py: SLACK).
+#: backend can have sent beyond what the scorer read when it hangs up (test_http_client.py: SLACK).
 ANSWER_CAP = 2**20
 SLACK = 4 * 2**20
 

@@ -19,6 +19,7 @@ from pydantic import ValidationError
 
 from service.providers.chat_scorer import OpenAIChatScorer, parse_batch, parse_score
 from service.providers.factory import build_scorer
+from service.providers.http_client import PoolLimits
 from service.providers.http_scorer import FailureLog
 from service.providers.scorers import (
     LOCAL_CENTER,
@@ -353,31 +354,25 @@ class Gate:
 
 
 @pytest.mark.parametrize("pairs", [35, 200])
-def test_openai_scorer_sends_a_calls_pairs_at_once_by_default(serve: Serve, pairs: int) -> None:
-    """A retrieve's anchors cost one round of the backend's latency: a last-stage budget (35)
-    and a first-stage one (all 200 candidates) alike."""
-    gate = Gate(pairs)
+def test_openai_scorer_sends_a_calls_pairs_at_once_over_a_warm_pool(
+    serve: Serve, pairs: int
+) -> None:
+    """A retrieve's anchors cost one round of the backend's latency once the pool holds as many
+    connections: a last-stage budget (35) and a first-stage one (all 200 candidates) alike."""
+    gate = Gate(0)  # the first call, which fills the pool, is not held
     app = chat_completions_app(gate.reply)
     server = serve(app)
-    scorer = OpenAIChatScorer(base_url=server.url + "/v1", model="judge", timeout_s=20.0)
-    scores = asyncio.run(score_with(scorer, "q", [f"m{i}" for i in range(pairs)]))
-    assert scores == [0.5] * pairs
+    scorer = OpenAIChatScorer(base_url=server.url + "/v1", model="judge", timeout_s=20.0,
+                              pool=PoolLimits(connections=pairs))
+    memories = [f"m{i}" for i in range(pairs)]
+
+    async def warm_then_score() -> list[float | None]:
+        await scorer.score("q", QUERY_EMBEDDING, memories, np.zeros((pairs, DIM)))
+        gate.expected, gate.arrived, gate.all_in = pairs, 0, None
+        return await score_with(scorer, "q", memories)
+
+    assert asyncio.run(warm_then_score()) == [0.5] * pairs
     assert app.state.max_in_flight == pairs
-
-
-def test_openai_scorer_opens_connections_as_calls_need_them(serve: Serve) -> None:
-    server = serve(chat_completions_app(lambda prompt: "0.5"))
-
-    async def idle_then_one_pair() -> tuple[int, int]:
-        scorer = OpenAIChatScorer(base_url=server.url + "/v1", model="judge")
-        try:
-            idle = scorer._slots_opened
-            await scorer.score("q", QUERY_EMBEDDING, ["m"], np.zeros((1, DIM)))
-            return idle, scorer._slots_opened
-        finally:
-            await scorer.aclose()
-
-    assert asyncio.run(idle_then_one_pair()) == (0, 1)
 
 
 def test_openai_scorer_times_out_slow_server_and_returns_promptly(
@@ -501,7 +496,7 @@ def test_openai_scorer_sends_bearer_api_key(serve: Serve) -> None:
 #: The answer cap the scorers of the tests below get (EARM_SCORER_MAX_ANSWER_BYTES).
 ANSWER_CAP = 2**20
 #: What a backend can have sent beyond what the scorer read when it hangs up: the backend's send
-#: buffer and the scorer's receive queue (tests/providers/test_http1.py: SLACK).
+#: buffer and the scorer's receive queue (tests/providers/test_http_client.py: SLACK).
 SLACK = 4 * 2**20
 
 

@@ -21,6 +21,7 @@ from service.http.deps import (
 from service.http.middleware import annotate
 from service.http.schemas import ErrorResponse, NamespaceName, NamespaceReportOut, StatsListOut
 from service.metrics import CONTENT_TYPE_LATEST
+from service.providers.http_scorer import HTTPScorer
 
 log = logging.getLogger(__name__)
 
@@ -93,7 +94,9 @@ async def metrics(components: ComponentsDep, principal: PrincipalDep) -> Respons
                 snapshot = await stats_sql.counter_snapshot(session, METRICS_MAX_NAMESPACES)
     except Exception as exc:  # the process metrics are still worth serving
         log.warning("metrics: database gauges unavailable: %s", type(exc).__name__)
+    scorer = components.scorer
     body = components.metrics.render(
-        snapshot, components.pipeline.schedule, components.scorer_health.snapshot()
+        snapshot, components.pipeline.schedule, components.scorer_health.snapshot(),
+        scorer.limit.window if isinstance(scorer, HTTPScorer) else None,
     )
     return Response(content=body, media_type=CONTENT_TYPE_LATEST)
