@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -140,8 +141,25 @@ def test_metrics_after_retrieves_show_phase_histograms_and_scorer_outcomes(
     assert value(parsed, "earm_namespace_observations", namespace="agent-1") == calls / 2
     assert value(parsed, "earm_namespace_calls_saved_ratio", namespace="agent-1") == 0
     assert value(parsed, "earm_scorer_calls_recorded") == calls
-    # The scorer's concurrency window: at its ceiling, as the judge shed no load.
+    # The scorer's concurrency window: at its ceiling, as the judge shed no load; its breaker
+    # closed, as the judge answered.
     assert value(parsed, "earm_scorer_concurrency_window", scorer="openai") == 64
+    assert value(parsed, "earm_scorer_breaker_open", scorer="openai") == 0
+
+
+def test_a_scorer_backend_that_refuses_connects_shows_its_breaker_open(
+    judge_settings: Callable[..., Settings],
+) -> None:
+    """Six anchors refused by a port nobody listens on: more than the breaker's five in a row,
+    so /metrics says the backend counts as down, and the retrieve answered degraded."""
+    with socket.socket() as unused:
+        unused.bind(("127.0.0.1", 0))
+        dead_url = f"http://127.0.0.1:{unused.getsockname()[1]}"
+    with TestClient(create_app(judge_settings(dead_url))) as client:
+        ingest(client)
+        assert retrieve(client, budget=6, candidates=N_MEMORIES)["degraded"] is True
+        parsed = samples(client.get("/metrics").text)
+    assert value(parsed, "earm_scorer_breaker_open", scorer="openai") == 1
 
 
 def test_local_scorer_calls_are_counted(client: TestClient) -> None:

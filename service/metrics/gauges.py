@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from prometheus_client.core import GaugeMetricFamily, Metric
 
@@ -37,16 +38,31 @@ def scorer_health_gauges(health: ScorerHealthSnapshot) -> list[Metric]:
     return families
 
 
-def scorer_window_gauge(scorer: str, window: int) -> Metric:
-    """The requests the HTTP scorer lets in flight to its backend now, labelled by scorer."""
-    family = GaugeMetricFamily(
+@dataclass(frozen=True)
+class ScorerBackendState:
+    """What an HTTP scorer's traffic control says of its backend now."""
+
+    window: int  # requests let in flight at once (the concurrency window)
+    breaker_open: bool  # the backend refused its connects: requests fail at once but probes
+
+
+def scorer_backend_gauges(scorer: str, state: ScorerBackendState) -> list[Metric]:
+    """The HTTP scorer's concurrency window and breaker, labelled by scorer."""
+    window = GaugeMetricFamily(
         "earm_scorer_concurrency_window",
         "Scorer requests let in flight at once now: halves when the backend sheds load (429, "
         "503, no answer), grows back by one per window of answers.",
         labels=["scorer"],
     )
-    family.add_metric([scorer], float(window))
-    return family
+    window.add_metric([scorer], float(state.window))
+    breaker = GaugeMetricFamily(
+        "earm_scorer_breaker_open",
+        "1 while the scorer's backend counts as down (it refused its connects): its requests "
+        "fail at once as unavailable but for a probe every EARM_SCORER_BREAKER_DELAY_S; else 0.",
+        labels=["scorer"],
+    )
+    breaker.add_metric([scorer], 1.0 if state.breaker_open else 0.0)
+    return [window, breaker]
 
 
 def database_gauges(snapshot: CounterSnapshot | None, schedule: BudgetSchedule) -> list[Metric]:

@@ -23,7 +23,12 @@ from prometheus_client.core import Metric
 
 from service.budget import BudgetSchedule
 from service.db.stats import CounterSnapshot
-from service.metrics.gauges import database_gauges, scorer_health_gauges, scorer_window_gauge
+from service.metrics.gauges import (
+    ScorerBackendState,
+    database_gauges,
+    scorer_backend_gauges,
+    scorer_health_gauges,
+)
 from service.metrics.multiprocess import merged_families, multiprocess_enabled
 from service.providers.scorer_health import ScorerHealthSnapshot
 
@@ -267,15 +272,15 @@ class Metrics:
         snapshot: CounterSnapshot | None,
         schedule: BudgetSchedule,
         scorer_health: ScorerHealthSnapshot,
-        scorer_window: int | None = None,
+        scorer_backend: ScorerBackendState | None = None,
     ) -> bytes:
         """The exposition: this app's (or every worker's) metrics plus the database gauges
         (``snapshot`` None: the database did not answer, ``earm_database_up 0``), the scorer
-        health gauges and its concurrency window (an HTTP scorer's; of the process that answers
-        the scrape)."""
+        health gauges and an HTTP scorer's concurrency window and breaker (of the process that
+        answers the scrape)."""
         families = merged_families() if self.multiprocess else list(self.registry.collect())
         families.extend(database_gauges(snapshot, schedule))
         families.extend(scorer_health_gauges(scorer_health))
-        if scorer_window is not None:
-            families.append(scorer_window_gauge(scorer_health.name, scorer_window))
+        if scorer_backend is not None:
+            families.extend(scorer_backend_gauges(scorer_health.name, scorer_backend))
         return generate_latest(_Families(families))

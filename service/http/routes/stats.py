@@ -21,6 +21,7 @@ from service.http.deps import (
 from service.http.middleware import annotate
 from service.http.schemas import ErrorResponse, NamespaceName, NamespaceReportOut, StatsListOut
 from service.metrics import CONTENT_TYPE_LATEST
+from service.metrics.gauges import ScorerBackendState
 from service.providers.http_scorer import HTTPScorer
 
 log = logging.getLogger(__name__)
@@ -97,6 +98,8 @@ async def metrics(components: ComponentsDep, principal: PrincipalDep) -> Respons
     scorer = components.scorer
     body = components.metrics.render(
         snapshot, components.pipeline.schedule, components.scorer_health.snapshot(),
-        scorer.limit.window if isinstance(scorer, HTTPScorer) else None,
+        ScorerBackendState(scorer.limit.window, scorer.breaker.state == "open")
+        if isinstance(scorer, HTTPScorer)
+        else None,
     )
     return Response(content=body, media_type=CONTENT_TYPE_LATEST)
