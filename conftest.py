@@ -38,8 +38,21 @@ def postgres_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """URL of the maintenance database of a throwaway embedded server."""
     server = EmbeddedPostgres(tmp_path_factory.mktemp("pg") / "data")
     url = server.start()
+    _without_fsync(url)
     yield url
     server.stop()
+
+
+def _without_fsync(server_url: str) -> None:
+    """A throwaway test server need not wait for its disk: with fsync off every commit still
+    writes its WAL to the operating system before it is acknowledged, so a killed postmaster
+    loses nothing acknowledged (what the durability tests kill); only the machine crashing
+    would, and the data is thrown away with the test session."""
+    engine = create_engine(server_url, isolation_level="AUTOCOMMIT")
+    with engine.connect() as conn:
+        conn.execute(text("ALTER SYSTEM SET fsync = off"))
+        conn.execute(text("SELECT pg_reload_conf()"))
+    engine.dispose()
 
 
 def create_database(server_url: str, name: str) -> str:
