@@ -26,17 +26,10 @@ from service.demo.workload import load
 from service.http.app import create_app
 from service.settings import Settings
 from service.testing import LoopbackServer
+from tests.browser import CHROMIUM, CHROMIUM_ARGS
 
 pytestmark = pytest.mark.browser
 
-CHROMIUM = Path("/usr/bin/chromium")
-CHROMIUM_ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--no-first-run",
-]
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 WRITE_SCREENSHOTS = os.environ.get("EARM_WRITE_SCREENSHOTS") == "1"
 QUESTIONS = None if WRITE_SCREENSHOTS else 40

@@ -24,17 +24,10 @@ from service.client import EarmClient
 from service.http.app import create_app
 from service.settings import Settings
 from service.testing import LoopbackServer, chat_completions_app
+from tests.browser import CHROMIUM, CHROMIUM_ARGS
 
 pytestmark = pytest.mark.browser
 
-CHROMIUM = Path("/usr/bin/chromium")
-CHROMIUM_ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--no-first-run",
-]
 ROOT = Path(__file__).resolve().parents[2]
 SCREENSHOTS = ROOT / "docs"
 NAMESPACE = "agent-locomo"

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from service.testing import LoopbackServer
+from tests.providers.raw_http import read_request
 
 #: Starts a loopback server for an ASGI app; the fixture stops every one when the test ends.
 Serve = Callable[[object], LoopbackServer]
@@ -101,25 +102,6 @@ class EndlessBackend:
             sent.body += len(PIECE)
 
 
-def read_request(stream: socket.socket) -> bool:
-    """Read one request (head and ``Content-Length`` body); False at the connection's end."""
-    data = b""
-    while b"\r\n\r\n" not in data:
-        chunk = stream.recv(65536)
-        if not chunk:
-            return False
-        data += chunk
-    head, _, body = data.partition(b"\r\n\r\n")
-    length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
-                   if line.lower().startswith(b"content-length:")), 0)
-    while len(body) < length:
-        chunk = stream.recv(65536)
-        if not chunk:
-            return False
-        body += chunk
-    return True
-
-
 @pytest.fixture
 def endless_backend() -> Iterator[Callable[..., EndlessBackend]]:
     """Starts :class:`EndlessBackend` servers, stopped when the test ends."""
@@ -136,7 +118,7 @@ def endless_backend() -> Iterator[Callable[..., EndlessBackend]]:
                 sent = Sent()
                 backend.connections.append(sent)
                 try:
-                    if read_request(stream):
+                    if read_request(stream) is not None:
                         backend.requests += 1
                         backend.answer(stream, sent)
                 finally:

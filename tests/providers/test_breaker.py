@@ -12,6 +12,7 @@ import numpy as np
 
 from service.providers.breaker import Breaker
 from service.providers.chat_scorer import OpenAIChatScorer
+from tests.providers.raw_http import read_request_async
 
 ANSWER = b'{"choices": [{"message": {"content": "0.5"}}]}'
 
@@ -20,10 +21,7 @@ async def judge(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> N
     """A chat-completions judge scoring every pair 0.5."""
     try:
         while True:
-            head = await reader.readuntil(b"\r\n\r\n")
-            length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
-                          if line.lower().startswith(b"content-length:"))
-            await reader.readexactly(length)
+            await read_request_async(reader)
             writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
                          b"Content-Length: %d\r\n\r\n%s" % (len(ANSWER), ANSWER))
     except (asyncio.IncompleteReadError, ConnectionError):

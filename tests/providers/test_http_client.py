@@ -24,6 +24,7 @@ import uvloop
 
 from service.providers.chat_scorer import OpenAIChatScorer
 from service.providers.http_client import Answer, ConnectionFailed, PoolLimits, ScorerClient
+from tests.providers.raw_http import read_request, read_request_async
 
 OK_BODY = b'{"ok": true}'
 OK = b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(OK_BODY), OK_BODY)
@@ -47,22 +48,6 @@ class RawServer:
     def url(self) -> str:
         scheme = "https" if self.tls else "http"
         return f"{scheme}://localhost:{self.port}/v1/score"
-
-
-def read_request(stream: socket.socket) -> bytes | None:
-    """One request's head (its body read and dropped), or None at the connection's end."""
-    data = b""
-    while b"\r\n\r\n" not in data:
-        chunk = stream.recv(65536)
-        if not chunk:
-            return None
-        data += chunk
-    head, _, body = data.partition(b"\r\n\r\n")
-    length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
-                   if line.lower().startswith(b"content-length:")), 0)
-    while len(body) < length:
-        body += stream.recv(65536)
-    return head
 
 
 @pytest.fixture
@@ -331,10 +316,7 @@ class BacklogJudge:
         body = b'{"choices": [{"message": {"content": "0.5"}}]}'
         try:
             while True:
-                head = await reader.readuntil(b"\r\n\r\n")
-                length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
-                              if line.lower().startswith(b"content-length:"))
-                await reader.readexactly(length)
+                await read_request_async(reader)
                 await asyncio.sleep(self.delay_s)
                 writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
                              b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
