@@ -5,8 +5,9 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import APIRouter, Query, Request, Response, status
+from sqlalchemy.ext.asyncio import AsyncSession
 
-from service.auth import require_namespace
+from service.auth import Principal, require_namespace
 from service.db.replicas import MEMORIES
 from service.errors import LimitExceeded
 from service.http.deps import (
@@ -30,6 +31,7 @@ from service.http.schemas import (
 from service.ingest import memories
 from service.ingest.memories import IngestResult, MemoryPage, StoredMemory, UpdatedMemory
 from service.ingest.validation import check_metadata, check_text_length
+from service.tracing import Span
 
 router = APIRouter(
     tags=["memories"],
@@ -101,6 +103,18 @@ async def ingest_memories(
     return result
 
 
+async def _namespace_of(
+    request: Request, session: AsyncSession, principal: Principal, memory_id: int, span: Span
+) -> str:
+    """The namespace of the memory a request names by id (404 without one), named on the
+    request's log line and its span, once the caller may act on it (403 otherwise)."""
+    namespace = (await memories.get_memory(session, memory_id)).namespace
+    name_store(span, namespace)
+    annotate(request, namespace=namespace)
+    require_namespace(principal, namespace)
+    return namespace
+
+
 @router.patch(
     "/memories/{memory_id}",
     response_model=UpdatedMemory,
@@ -121,10 +135,7 @@ async def patch_memory(
     with memory_span(
         "update_memory", attributes={"gen_ai.memory.record.id": str(memory_id)}
     ) as span:
-        namespace = (await memories.get_memory(session, memory_id)).namespace
-        name_store(span, namespace)
-        annotate(request, namespace=namespace)
-        require_namespace(principal, namespace)
+        namespace = await _namespace_of(request, session, principal, memory_id, span)
         if body.text is not None:
             check_text_length(body.text, settings.max_text_chars, "text")
         check_metadata(
@@ -205,10 +216,7 @@ async def delete_memory(
     with memory_span(
         "delete_memory", attributes={"gen_ai.memory.record.id": str(memory_id)}
     ) as span:
-        namespace = (await memories.get_memory(session, memory_id)).namespace
-        name_store(span, namespace)
-        annotate(request, namespace=namespace)
-        require_namespace(principal, namespace)
+        namespace = await _namespace_of(request, session, principal, memory_id, span)
         await memories.delete_memory(session, memory_id, namespace)
         await session.commit()
     await components.database.replicas.note_commit(namespace, memories=True)
