@@ -3,6 +3,8 @@ session, the product's schema on a database of it, and empty databases on demand
 
 from __future__ import annotations
 
+import os
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -11,6 +13,14 @@ from sqlalchemy import create_engine, text
 
 from service.db import migrate
 from service.db.engine import EmbeddedPostgres
+
+# The suite starts many Python processes (its xdist workers, `earm` commands, services, refit
+# children), and where PYTHONDONTWRITEBYTECODE is set (containers, CI) each would compile every
+# module it imports, seconds apiece. Writing the bytecode once is cheaper than compiling every
+# installed package at install time (uv's --compile-bytecode: ~30 s, most of it for packages
+# no test imports). Set before xdist starts its workers, which inherit the environment.
+sys.dont_write_bytecode = False
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 
 #: The markers of the slow tiers (registered in pyproject.toml).
 SLOW_TIERS = frozenset({"browser", "pooler", "replica", "fuzz", "bench", "processes"})
