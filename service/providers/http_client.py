@@ -16,7 +16,10 @@ once made a retrieve wait several backend latencies. The pool keeps at most
 free, a warm one first), of which at most ``PoolLimits.connecting`` opened and not answered yet
 (for at most ``PoolLimits.unanswered_s``). aiohttp's connector bounds the first but not the
 second, hence :class:`_GatedConnector`. The price: a cold pool grows by ``connecting``
-connections per backend latency, or per ``unanswered_s`` if that is shorter.
+connections per backend latency, or per ``unanswered_s`` if that is shorter. A pool is cold at a
+process's first retrieve and again after ``keepalive_s`` idle, i.e. between most agents'
+questions, so the hold is short (20 ms; 100 ms made a 35-anchor retrieve against a 100 ms
+backend wait 9.4 latencies instead of 2.8: ``docs/perf/scorer_cold_pool.py``).
 
 An answer's body is read up to ``max_answer_bytes``: a ``Content-Length`` over it is refused once
 the head is in, a chunked or connection-delimited body as soon as it passes it, and the
@@ -101,13 +104,15 @@ class PoolLimits:
     """The connections a scorer keeps to its backend: at most ``connections`` open, of which at
     most ``connecting`` opened and not answered yet (4: under the listen backlog of small
     servers, 5 for Python's http.server), each counted for ``unanswered_s`` at most (a backend
-    that answers some requests late or never must not stop the pool from growing); an idle one
+    that answers some requests late or never must not stop the pool from growing; long enough
+    for a server's accept loop to take the connection, short enough that a cold pool reaches a
+    retrieve's 35 anchors in under 0.2 s); an idle one
     closed after ``keepalive_s`` (below the common 5 s server keep-alive, so a request is rarely
     sent on one the server is closing)."""
 
     connections: int = 64
     connecting: int = 4
-    unanswered_s: float = 0.1
+    unanswered_s: float = 0.02
     keepalive_s: float = 4.0
 
 
