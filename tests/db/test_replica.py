@@ -213,7 +213,9 @@ def test_a_late_anchor_recorded_after_the_answer_is_read_back(
         try:
             url = serve(
                 scorer="openai", scorer_base_url=f"{judge.url}/v1", scorer_max_retries=0,
-                score_deadline_ms=1500.0, scorer_timeout_s=30.0, refit_process="thread",
+                # Room for the unheld prompts on a loaded 2-core machine (as the answer
+                # deadline's own tests give them).
+                score_deadline_ms=2500.0, scorer_timeout_s=30.0, refit_process="thread",
                 refit_in_background=False,
             )
             with httpx.Client(base_url=url, timeout=30) as http:
@@ -225,10 +227,10 @@ def test_a_late_anchor_recorded_after_the_answer_is_read_back(
                     "query_embedding": text_vector("what is due?", DIM), "k": len(texts),
                     "policy": "full",
                 }).json()
-                assert answer["late"] == len(held), answer
+                assert answer["late"] >= len(held), answer
                 standby.wait_replayed()  # the record is on the replica; the late scores not
                 reply.opened.set()
-                _until(lambda: _late_recorded(http) == len(held))
+                _until(lambda: _late_recorded(http) == answer["late"])
                 trace = http.get(f"/queries/{answer['query_id']}").json()["candidates"]
                 stats = http.get("/stats", params={"namespace": "late"}).json()
         finally:
