@@ -16,6 +16,8 @@ around the SQL: the engine, its pool, sessions and transactions; ``models`` decl
 Alembic compares its migrations against and is not a way to query.
 
 - ``engine``: where the database comes from (URL or embedded Postgres), the schema check.
+- ``replicas``, ``writes``: which server a read runs on; where a namespace's write
+  transactions begin, so this process's replica reads see them.
 - ``statements``: running one statement on the session's connection.
 - ``memories``: ingest, lookup, listing, edits, deletion and the background indexer's batches.
 - ``documents``: the rerank protocol's documents, their sightings and their expiry.

@@ -33,6 +33,7 @@ from sqlalchemy.ext.asyncio import (
 from service.db import migrate
 from service.db.codecs import Float8Rows, Float8RowsDumper
 from service.db.replicas import ReadObserver, Replicas
+from service.db.writes import Writes
 from service.errors import SchemaOutOfDate
 from service.settings import Settings
 
@@ -166,6 +167,7 @@ class Database:
     sessions: async_sessionmaker[AsyncSession]
     url: str
     replicas: Replicas  # where reads that may run on a read replica go (service.db.replicas)
+    writes: Writes  # where write transactions of a namespace begin (service.db.writes)
     embedded: EmbeddedPostgres | None = None  # the server this process started, if embedded
 
 
@@ -294,7 +296,7 @@ async def open_database(
                         observe_replica_read)
     try:
         await check_schema(engine, settings.embedding_dim)
-        yield Database(engine, sessions, url, replicas, embedded)
+        yield Database(engine, sessions, url, replicas, Writes(sessions, replicas), embedded)
     finally:
         await replicas.dispose()
         await engine.dispose()

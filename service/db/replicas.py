@@ -3,8 +3,9 @@
 A read that may run on a replica names the namespace whose writes it must see (None: every
 namespace, for a read by id that finds its namespace only in the row) and what it depends on
 (:data:`MEMORIES`: memory content only; :data:`EVERYTHING`: the queries and counters too). After
-every commit that touches a namespace, the write path notes the primary's WAL insert position
-(:meth:`Replicas.note_commit`), kept in this process's memory per namespace and kind. Before a
+every write transaction of a namespace, background ones included, the primary's WAL insert
+position is noted (:meth:`Replicas.note_commit`, called by :mod:`service.db.writes`, where
+every such transaction begins), kept in this process's memory per namespace and kind. Before a
 replica read for that namespace, the replica must have replayed past it: its
 ``pg_last_wal_replay_lsn()`` is polled for up to ``EARM_REPLICA_MAX_WAIT_MS``, then the read
 goes to the primary. A replica that errors is marked down for :data:`DOWN_FOR_S` and the read
@@ -147,7 +148,8 @@ class Replicas:
     async def note_commit(self, namespace: str, memories: bool) -> None:
         """After a commit that touched ``namespace`` (its memories, if ``memories``): note the
         primary's position, which this process's replica reads of the namespace then wait
-        for. One round trip on a primary connection; nothing without replicas."""
+        for. One round trip on a primary connection; nothing without replicas. Called by
+        :class:`service.db.writes.Writes`, not by its callers."""
         if not self._replicas:
             return
         kinds = (self._everything, self._memories) if memories else (self._everything,)

@@ -3,16 +3,15 @@ the caller's principal from the bearer key (the key logic is ``service.auth``)."
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Annotated, Any
 
 from fastapi import Depends, Request
 from fastapi.security import HTTPBearer
-from sqlalchemy.ext.asyncio import AsyncSession
 
 from service.auth import ANONYMOUS, Authenticator, Principal
 from service.db.engine import Database
+from service.db.writes import Writes
 from service.http.middleware import annotate
 from service.http.schemas import ErrorResponse
 from service.ingest.indexer import BackgroundIndexer
@@ -55,10 +54,11 @@ def get_settings_dep(components: ComponentsDep) -> Settings:
     return components.settings
 
 
-async def get_session(components: ComponentsDep) -> AsyncIterator[AsyncSession]:
-    """One session per request; handlers commit explicitly, anything else is rolled back."""
-    async with components.database.sessions() as session:
-        yield session
+def get_writes(components: ComponentsDep) -> Writes:
+    """Where a handler's write transaction begins: ``async with writes.session(namespace,
+    memories=...) as session``; it commits explicitly, anything else is rolled back, and once
+    done the namespace's reads see it, on a replica too (service.db.writes)."""
+    return components.database.writes
 
 
 def get_pipeline(components: ComponentsDep) -> RetrievalPipeline:
@@ -72,7 +72,7 @@ def get_metrics(components: ComponentsDep) -> Metrics:
 SettingsDep = Annotated[Settings, Depends(get_settings_dep)]
 PipelineDep = Annotated[RetrievalPipeline, Depends(get_pipeline)]
 MetricsDep = Annotated[Metrics, Depends(get_metrics)]
-SessionDep = Annotated[AsyncSession, Depends(get_session)]
+WritesDep = Annotated[Writes, Depends(get_writes)]
 
 
 # ---------------------------------------------------------------------------- authentication

@@ -10,11 +10,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+from sqlalchemy.ext.asyncio import AsyncSession
 
 from service.db import documents as document_table
 from service.db import memories as memory_table
 from service.db.namespaces import hold_namespace
+from service.db.writes import Writes
 from service.providers.embedders import Embedder, embed_texts
 
 
@@ -25,7 +26,7 @@ class Documents:
 
 
 async def document_ids(
-    sessions: async_sessionmaker[AsyncSession],
+    writes: Writes,
     embedder: Embedder | None,
     namespace: str,
     texts: Sequence[str],
@@ -38,9 +39,10 @@ async def document_ids(
     connection held), then stored under the namespace's row lock, so an erase comes wholly
     before or after, and under the namespace's text lock, so two calls that both saw a text as
     new store it once. Never refused for the indexer's backlog (``EARM_MAX_UNINDEXED``): these
-    memories are candidates because the caller named them, not because a search found them."""
+    memories are candidates because the caller named them, not because a search found them.
+    The store is a write of the namespace's memories (``writes``: service.db.writes)."""
     distinct = list(dict.fromkeys(texts))
-    async with sessions() as session:
+    async with writes.sessions() as session:
         known = await memory_table.ids_by_text(session, namespace, distinct, sighting_refresh_s)
         await session.commit()
     new = [text for text in distinct if text not in known]
@@ -48,7 +50,7 @@ async def document_ids(
         return Documents(known, 0)
     vectors = await embed_texts(embedder, new, bulk=True)
     assert embedder is not None, "embed_texts refuses to embed without an embedder"
-    async with sessions() as session:
+    async with writes.session(namespace, memories=True) as session:
         stored, inserted = await _store_new(
             session, embedder.model_id, namespace, new, vectors, sighting_refresh_s
         )

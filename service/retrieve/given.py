@@ -125,7 +125,7 @@ async def rerank_documents(
         return replace(repeated, timings={"total_ms": _ms_since(start)})
     try:
         documents = await document_ids(
-            pipeline.sessions,
+            pipeline.writes,
             pipeline.embedder,
             request.namespace,
             request.documents,

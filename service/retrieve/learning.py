@@ -20,6 +20,7 @@ from service.db import memories as memory_table
 from service.db.memory_rows import StoredRows
 from service.db.namespaces import NamespaceState, namespace_state
 from service.db.record import RecordedQuery, RecordedRetrieve, record_query
+from service.db.writes import Writes
 from service.errors import InvalidInput, NotFound
 from service.ingest.validation import repeats
 from service.providers.factory import scorer_source
@@ -83,15 +84,18 @@ def _causes(cause: Cause | None) -> list[Cause]:
 
 class Learner:
     """Writes what a namespace learns; one per pipeline, so per process (it owns the
-    process's background refit tasks)."""
+    process's background refit tasks). Every write goes through ``writes`` (default: the
+    ``sessions``, with no replicas to note), so this process's replica reads see it."""
 
     def __init__(
         self,
         sessions: async_sessionmaker[AsyncSession],
         settings: Settings,
         refits: Refits | None = None,
+        writes: Writes | None = None,
     ) -> None:
         self.sessions = sessions
+        self.writes = writes or Writes(sessions)
         self.settings = settings
         # What the scorer's observations are recorded as coming from (their scale's key).
         self.scorer_source = scorer_source(settings)
@@ -118,7 +122,7 @@ class Learner:
                 new_cells(retrieve.query, observed), self.settings.memory_reg,
                 self.settings.rank,
             )
-        async with self.sessions() as session:
+        async with self.writes.session(retrieve.namespace, memories=False) as session:
             recorded = await record_query(session, retrieve, update)
         if recorded is None:
             return None
@@ -227,7 +231,7 @@ class Learner:
         for it, which would be the latest?
         """
         values = np.asarray(scores, dtype=np.float64)
-        async with self.sessions() as session:
+        async with self.writes.session(namespace, memories=False) as session:
             # The lock first: a memory deleted after the check would fail the insert (deletes
             # take the same lock, so the check below sees every one committed).
             state = await namespace_state(session, namespace, for_update=True)
@@ -246,7 +250,7 @@ class Learner:
         """Record late scores as the scorer's observations of their query, where the pair has
         none yet (client feedback that came first stays), and relearn from them as feedback
         does; how many were recorded. NotFound when the namespace was erased."""
-        async with self.sessions() as session:
+        async with self.writes.session(namespace, memories=False) as session:
             state = await namespace_state(session, namespace, for_update=True)
             written = await experience.record_late_scores(
                 session, namespace, query_id, late.memory_ids,
@@ -339,5 +343,9 @@ class Learner:
 
     async def refit(self, namespace: str) -> bool:
         """Full refit of a namespace's model from all its observations. Returns False when
-        another process holds the refit lock (it will do the work)."""
-        return await self.refits.refit(namespace)
+        another process holds the refit lock (it will do the work). The refit writes with
+        a connection of its own, maybe in another process: its write is noted here."""
+        refitted = await self.refits.refit(namespace)
+        if refitted:
+            await self.writes.noted(namespace, memories=False)
+        return refitted

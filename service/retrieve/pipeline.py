@@ -21,6 +21,7 @@ from service.budget import BudgetSchedule
 from service.db.memory_rows import StoredRows
 from service.db.replicas import Replicas
 from service.db.search import Candidates, memory_embeddings
+from service.db.writes import Writes
 from service.errors import InvalidInput, LimitExceeded
 from service.providers.embedders import Embedder, check_embedding, embed_texts
 from service.providers.scorers import RelevanceScorer
@@ -122,7 +123,9 @@ class RetrievalPipeline:
         self.schedule = BudgetSchedule.parse(settings.budget_schedule)
         self.search = SearchStep(sessions, settings, replicas)
         self.planner = Planner(settings, self.schedule)
-        self.learner = Learner(sessions, settings, refits)
+        # Where every write of the pipeline begins: this process's replica reads see it.
+        self.writes = Writes(sessions, replicas)
+        self.learner = Learner(sessions, settings, refits, self.writes)
         # The anchors answered after the deadline, recorded in the background.
         self.late = LateAnchors(self.learner, late_observer)
 

@@ -29,7 +29,7 @@ from sqlalchemy import create_engine, text
 from service.db import migrate
 from service.http.app import create_app
 from service.settings import Settings
-from service.testing import LoopbackServer, text_vector
+from service.testing import GatedReply, LoopbackServer, chat_completions_app, text_vector
 from service.testing.standby import StandbyPair, libpq, start_pair
 
 pytestmark = pytest.mark.replica
@@ -198,6 +198,55 @@ def test_a_sequential_client_reads_its_own_writes(standby: StandbyPair, serve: A
     # of a round do: a slow round may give the standby time to catch up before its last ones).
     assert lagging.get("primary_lag", 0) >= 3, lagging
     assert outcomes.get("replica", 0) == lagging.get("replica", 0) + 1, (lagging, outcomes)
+
+
+def test_a_late_anchor_recorded_after_the_answer_is_read_back(
+    standby: StandbyPair, serve: Any
+) -> None:
+    """The anchors a loopback judge holds past the answer deadline are recorded in the
+    background once it answers: the trace and the counts read right after (the standby
+    applies that commit APPLY_DELAY_MS late) show them all the same."""
+    held = ["held: the passport expires in November", "held: rent is due on the first"]
+    texts = ["the garden needs water", "roses were pruned in March", *held]
+    reply = GatedReply(score="0.9")
+    with LoopbackServer(chat_completions_app(reply)) as judge:
+        try:
+            url = serve(
+                scorer="openai", scorer_base_url=f"{judge.url}/v1", scorer_max_retries=0,
+                # Room for the unheld prompts on a loaded 2-core machine (as the answer
+                # deadline's own tests give them).
+                score_deadline_ms=2500.0, scorer_timeout_s=30.0, refit_process="thread",
+                refit_in_background=False,
+            )
+            with httpx.Client(base_url=url, timeout=30) as http:
+                ids = http.post("/memories", json={"namespace": "late", "memories": [
+                    {"text": text, "embedding": text_vector(text, DIM)} for text in texts
+                ]}).json()["ids"]
+                answer = http.post("/retrieve", json={
+                    "namespace": "late", "query": "what is due?",
+                    "query_embedding": text_vector("what is due?", DIM), "k": len(texts),
+                    "policy": "full",
+                }).json()
+                assert answer["late"] >= len(held), answer
+                standby.wait_replayed()  # the record is on the replica; the late scores not
+                reply.opened.set()
+                _until(lambda: _late_recorded(http) == answer["late"])
+                trace = http.get(f"/queries/{answer['query_id']}").json()["candidates"]
+                stats = http.get("/stats", params={"namespace": "late"}).json()
+        finally:
+            reply.opened.set()  # lets the judge's held requests end before it stops
+    origins = {c["memory_id"]: c["origin"] for c in trace}
+    assert [origins[memory_id] for memory_id in ids] == ["scorer"] * len(texts), origins
+    assert stats["observations"] == len(texts), stats
+
+
+def _late_recorded(http: httpx.Client) -> float:
+    """``earm_late_anchors_total{outcome="recorded"}``: counted once the record committed."""
+    found = re.search(
+        r'^earm_late_anchors_total\{outcome="recorded"\} (\S+)$', http.get("/metrics").text,
+        re.MULTILINE,
+    )
+    return 0.0 if found is None else float(found[1])
 
 
 def test_a_killed_replica_fails_no_request(standby: StandbyPair, serve: Any) -> None:

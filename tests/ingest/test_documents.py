@@ -12,6 +12,7 @@ from sqlalchemy.ext.asyncio import async_sessionmaker
 
 from service.db import memories as memory_table
 from service.db.engine import create_engine
+from service.db.writes import Writes
 from service.ingest.documents import document_ids
 from service.providers.embedders import l2_normalise
 
@@ -46,7 +47,7 @@ def test_a_call_that_sees_texts_another_is_storing_waits_and_takes_its_memories(
         embedder = StandInEmbedder()
         try:
             # The namespace exists: creating it would queue the calls behind its creator.
-            await document_ids(sessions, embedder, "ns", ["an earlier text"], REFRESH_S)
+            await document_ids(Writes(sessions), embedder, "ns", ["an earlier text"], REFRESH_S)
             async with sessions() as storing:
                 await memory_table.lock_texts(storing, "ns")
                 inserted = await memory_table.insert_memories(
@@ -54,7 +55,7 @@ def test_a_call_that_sees_texts_another_is_storing_waits_and_takes_its_memories(
                     ["stand-in"] * 6, [None] * 6, [{}] * 6,
                 )
                 seeing = asyncio.create_task(
-                    document_ids(sessions, embedder, "ns", TEXTS, REFRESH_S)
+                    document_ids(Writes(sessions), embedder, "ns", TEXTS, REFRESH_S)
                 )
                 await asyncio.sleep(0.5)
                 assert not seeing.done(), "it waits for the text lock"
@@ -74,10 +75,10 @@ def test_a_call_that_sees_texts_another_is_storing_waits_and_takes_its_memories(
 def test_concurrent_first_sights_agree_on_one_memory_per_text(clean_database: str) -> None:
     async def main() -> list[dict[str, int]]:
         engine = create_engine(clean_database, 8)
-        sessions = async_sessionmaker(engine, expire_on_commit=False)
+        writes = Writes(async_sessionmaker(engine, expire_on_commit=False))
         try:
             found = await asyncio.gather(*(
-                document_ids(sessions, StandInEmbedder(), "ns", TEXTS[i:] + TEXTS[:i], REFRESH_S)
+                document_ids(writes, StandInEmbedder(), "ns", TEXTS[i:] + TEXTS[:i], REFRESH_S)
                 for i in range(4)
             ))
             return [documents.ids for documents in found]

@@ -9,14 +9,15 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from service.auth import Principal, require_namespace
 from service.db.replicas import MEMORIES
+from service.db.writes import writes_to
 from service.errors import LimitExceeded
 from service.http.deps import (
     AUTH_RESPONSES,
     DOCUMENT_BEARER,
     ComponentsDep,
     PrincipalDep,
-    SessionDep,
     SettingsDep,
+    WritesDep,
 )
 from service.http.genai_spans import MemoryOperation, describe_ingest, memory_span, name_store
 from service.http.middleware import FastJSONRoute, annotate
@@ -52,7 +53,7 @@ async def ingest_memories(
     request: Request,
     body: IngestRequest,
     components: ComponentsDep,
-    session: SessionDep,
+    writes: WritesDep,
     settings: SettingsDep,
     principal: PrincipalDep,
 ) -> IngestResult:
@@ -74,30 +75,30 @@ async def ingest_memories(
         "upsert_memory" if body.on_conflict == "update" else "create_memory"
     )
     with memory_span(operation, body.namespace) as span:
-        result = await memories.ingest(
-            session,
-            components.embedder,
-            settings.embedding_dim,
-            body.namespace,
-            [
-                memories.NewMemory(
-                    text=item.text,
-                    embedding=item.embedding,
-                    external_id=item.external_id,
-                    occurred_at=item.occurred_at,
-                    metadata=item.metadata,
-                )
-                for item in body.memories
-            ],
-            body.on_conflict,
-            settings.max_unindexed,
-        )
-        await session.commit()
+        async with writes.session(body.namespace, memories=True) as session:
+            result = await memories.ingest(
+                session,
+                components.embedder,
+                settings.embedding_dim,
+                body.namespace,
+                [
+                    memories.NewMemory(
+                        text=item.text,
+                        embedding=item.embedding,
+                        external_id=item.external_id,
+                        occurred_at=item.occurred_at,
+                        metadata=item.metadata,
+                    )
+                    for item in body.memories
+                ],
+                body.on_conflict,
+                settings.max_unindexed,
+            )
+            await session.commit()
         describe_ingest(
             span, result, [item.text for item in body.memories],
             [item.metadata for item in body.memories],
         )
-    await components.database.replicas.note_commit(body.namespace, memories=True)
     if result.created or result.updated:
         components.indexer.notify()
     return result
@@ -107,11 +108,13 @@ async def _namespace_of(
     request: Request, session: AsyncSession, principal: Principal, memory_id: int, span: Span
 ) -> str:
     """The namespace of the memory a request names by id (404 without one), named on the
-    request's log line and its span, once the caller may act on it (403 otherwise)."""
+    request's log line and its span, once the caller may act on it (403 otherwise), and as
+    the namespace the write ``session`` writes."""
     namespace = (await memories.get_memory(session, memory_id)).namespace
     name_store(span, namespace)
     annotate(request, namespace=namespace)
     require_namespace(principal, namespace)
+    writes_to(session, namespace)
     return namespace
 
 
@@ -125,7 +128,7 @@ async def patch_memory(
     memory_id: MemoryId,
     body: MemoryPatchIn,
     components: ComponentsDep,
-    session: SessionDep,
+    writes: WritesDep,
     settings: SettingsDep,
     principal: PrincipalDep,
 ) -> UpdatedMemory:
@@ -135,27 +138,27 @@ async def patch_memory(
     with memory_span(
         "update_memory", attributes={"gen_ai.memory.record.id": str(memory_id)}
     ) as span:
-        namespace = await _namespace_of(request, session, principal, memory_id, span)
-        if body.text is not None:
-            check_text_length(body.text, settings.max_text_chars, "text")
-        check_metadata(
-            body.metadata, settings.max_metadata_bytes, settings.max_metadata_depth, "metadata"
-        )
-        result = await memories.update_memory(
-            session,
-            components.embedder,
-            settings.embedding_dim,
-            memory_id,
-            memories.MemoryPatch(
-                text=body.text,
-                embedding=body.embedding,
-                metadata=body.metadata,
-                occurred_at=body.occurred_at,
-                sets_occurred_at="occurred_at" in body.model_fields_set,
-            ),
-        )
-        await session.commit()
-    await components.database.replicas.note_commit(namespace, memories=True)
+        async with writes.session(None, memories=True) as session:
+            await _namespace_of(request, session, principal, memory_id, span)
+            if body.text is not None:
+                check_text_length(body.text, settings.max_text_chars, "text")
+            check_metadata(
+                body.metadata, settings.max_metadata_bytes, settings.max_metadata_depth, "metadata"
+            )
+            result = await memories.update_memory(
+                session,
+                components.embedder,
+                settings.embedding_dim,
+                memory_id,
+                memories.MemoryPatch(
+                    text=body.text,
+                    embedding=body.embedding,
+                    metadata=body.metadata,
+                    occurred_at=body.occurred_at,
+                    sets_occurred_at="occurred_at" in body.model_fields_set,
+                ),
+            )
+            await session.commit()
     if body.text is not None or body.embedding is not None:  # maybe a vector to index
         components.indexer.notify()
     return result
@@ -209,15 +212,14 @@ async def list_memories(
 async def delete_memory(
     request: Request,
     memory_id: MemoryId,
-    components: ComponentsDep,
-    session: SessionDep,
+    writes: WritesDep,
     principal: PrincipalDep,
 ) -> Response:
     with memory_span(
         "delete_memory", attributes={"gen_ai.memory.record.id": str(memory_id)}
     ) as span:
-        namespace = await _namespace_of(request, session, principal, memory_id, span)
-        await memories.delete_memory(session, memory_id, namespace)
-        await session.commit()
-    await components.database.replicas.note_commit(namespace, memories=True)
+        async with writes.session(None, memories=True) as session:
+            namespace = await _namespace_of(request, session, principal, memory_id, span)
+            await memories.delete_memory(session, memory_id, namespace)
+            await session.commit()
     return Response(status_code=status.HTTP_204_NO_CONTENT)

@@ -13,7 +13,7 @@ from service.http.deps import (
     DOCUMENT_BEARER,
     ComponentsDep,
     PrincipalDep,
-    SessionDep,
+    WritesDep,
 )
 from service.http.genai_spans import memory_span
 from service.http.middleware import FastJSONRoute, annotate
@@ -37,7 +37,7 @@ async def delete_namespace(
     request: Request,
     namespace: Annotated[NamespaceName, Path()],
     components: ComponentsDep,
-    session: SessionDep,
+    writes: WritesDep,
     principal: PrincipalDep,
 ) -> ErasedNamespace:
     """Erase everything of a namespace in one transaction: memories, queries, observations,
@@ -45,8 +45,8 @@ async def delete_namespace(
     annotate(request, namespace=namespace)
     require_namespace(principal, namespace)
     with memory_span("delete_memory_store", namespace):
-        erased = await erase_namespace(session, namespace)
-        await session.commit()
+        async with writes.session(namespace, memories=True) as session:
+            erased = await erase_namespace(session, namespace)
+            await session.commit()
     components.repeated_reranks.forget_namespace(namespace)
-    await components.database.replicas.note_commit(namespace, memories=True)
     return erased

@@ -123,7 +123,6 @@ async def _rerank(
             components.pipeline, rerank, components.repeated_reranks
         )
         describe_rerank(span, result)
-    await components.database.replicas.note_commit(rerank.namespace, memories=bool(result.stored))
     if result.stored:
         components.indexer.notify()
     if result.retrieve is not None:

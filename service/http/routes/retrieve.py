@@ -9,7 +9,6 @@ from service.errors import LimitExceeded
 from service.http.deps import (
     AUTH_RESPONSES,
     DOCUMENT_BEARER,
-    ComponentsDep,
     MetricsDep,
     PipelineDep,
     PrincipalDep,
@@ -45,7 +44,6 @@ async def retrieve(
     settings: SettingsDep,
     principal: PrincipalDep,
     metrics: MetricsDep,
-    components: ComponentsDep,
 ) -> RetrieveResult:
     """Semantic candidates, a budget of them scored, the rest completed, top-k returned."""
     annotate(request, namespace=body.namespace, policy=body.policy)
@@ -56,8 +54,6 @@ async def retrieve(
     with memory_span("search_memory", body.namespace) as span:
         result = await pipeline.retrieve(RetrieveRequest(**body.model_dump()))
         describe_retrieve(span, body.query, result)
-    if result.query_id is not None:  # recorded
-        await components.database.replicas.note_commit(body.namespace, memories=False)
     annotate(
         request,
         scorer_calls=result.scorer_calls,
@@ -75,7 +71,6 @@ async def feedback(
     pipeline: PipelineDep,
     settings: SettingsDep,
     principal: PrincipalDep,
-    components: ComponentsDep,
 ) -> FeedbackResult:
     """Client observations for a past query: they replace the pairs' earlier observations,
     and later queries learn from them."""
@@ -83,11 +78,9 @@ async def feedback(
     require_namespace(principal, body.namespace)
     if len(body.scores) > settings.max_batch:
         raise LimitExceeded(f"{len(body.scores)} scores; the limit is {settings.max_batch}")
-    result = await pipeline.feedback(
+    return await pipeline.feedback(
         body.namespace,
         body.query_id,
         [item.memory for item in body.scores],
         [item.score for item in body.scores],
     )
-    await components.database.replicas.note_commit(body.namespace, memories=False)
-    return result
