@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import re
 
-#: The namespace names the API accepts (``service.http.schemas`` builds its ``NamespaceName``
+#: The namespace names the API accepts (``service.api.fields`` builds its ``NamespaceName``
 #: from it).
 NAMESPACE_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$"
 

@@ -1,7 +1,7 @@
 """Python clients of the earm HTTP API: :class:`EarmClient` (sync) and :class:`AsyncEarmClient`.
 
-Results are the API's own response types (the service's result dataclasses, read back by
-pydantic), so they cannot drift from the service::
+Results are the API's own response types (the wire contract, :mod:`service.api`, read back by
+pydantic), so they cannot drift from the service; the client imports nothing else of it::
 
     from service.client import EarmClient
 
@@ -30,20 +30,18 @@ from typing import Any, TypeVar
 import httpx
 from pydantic import TypeAdapter
 
-from service.db.namespaces import ErasedNamespace
-from service.db.stats import NamespaceStats
-from service.db.traces import QueryTraceResult, TracedCandidate
-from service.http.rerank_schemas import CohereRerankOut
-from service.http.schemas import NamespaceReportOut, StatsListOut
-from service.ingest.memories import (
+from service.api.memories import (
     IngestResult,
     MemoryPage,
     OnConflict,
     StoredMemory,
     UpdatedMemory,
 )
-from service.retrieve.learning import FeedbackResult
-from service.retrieve.pipeline import RetrieveResult
+from service.api.namespaces import ErasedNamespace
+from service.api.queries import QueryTraceResult, TracedCandidate
+from service.api.rerank import CohereRerankOut
+from service.api.retrieve import FeedbackResult, RetrieveResult
+from service.api.stats import NamespaceReportOut, NamespaceStats, StatsListOut
 
 __all__ = [
     "AsyncEarmClient",

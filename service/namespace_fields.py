@@ -1,7 +1,7 @@
 """The checks of single fields of a namespace file's records (``service.namespace_validation``
 says which field gets which): each takes a value and the field's name and gives the value to
 write, or raises InvalidInput (LimitExceeded for a value over a limit) naming the field. Those
-of values a client sends are the live API's own checks (``service.http.schemas``,
+of values a client sends are the live API's own checks (``service.api.fields``,
 ``service.ingest.validation``, ``check_embedding``); the others hold a value to what the
 service writes and reads back: finite numbers, integers within their column, the vocabularies
 of policies, sources and anchor kinds."""
@@ -17,11 +17,18 @@ from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
 
+from service.api.fields import (
+    DatabaseId,
+    ExternalId,
+    NonEmptyText,
+    Score,
+    Timestamp,
+    storable_text_problem,
+)
 from service.completion.statistics import packed_length
 from service.db.record import REUSED_ORIGIN, SCORER_ORIGIN
 from service.errors import InvalidInput
-from service.http.schemas import DatabaseId, ExternalId, NonEmptyText, Score, Timestamp
-from service.ingest.validation import check_metadata, check_text_length, storable_text_problem
+from service.ingest.validation import check_metadata, check_text_length
 from service.providers.embedders import check_embedding, float32_vector
 from service.retrieve.anchors import EXPLOIT, EXPLORE, HEAD, MARGINAL, REASONS
 from service.retrieve.rerank import ESTIMATED, OBSERVED, POLICIES, SEMANTIC
@@ -127,7 +134,7 @@ def one_of(*values: Any) -> Check:
 
 
 def validated(adapter: TypeAdapter[Any], to_json: Callable[[Any], Any] = lambda v: v) -> Check:
-    """A check by a type of the live API's bodies (``service.http.schemas``)."""
+    """A check by a type of the live API's bodies (``service.api.fields``)."""
 
     def check(value: Any, field: str) -> Any:
         try:

@@ -40,10 +40,6 @@ NAMING_CONVENTION = {
 }
 
 
-# Ids are Postgres bigints: a larger number names no row (and fails as a bigint parameter).
-MAX_BIGINT = 2**63 - 1
-
-
 class Base(DeclarativeBase):
     metadata = MetaData(naming_convention=NAMING_CONVENTION)
 

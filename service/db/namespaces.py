@@ -10,6 +10,7 @@ from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from service.api.namespaces import ErasedNamespace
 from service.completion.scale import IDENTITY, ScoreScale
 from service.db.engine import driver_connection
 from service.db.scales import scales_from_json
@@ -112,18 +113,6 @@ async def try_lock_namespace_refit(session: AsyncSession, namespace: str) -> boo
 
 def _refit_lock_key(namespace: str) -> str:
     return f"earm-refit:{namespace}"
-
-
-@dataclass(frozen=True)
-class ErasedNamespace:
-    """What erasing a namespace deleted, by table (``DELETE /namespaces/{namespace}``)."""
-
-    namespace: str
-    memories: int
-    queries: int
-    observations: int  # scores rows, retired ones included
-    score_history: int
-    model_rows: int  # memory_factors rows
 
 
 _LOCK_FOR_ERASE_SQL = "SELECT name FROM namespaces WHERE name = %(namespace)s FOR UPDATE"

@@ -44,7 +44,7 @@ class QueryTrace:
     similarities: np.ndarray
     estimates: np.ndarray  # the policy's estimate, what an unobserved candidate ranked by
     scores: np.ndarray  # the final score
-    sources: Sequence[str]  # a service.retrieve.rerank.Source ("observed", "estimated", ...)
+    sources: Sequence[str]  # a service.api.retrieve.Source ("observed", "estimated", ...)
     origins: Sequence[str | None]  # the observation's origin ("scorer", ...), None: unobserved
     anchors: np.ndarray  # bool: sampled as an anchor (scored, or failed: degraded)
     # why each anchor was scored ("head", "estimate", "explore"), None for the others

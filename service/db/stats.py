@@ -16,97 +16,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Annotated, Any
+from typing import Any
 
-from pydantic import Field
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from service.api.stats import PREQUENTIAL_WINDOW, NamespaceStats
 from service.budget import BudgetSchedule
 from service.db.statements import fetch_record, fetch_records
 from service.errors import NotFound
-
-#: Completion quality is measured over this many most recent queries of a namespace.
-PREQUENTIAL_WINDOW = 100
-
-
-@dataclass(frozen=True)
-class NamespaceStats:
-    """One namespace's counts, budget, savings and completion quality."""
-
-    # Also the body of GET /stats (see README "Operations"): the descriptions are the API's.
-
-    namespace: str
-    memories: int
-    memories_unindexed: Annotated[
-        int,
-        Field(
-            description="Memories not in the HNSW index yet (the background indexer's backlog); "
-            "searches find them by an exact scan meanwhile."
-        ),
-    ]
-    queries: Annotated[int, Field(description="Queries recorded (the next query's index).")]
-    observations: Annotated[
-        int,
-        Field(
-            description="Observed cells the model learns from: scorer scores and feedback, "
-            "without those retired by an edit of their memory."
-        ),
-    ]
-    # The observed share of the experience matrix as it stands (current memories × recorded
-    # queries).
-    density: Annotated[
-        float, Field(description="observations / (memories × queries); 0 while either is 0.")
-    ]
-    stage: Annotated[int, Field(description="Budget stage of the next query.")]
-    next_budget: Annotated[
-        int,
-        Field(
-            description="Anchors the next default request will score: the schedule's ratio times "
-            "min(default candidates, memories)."
-        ),
-    ]
-    next_budget_ratio: float
-    scorer_calls: Annotated[int, Field(description="Scorer calls made by recorded queries.")]
-    scorer_requests: Annotated[
-        int, Field(description="HTTP requests the scorer made for them, retries included.")
-    ]
-    full_rerank_calls: Annotated[
-        int, Field(description="Calls full reranking would have made for them.")
-    ]
-    reused_cells: Annotated[
-        int,
-        Field(
-            description="Cells repeated queries took from the observations of their earlier "
-            "askings instead of scoring them again."
-        ),
-    ]
-    reuse_saved_calls: Annotated[
-        int,
-        Field(
-            description="Scorer calls that saved: budget a repeated query did not spend because "
-            "its family had observed the candidates already."
-        ),
-    ]
-    # None before any query scored anything.
-    calls_saved: Annotated[
-        float | None, Field(description="1 − scorer_calls / full_rerank_calls.")
-    ]
-    estimated_share: Annotated[
-        float | None,
-        Field(description="Share of returned memories whose score came from the completion model."),
-    ]
-    # Each anchor predicted before it was folded in (leave-one-out).
-    prequential_error: Annotated[
-        float | None,
-        Field(
-            description="Mean absolute error of the completion on anchors with history over the "
-            f"last {PREQUENTIAL_WINDOW} queries, each predicted before it was learned from "
-            "(null: none yet)."
-        ),
-    ]
-    prequential_anchors: Annotated[int, Field(description="Anchors that error is measured on.")]
-    last_refit_at: datetime | None
-
 
 _STATS_SQL = f"""
 SELECT n.name, n.next_query_index, n.scorer_calls, n.scorer_requests, n.full_rerank_calls,

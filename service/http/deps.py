@@ -9,11 +9,11 @@ from typing import Annotated, Any
 from fastapi import Depends, Request
 from fastapi.security import HTTPBearer
 
+from service.api.errors import ErrorResponse
 from service.auth import ANONYMOUS, Authenticator, Principal
 from service.db.engine import Database
 from service.db.writes import Writes
 from service.http.middleware import annotate
-from service.http.schemas import ErrorResponse
 from service.ingest.indexer import BackgroundIndexer
 from service.metrics import Metrics
 from service.providers.embedders import Embedder

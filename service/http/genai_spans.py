@@ -11,9 +11,9 @@ from collections.abc import Iterable, Sequence
 from contextlib import AbstractContextManager
 from typing import Any, Literal
 
-from service.ingest.memories import IngestResult
+from service.api.memories import IngestResult
+from service.api.retrieve import RetrieveResult
 from service.retrieve.given import RerankResult
-from service.retrieve.request import RetrieveResult
 from service.tracing import Attributes, Span, current
 
 PROVIDER = "earm"

@@ -14,11 +14,12 @@ from typing import Any
 import numpy as np
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from service.api.memories import UpdatedMemory
 from service.db import experience
 from service.db import memories as memory_table
 from service.db.namespaces import namespace_state
 from service.errors import NotFound
-from service.ingest.records import MemoryPatch, NewMemory, StoredMemory, UpdatedMemory
+from service.ingest.records import MemoryPatch, NewMemory, stored_memory
 from service.ingest.vectors import embed_ahead, model_ids, vectors_for
 from service.providers.embedders import Embedder
 
@@ -73,7 +74,7 @@ async def update_memory(
         row = await _stored(session, memory_id)
     (change,) = await _changes(embedder, embedding_dim, [row], [patch])
     retired = await _write(session, row, change)
-    return UpdatedMemory(StoredMemory.of(await _stored(session, memory_id)), retired)
+    return UpdatedMemory(stored_memory(await _stored(session, memory_id)), retired)
 
 
 async def _stored(session: AsyncSession, memory_id: int) -> memory_table.MemoryRow:

@@ -1,9 +1,9 @@
 """Memory storage: idempotent batch ingest (or update on ``external_id``), lookup, keyset
 listing and deletion. No HTTP here.
 
-The public face of the memory flow: the values it takes and returns (:mod:`records
+The public face of the memory flow: the values it takes (:mod:`records
 <service.ingest.records>`) and the edits of stored memories (:mod:`edits <service.ingest.edits>`)
-are imported from here too."""
+are imported from here too; what it returns are the API's bodies (:mod:`service.api.memories`)."""
 
 from __future__ import annotations
 
@@ -16,32 +16,20 @@ from typing import NamedTuple
 import numpy as np
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from service.api.fields import MAX_BIGINT
+from service.api.memories import IngestResult, MemoryPage, OnConflict, StoredMemory
 from service.db import memories as memory_table
-from service.db.models import MAX_BIGINT
 from service.db.namespaces import hold_namespace, namespace_state
 from service.errors import IndexingBacklog, InvalidInput, NotFound
 from service.ingest.edits import update_memory, update_stored
-from service.ingest.records import (
-    IngestResult,
-    MemoryPage,
-    MemoryPatch,
-    NewMemory,
-    OnConflict,
-    StoredMemory,
-    UpdatedMemory,
-)
+from service.ingest.records import MemoryPatch, NewMemory, stored_memory
 from service.ingest.validation import repeats
 from service.ingest.vectors import embed_ahead, model_ids, vectors_for
 from service.providers.embedders import Embedder
 
 __all__ = [
-    "IngestResult",
-    "MemoryPage",
     "MemoryPatch",
     "NewMemory",
-    "OnConflict",
-    "StoredMemory",
-    "UpdatedMemory",
     "decode_cursor",
     "delete_memory",
     "encode_cursor",
@@ -254,7 +242,7 @@ async def get_memory(session: AsyncSession, memory_id: int) -> StoredMemory:
     memory = await memory_table.get_memory(session, memory_id)
     if memory is None:
         raise NotFound(f"memory {memory_id} does not exist")
-    return StoredMemory.of(memory)
+    return stored_memory(memory)
 
 
 _CURSOR = re.compile(r"m[1-9][0-9]{0,18}")
@@ -291,7 +279,7 @@ async def list_memories(
     )
     page = found[:limit]
     next_cursor = encode_cursor(page[-1].id) if len(found) > limit else None
-    return MemoryPage([StoredMemory.of(row) for row in page], next_cursor)
+    return MemoryPage([stored_memory(row) for row in page], next_cursor)
 
 
 async def delete_memory(session: AsyncSession, memory_id: int, namespace: str) -> None:

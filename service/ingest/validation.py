@@ -11,19 +11,8 @@ import math
 from collections.abc import Hashable, Iterable, Iterator
 from typing import Any
 
+from service.api.fields import storable_text_problem
 from service.errors import InvalidInput, LimitExceeded
-
-
-def storable_text_problem(value: str) -> str | None:
-    """Why Postgres cannot store this string as text/JSONB, or None: NUL characters, and lone
-    UTF-16 surrogates (legal in a JSON escape, not encodable as UTF-8)."""
-    if "\x00" in value:
-        return "contains a NUL (\\u0000) character"
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        return "contains a lone surrogate (not valid Unicode)"
-    return None
 
 
 def _walk(value: Any) -> tuple[int, str | None]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from typing import Any, Literal
+from typing import Any
 
 from service.client import (
     DEFAULT_TIMEOUT_S,
@@ -16,8 +16,6 @@ from service.client import (
 )
 
 DEFAULT_URL = "http://127.0.0.1:8000"
-#: The retrieval policies of ``POST /retrieve``.
-Policy = Literal["earm", "semantic", "full", "observed"]
 #: Metadata keys that are earm's bookkeeping rather than context for a language model.
 BOOKKEEPING_KEYS = (
     "id",

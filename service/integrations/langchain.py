@@ -23,8 +23,9 @@ from langchain_core.documents import BaseDocumentCompressor, Document
 from langchain_core.retrievers import BaseRetriever
 from pydantic import PrivateAttr, SecretStr
 
+from service.api.retrieve import Policy
 from service.client import DEFAULT_TIMEOUT_S, CohereRerankOut
-from service.integrations._clients import DEFAULT_URL, EarmClients, Policy, reranked, retrieved
+from service.integrations._clients import DEFAULT_URL, EarmClients, reranked, retrieved
 from service.integrations.langgraph_store import EarmStore
 
 __all__ = ["EarmRerank", "EarmRetriever", "EarmStore"]

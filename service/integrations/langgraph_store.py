@@ -26,8 +26,9 @@ from langgraph.store.base import (
     validate_op_namespace,
 )
 
+from service.api.retrieve import Policy
 from service.client import DEFAULT_TIMEOUT_S, EarmAPIError, Memory
-from service.integrations._clients import DEFAULT_URL, EarmClients, Policy
+from service.integrations._clients import DEFAULT_URL, EarmClients
 from service.integrations._store_matching import (
     as_text,
     check_filter,

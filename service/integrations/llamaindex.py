@@ -12,13 +12,13 @@ from llama_index.core.postprocessor.types import BaseNodePostprocessor
 from llama_index.core.retrievers import BaseRetriever
 from llama_index.core.schema import MetadataMode, NodeWithScore, QueryBundle, TextNode
 
+from service.api.retrieve import Policy
 from service.client import DEFAULT_TIMEOUT_S, CohereRerankOut, RetrieveResult
 from service.integrations._clients import (
     BOOKKEEPING_KEYS,
     DEFAULT_URL,
     RERANK_KEYS,
     EarmClients,
-    Policy,
     reranked,
     retrieved,
 )

@@ -21,6 +21,8 @@ from mcp.server.mcpserver.exceptions import ToolError
 from mcp_types import ToolAnnotations
 from pydantic import BaseModel, Field, TypeAdapter
 
+from service.api.fields import Timestamp
+from service.api.retrieve import Source
 from service.client import (
     AsyncEarmClient,
     EarmAPIError,
@@ -29,8 +31,6 @@ from service.client import (
     MemoryPage,
     NamespaceStats,
 )
-from service.http.schemas import Timestamp
-from service.retrieve.rerank import Source
 
 #: namespace_stats answers the stats of ``GET /stats`` as a JSON object.
 _STATS_JSON = TypeAdapter(NamespaceStats)

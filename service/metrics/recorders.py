@@ -34,7 +34,7 @@ from service.providers.scorer_health import ScorerHealthSnapshot
 
 if TYPE_CHECKING:  # pragma: no cover
     # A type only: the pipeline is the metrics' caller's business, not a dependency of theirs.
-    from service.retrieve.pipeline import RetrieveResult
+    from service.api.retrieve import RetrieveResult
 
 log = logging.getLogger(__name__)
 

@@ -18,11 +18,8 @@ import collections
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Annotated
 
-from pydantic import Field
-
+from service.api.stats import MAX_AGE_S, MIN_CALLS, WINDOW_CALLS, ScorerHealthSnapshot
 from service.providers.scorers import Outcome
 
 __all__ = [
@@ -36,44 +33,8 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-#: The health is judged on at most this many most recent calls...
-WINDOW_CALLS = 100
-#: ...none older than this: a scorer not called for a while has no recent calls.
-MAX_AGE_S = 300.0
-#: Fewer recent calls than this are too few to call the scorer unhealthy.
-MIN_CALLS = 10
 #: While unhealthy, the warning is logged at most once per this many seconds.
 WARN_INTERVAL_S = 60.0
-
-
-@dataclass(frozen=True)
-class ScorerHealthSnapshot:
-    """Health of the relevance scorer of the process that answered (not per namespace)."""
-
-    # What /stats (`scorer`) returns as is and /metrics (`earm_scorer_*` gauges) reports; the
-    # descriptions are the API's.
-    name: Annotated[
-        str,
-        Field(description="The scorer (`EARM_SCORER`): `local`, `openai`, `rerank` or `tei`."),
-    ]
-    recent_calls: Annotated[
-        int,
-        Field(
-            description=f"Scorer calls in the health window: the last {WINDOW_CALLS}, none older "
-            f"than {MAX_AGE_S:g} s."
-        ),
-    ]
-    recent_success_rate: Annotated[
-        float | None,
-        Field(description="Share of those calls that returned a score (null: no recent calls)."),
-    ]
-    healthy: Annotated[
-        bool,
-        Field(
-            description=f"false once at least {MIN_CALLS} recent calls were made and fewer than "
-            "half succeeded: retrieves answer degraded and learning stalls."
-        ),
-    ]
 
 
 class ScorerHealth:

@@ -12,11 +12,12 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
 
+from service.api.retrieve import RetrievedMemory, RetrieveResult
 from service.errors import EmbedderUnavailable, EmbeddingRequired, InvalidInput, LimitExceeded
 from service.ingest.documents import document_ids
 from service.ingest.retention import sighting_refresh_s
 from service.retrieve.pipeline import RetrievalPipeline
-from service.retrieve.request import RetrievedMemory, RetrieveRequest, RetrieveResult
+from service.retrieve.request import RetrieveRequest
 from service.retrieve.rerank import ESTIMATED
 
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from service.api.retrieve import FeedbackResult
 from service.completion import fold_in
 from service.db import experience, memory_rows, model_state
 from service.db import memories as memory_table
@@ -47,15 +48,6 @@ def refit_due(
     young_or_periodic = min(refit_every, max(1, queries_recorded // 2))
     grown = refit_growth * (queries_recorded - queries_since_refit)
     return queries_since_refit >= max(young_or_periodic, grown)
-
-
-@dataclass(frozen=True)
-class FeedbackResult:
-    """Scores recorded, and how many of them replaced an earlier observation of their pair
-    (the scorer's, or earlier feedback: the latest feedback wins)."""
-
-    recorded: int
-    replaced: int
 
 
 #: A memory named in feedback: its id, or the external_id the client stored it under.

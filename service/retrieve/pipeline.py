@@ -17,6 +17,7 @@ import numpy as np
 from numpy.typing import NDArray
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from service.api.retrieve import FeedbackResult, Policy, RetrievedMemory, RetrieveResult, Timings
 from service.budget import BudgetSchedule
 from service.db.memory_rows import StoredRows
 from service.db.replicas import Replicas
@@ -26,19 +27,13 @@ from service.errors import InvalidInput, LimitExceeded
 from service.providers.embedders import Embedder, check_embedding, embed_texts
 from service.providers.scorers import RelevanceScorer
 from service.retrieve.late import LateAnchors, LateObserver, PendingAnchors, score_anchors_by
-from service.retrieve.learning import FeedbackResult, Learner, MemoryRef
+from service.retrieve.learning import Learner, MemoryRef
 from service.retrieve.plan_step import Planner, RetrievePlan
 from service.retrieve.record_step import query_trace, recorded_retrieve
 from service.retrieve.refit_process import Refits
-from service.retrieve.request import (
-    RetrievedMemory,
-    RetrieveRequest,
-    RetrieveResult,
-    Timings,
-)
+from service.retrieve.request import RetrieveRequest
 from service.retrieve.rerank import (
     CandidateObservations,
-    Policy,
     Ranking,
     Trust,
     rank_candidates,
@@ -48,14 +43,11 @@ from service.retrieve.search_step import FoundCandidates, SearchStep
 from service.settings import Settings
 from service.tracing import current
 
-# The pipeline's request and result types are defined in service.retrieve.request and are part
-# of the pipeline's interface.
+# The pipeline's request (service.retrieve.request) is part of its interface; its result is the
+# API's response body (service.api.retrieve).
 __all__ = [
     "RetrievalPipeline",
     "RetrieveRequest",
-    "RetrieveResult",
-    "RetrievedMemory",
-    "Timings",
 ]
 
 

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from service.api.retrieve import RetrievedMemory
 from service.completion import content_offsets
 from service.db.record import (
     REUSED_ORIGIN,
@@ -19,7 +20,7 @@ from service.db.record import (
 )
 from service.retrieve.anchors import REASONS
 from service.retrieve.plan_step import RetrievePlan
-from service.retrieve.request import RetrievedMemory, RetrieveRequest
+from service.retrieve.request import RetrieveRequest
 from service.retrieve.rerank import ESTIMATED, Ranking
 from service.retrieve.score_step import ScoredAnchors
 from service.retrieve.search_step import FoundCandidates

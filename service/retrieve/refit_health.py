@@ -16,12 +16,10 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from enum import StrEnum
-from typing import Annotated
 
-from pydantic import Field
+from service.api.health import RefitHealthSnapshot
 
 log = logging.getLogger(__name__)
 
@@ -38,27 +36,6 @@ class RefitOutcome(StrEnum):
 
 #: Counts each refit's outcome (``service.metrics``: ``earm_refits_total{outcome}``).
 RefitObserver = Callable[[RefitOutcome], None]
-
-
-@dataclass(frozen=True)
-class RefitHealthSnapshot:
-    """The refits of the process that answered (refits run where they are due: in the serving
-    process by default, in ``earm worker`` when the API processes run without background work).
-    """
-
-    healthy: Annotated[
-        bool, Field(description="false while the most recent refit of this process failed.")
-    ]
-    consecutive_failures: Annotated[
-        int, Field(description="Refits failed in a row since the last one that succeeded.")
-    ]
-    last_error: Annotated[
-        str | None,
-        Field(description="The most recent failure's error (type: message), null if none."),
-    ]
-    last_failure_at: Annotated[
-        datetime | None, Field(description="When the most recent refit failure happened.")
-    ]
 
 
 class RefitHealth:

@@ -6,10 +6,10 @@ Runs in a worker thread (it is CPU work); knows nothing of HTTP or the database.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
 
 import numpy as np
 
+from service.api.retrieve import Policy
 from service.completion import (
     QueryParameters,
     ScorePosterior,
@@ -21,11 +21,9 @@ from service.completion import (
 )
 from service.retrieve.reuse import NeighbourEvidence
 
-Policy = Literal["earm", "semantic", "full", "observed"]
 POLICIES: tuple[Policy, ...] = ("earm", "semantic", "full", "observed")
 
-#: Where a returned score came from.
-Source = Literal["observed", "estimated", "semantic"]
+#: Where a returned score came from (the contract's ``Source``).
 OBSERVED, ESTIMATED, SEMANTIC = "observed", "estimated", "semantic"
 
 

@@ -13,10 +13,11 @@ from fastapi.testclient import TestClient
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from service.api.stats import NamespaceStats
 from service.budget import BudgetSchedule
 from service.db import search
 from service.db.engine import create_engine
-from service.db.stats import NamespaceStats, namespace_stats
+from service.db.stats import namespace_stats
 from service.ingest.indexer import BackgroundIndexer, index_all, index_batch
 from service.ingest.memories import NewMemory, ingest
 

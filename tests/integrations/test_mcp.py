@@ -24,12 +24,11 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp_types import CallToolResult
 from pydantic import ValidationError
 
+from service.api.memories import MemoryIn
+from service.api.retrieve import RetrievedMemory, Source
 from service.client import EarmClient
 from service.http.app import create_app
-from service.http.schemas import MemoryIn
 from service.integrations.mcp import NewMemory, RecalledMemory
-from service.retrieve.pipeline import RetrievedMemory
-from service.retrieve.rerank import Source
 from service.settings import Settings
 
 if TYPE_CHECKING:

@@ -14,17 +14,17 @@ from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from service.api.fields import MAX_BIGINT, NamespaceName
+from service.api.queries import QueryTraceResult
+from service.api.stats import NamespaceStats
 from service.auth import Authenticator, Principal, require_namespace
 from service.db import dashboard as dashboard_sql
 from service.db import stats as stats_sql
-from service.db.models import MAX_BIGINT
-from service.db.stats import NamespaceStats
-from service.db.traces import QueryTraceResult, query_namespace, query_trace
+from service.db.traces import query_namespace, query_trace
 from service.errors import EarmError, Unauthenticated
 from service.http.dashboard import charts
 from service.http.deps import Components
 from service.http.error_handlers import install_error_handlers, status_for
-from service.http.schemas import NamespaceName
 
 DASHBOARD_PATH = "/dashboard"
 COOKIE_NAME = "earm_dashboard_key"

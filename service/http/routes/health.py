@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
+from service.api.errors import ErrorResponse
+from service.api.health import HealthOut, ReadyOut
 from service.db import migrate
 from service.errors import DatabaseUnavailable, SchemaOutOfDate
 from service.http.deps import ComponentsDep
-from service.http.schemas import ErrorResponse, HealthOut, ReadyOut
 
 router = APIRouter(tags=["health"])
 

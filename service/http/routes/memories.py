@@ -4,9 +4,19 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Query, Request, Response, status
+from fastapi import APIRouter, Path, Query, Request, Response, status
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from service.api.errors import ErrorResponse
+from service.api.fields import MAX_BIGINT, ExternalId, NamespaceName
+from service.api.memories import (
+    IngestRequest,
+    IngestResult,
+    MemoryPage,
+    MemoryPatchIn,
+    StoredMemory,
+    UpdatedMemory,
+)
 from service.auth import Principal, require_namespace
 from service.db.replicas import MEMORIES
 from service.db.writes import writes_to
@@ -21,18 +31,11 @@ from service.http.deps import (
 )
 from service.http.genai_spans import MemoryOperation, describe_ingest, memory_span, name_store
 from service.http.middleware import FastJSONRoute, annotate
-from service.http.schemas import (
-    ErrorResponse,
-    ExternalId,
-    IngestRequest,
-    MemoryId,
-    MemoryPatchIn,
-    NamespaceName,
-)
 from service.ingest import memories
-from service.ingest.memories import IngestResult, MemoryPage, StoredMemory, UpdatedMemory
 from service.ingest.validation import check_metadata, check_text_length
 from service.tracing import Span
+
+MemoryId = Annotated[int, Path(ge=1, le=MAX_BIGINT, description="A memory id.")]
 
 router = APIRouter(
     tags=["memories"],

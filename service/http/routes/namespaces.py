@@ -6,8 +6,11 @@ from typing import Annotated
 
 from fastapi import APIRouter, Path, Request
 
+from service.api.errors import ErrorResponse
+from service.api.fields import NamespaceName
+from service.api.namespaces import ErasedNamespace
 from service.auth import require_namespace
-from service.db.namespaces import ErasedNamespace, erase_namespace
+from service.db.namespaces import erase_namespace
 from service.http.deps import (
     AUTH_RESPONSES,
     DOCUMENT_BEARER,
@@ -17,7 +20,6 @@ from service.http.deps import (
 )
 from service.http.genai_spans import memory_span
 from service.http.middleware import FastJSONRoute, annotate
-from service.http.schemas import ErrorResponse, NamespaceName
 
 router = APIRouter(
     tags=["memories"],

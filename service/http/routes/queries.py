@@ -7,12 +7,13 @@ from typing import Annotated
 from fastapi import APIRouter, Path, Request
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from service.api.errors import ErrorResponse
+from service.api.fields import MAX_BIGINT
+from service.api.queries import QueryTraceResult
 from service.auth import require_namespace
-from service.db.models import MAX_BIGINT
-from service.db.traces import QueryTraceResult, query_namespace, query_trace
+from service.db.traces import query_namespace, query_trace
 from service.http.deps import AUTH_RESPONSES, DOCUMENT_BEARER, ComponentsDep, PrincipalDep
 from service.http.middleware import annotate
-from service.http.schemas import ErrorResponse
 
 router = APIRouter(
     tags=["retrieval"],

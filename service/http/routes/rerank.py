@@ -11,6 +11,19 @@ from typing import Annotated
 
 from fastapi import APIRouter, Header, Request, Response
 
+from service.api.errors import ErrorResponse
+from service.api.rerank import (
+    AnyRerankIn,
+    CohereRerankIn,
+    CohereRerankOut,
+    EarmRerankOut,
+    RerankApiVersionOut,
+    RerankMetaOut,
+    RerankResultDocumentOut,
+    RerankResultOut,
+    TeiRankOut,
+    TeiRerankIn,
+)
 from service.auth import require_namespace
 from service.checks import NAMESPACE_PATTERN, namespace_name
 from service.errors import InvalidInput
@@ -23,19 +36,6 @@ from service.http.deps import (
 )
 from service.http.genai_spans import describe_rerank, rerank_span
 from service.http.middleware import FastJSONRoute, annotate
-from service.http.rerank_schemas import (
-    AnyRerankIn,
-    CohereRerankIn,
-    CohereRerankOut,
-    EarmRerankOut,
-    RerankApiVersionOut,
-    RerankMetaOut,
-    RerankResultDocumentOut,
-    RerankResultOut,
-    TeiRankOut,
-    TeiRerankIn,
-)
-from service.http.schemas import ErrorResponse
 from service.retrieve.given import RerankRequest, RerankResult, rerank_documents
 from service.settings import Settings
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Request
 
+from service.api.errors import ErrorResponse
+from service.api.retrieve import FeedbackIn, FeedbackResult, RetrieveIn, RetrieveResult
 from service.auth import require_namespace
 from service.errors import LimitExceeded
 from service.http.deps import (
@@ -16,10 +18,8 @@ from service.http.deps import (
 )
 from service.http.genai_spans import describe_retrieve, memory_span
 from service.http.middleware import FastJSONRoute, annotate
-from service.http.schemas import ErrorResponse, FeedbackIn, RetrieveIn
 from service.ingest.validation import check_metadata
-from service.retrieve.learning import FeedbackResult
-from service.retrieve.pipeline import RetrieveRequest, RetrieveResult
+from service.retrieve.pipeline import RetrieveRequest
 
 router = APIRouter(
     tags=["retrieval"],

@@ -9,6 +9,9 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query, Request, Response
 
+from service.api.errors import ErrorResponse
+from service.api.fields import NamespaceName
+from service.api.stats import NamespaceReportOut, StatsListOut
 from service.auth import require_admin, require_namespace
 from service.db import stats as stats_sql
 from service.http.deps import (
@@ -19,7 +22,6 @@ from service.http.deps import (
     PrincipalDep,
 )
 from service.http.middleware import annotate
-from service.http.schemas import ErrorResponse, NamespaceName, NamespaceReportOut, StatsListOut
 from service.metrics import CONTENT_TYPE_LATEST
 from service.metrics.gauges import ScorerBackendState
 from service.providers.http_scorer import HTTPScorer

@@ -12,7 +12,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Discriminator, Field, StrictBool, Tag
 
-from service.http.schemas import JSON_NUMBER, NonEmptyText, StrictModel
+from service.api.fields import JSON_NUMBER, NonEmptyText, StrictModel
 
 TopN = Annotated[
     int | None, Field(ge=1, description="Results to return, best first (default: all)."),
