@@ -1,7 +1,8 @@
 """A small `earm bench capacity` (``--quick`` sizes): one run yields every target's rows, T1 to
-T7, each with a figure, a bound, a ratio and a verdict, in the JSON and the markdown. Nothing
+T10, each with a figure, a bound, a ratio and a verdict, in the JSON and the markdown. Nothing
 about speed is asserted; what the run itself guarantees is: the late anchors are all recorded,
-the refit windows saw their refits land, and the rule's refit counts fall with size."""
+the refit windows saw their refits land, the rule's refit counts fall with size, a retrieve's
+anchors leave in one round and the limited backend got at least the calls it works on."""
 
 from __future__ import annotations
 
@@ -21,12 +22,16 @@ def test_one_quick_run_reports_every_target_with_its_verdict(
     rows = report["rows"]
     targets = [row["target"] for row in rows]
     assert targets == ["T1"] * 4 + ["T2"] * 2 + ["T3"] * 2 + ["T4"] + ["T5"] + ["T6"] * 2 + \
-        ["T7"] * 8
+        ["T7"] * 8 + ["T8"] * 3 + ["T9"] + ["T10"]
     for row in rows:
         assert row["verdict"] in ("met", "missed")
         assert row["ratio"] == round(row["measured"] / row["allowed"], 3) or row["allowed"] == 0
     assert rows[5]["row"] == "late anchors recorded" and rows[5]["verdict"] == "met"
     assert all(w["refits_landed"] >= 2 for w in report["refit_window"].values())
+    assert rows[20]["row"].endswith("scorer rounds per retrieve, most")
+    assert rows[20]["verdict"] == "met"
+    assert report["limited_backend"]["most_at_once"] >= report["limited_backend"]["works_on"]
+    assert report["backlog"]["backlog_5"]["errors"] == report["backlog"]["deep"]["errors"] == 0
     small, large = report["refit_costs"]
     assert small["refits_per_1000"] > large["refits_per_1000"] > 0
     assert report["load_average"]["start"] and report["load_average"]["end"]

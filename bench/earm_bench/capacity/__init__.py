@@ -3,8 +3,9 @@ each a ratio of two figures measured in that run.
 
 The service is ``earm serve`` at its shipped defaults (background work and background refits
 on) in a child process, over a scratch database, with loopback backends of fixed latency in
-processes of their own: a chat judge of 100 ms per call and a ``/rerank`` backend of 50 ms per
-request (the load bench's low-rank judge). Ten namespaces of ``--serving-memories`` client
+processes of their own: a chat judge of 100 ms per call (and the same judge on a listen backlog
+of 5, for T9) and a ``/rerank`` backend of 50 ms per request (the load bench's low-rank
+judge). Ten namespaces of ``--serving-memories`` client
 vectors each are ingested; two of them get 10k and 1M bulk-inserted observations. A row that
 must set something says so in its ``setting`` column; nothing else is set.
 
@@ -28,6 +29,20 @@ must set something says so in its ``setting`` column; nothing else is set.
 - **T7**: ``earm bench tenancy`` at ``--memories``, on the shipped schema (16 partitions per
   table): a namespace of 1% of the table, and 1,000 namespaces of 100 memories, against one of
   50%: search p50 ≤ 1.3 ×, top-200 recall ≥ 0.95.
+- **T8**: at the shipped default (``EARM_ANCHOR_ROUNDS=1``) a retrieve's anchors leave in one
+  round: the most ``scorer_rounds`` any of T1's chat ``earm`` retrieves answered ≤ 1; and T1's
+  chat cells in backend latencies, at one round: score p50 ≤ 1.3 latencies at budget 35, ≤ 1.6
+  at 200 anchors (``full``).
+- **T9**: ``full`` (200 anchors) on a cold scorer pool against the chat judge with a listen
+  backlog of 5 (a second service, ``EARM_BACKGROUND_WORK=false``) and with a deep one (the
+  shipped service, whose first scoring this is): the first retrieve of each, then one after
+  each pause that closes the pool's idle connections: score p50 ≤ 2 × the deep backlog's.
+- **T10**: ``full`` against the chat judge working on 4 calls at once (each for its latency,
+  the rest queued without a word): the most calls it had at once, waiting or worked on, ≤ 2 ×
+  4. The scorer's client bounds them only by its 64 connections
+  (``EARM_SCORER_MAX_CONNECTIONS``) and an AIMD window that halves on a 429, a 503 or no
+  answer, not on latency; the note has the retrieve's score p50 in backend latencies against
+  the backend's own floor (200 / 4).
 
 The report (markdown on stdout, JSON with ``--out``) has each row's figure, bound, ratio and
 verdict, the phases' own figures, the config, the command and the load average at start and

@@ -34,6 +34,8 @@ class CapacityConfig:
     tenants: int = 1_000
     tenant_size: int = 100
     tenancy_queries: int = 40
+    backlog_retrieves: int = 3  # T9: cold-pool retrieves per backend
+    limited_retrieves: int = 3  # T10
     seed: int = 0
     quick: bool = False
     database_url: str | None = None
@@ -48,7 +50,8 @@ QUICK: dict[str, Any] = {
     "memories": 2_000, "serving_memories": 300, "topics": 4, "small_observations": 500,
     "large_observations": 5_000, "score_requests": 3, "throughput_requests": 16,
     "tail_requests": 10, "refit_repeats": 1, "window_chunk": 8, "deadline_retrieves": 4,
-    "tenants": 10, "tenant_size": 20, "tenancy_queries": 3, "quick": True,
+    "tenants": 10, "tenant_size": 20, "tenancy_queries": 3,
+    "backlog_retrieves": 1, "limited_retrieves": 1, "quick": True,
     # Faster backends: the rows' ratios are to these latencies, so they keep their meaning.
     "chat_ms": 20.0, "rerank_ms": 10.0, "deadline_ms": 30.0, "deadline_backend_ms": 100.0,
 }

@@ -128,7 +128,59 @@ def _tenancy(report: dict[str, Any]) -> Iterator[Row]:
                       setting=setting, note="of an exact scan")
 
 
+def _rounds(report: dict[str, Any]) -> Iterator[Row]:
+    """T8: at the shipped default a retrieve's anchors leave in one round, as its response
+    says; its score phase in backend latencies, at T1's factors for one round."""
+    chat = {cell["policy"]: cell for cell in report["score"] if cell["scorer"] == "chat"}
+    setting = "shipped default (EARM_ANCHOR_ROUNDS=1); T1's chat cells"
+    earm = chat["earm"]
+    yield verdict("T8", f"{earm['anchors']} anchors (earm): scorer rounds per retrieve, most",
+                  earm["scorer_rounds_max"], 1, setting=setting,
+                  note=f"one round: every anchor leaves at once; the responses' scorer_rounds, "
+                       f"mean {earm['scorer_rounds_mean']}; n={earm['requests']}")
+    for cell in (earm, chat["full"]):
+        latency, factor = cell["backend_ms"], SCORE_BOUNDS[cell["policy"]]
+        yield verdict(
+            "T8", f"chat {latency:g} ms, {cell['anchors']} anchors ({cell['policy']}): score p50 "
+                  f"in backend latencies", cell["score_ms"]["p50"] / latency, factor,
+            setting=setting,
+            note=f"{factor:g} × one round; score p50 {cell['score_ms']['p50']} ms, "
+                 f"{cell['scorer_rounds_mean']} rounds per retrieve; n={cell['score_ms']['n']}")
+
+
+def _backlog(report: dict[str, Any]) -> Iterator[Row]:
+    cells = report["backlog"]
+    deep, small = cells["deep"], cells["backlog_5"]
+    yield verdict(
+        "T9", f"chat {small['backend_ms']:g} ms, listen backlog 5, {small['anchors']} anchors "
+              f"(full), cold pool: score p50 ms", small["score_ms"]["p50"],
+        2 * deep["score_ms"]["p50"],
+        setting="the first retrieve of the shipped service, and of a second one (its "
+                "EARM_BACKGROUND_WORK=false) on the small backlog, then one after each "
+                f"{cells['idle_s']:g} s idle (the pools' connections closed)",
+        note=f"2 × the deep backlog's {deep['score_ms']['p50']} ms; client p50 "
+             f"{small['client_ms']['p50']} against {deep['client_ms']['p50']} ms; "
+             f"n={small['score_ms']['n']} and {deep['score_ms']['n']}")
+
+
+def _limited(report: dict[str, Any]) -> Iterator[Row]:
+    cell = report["limited_backend"]
+    works_on, latency, bound = cell["works_on"], cell["backend_ms"], cell["client_bound"]
+    p50 = cell["score_ms"]["p50"]
+    yield verdict(
+        "T10", f"chat {latency:g} ms working on {works_on} at once, {cell['anchors']} anchors "
+               f"(full): most calls at the backend at once", cell["most_at_once"], 2 * works_on,
+        setting=f"the shipped scorer client: ≤ {bound['scorer_max_connections']} connections "
+                f"(EARM_SCORER_MAX_CONNECTIONS), an AIMD window that halves on 429, 503 or no "
+                f"answer (no latency signal)",
+        note=f"2 × the {works_on} it works on (one waiting behind each), waiting or worked on; "
+             f"score p50 {p50} ms = {p50 / latency:.1f} backend latencies (its floor "
+             f"{cell['anchors']} / {works_on} = {cell['anchors'] / works_on:g}); "
+             f"n={cell['score_ms']['n']}")
+
+
 def rows(report: dict[str, Any]) -> list[Row]:
-    """Every target's rows, T1 to T7."""
+    """Every target's rows, T1 to T10."""
     return [*_score(report), *_deadline(report), *_throughput(report), *_refits(report),
-            *_tails(report), *_tenancy(report)]
+            *_tails(report), *_tenancy(report), *_rounds(report), *_backlog(report),
+            *_limited(report)]

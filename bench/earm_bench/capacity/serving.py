@@ -171,19 +171,21 @@ async def throughput(cap: Capacity) -> dict[str, Any]:
         wall_s = time.perf_counter() - began
     finally:
         cap.judge.latency_ms = cap.config.chat_ms
-    merged = _merged(eight)
+    merged = merge(eight)
     merged.wall_s = wall_s
     return {"semantic": semantic.summary(), "earm_one_namespace": one.summary(),
             "earm_eight_namespaces": merged.summary(), "cpu_ms_per_request": cpu}
 
 
-def _merged(parts: Sequence[Samples]) -> Samples:
+def merge(parts: Sequence[Samples]) -> Samples:
+    """The samples of ``parts`` as one cell's (its ``wall_s`` is the caller's to set)."""
     merged = Samples()
     for part in parts:
         merged.client_ms += part.client_ms
         merged.timings += part.timings
         merged.scorer_calls += part.scorer_calls
         merged.scorer_requests += part.scorer_requests
+        merged.scorer_rounds += part.scorer_rounds
         merged.degraded += part.degraded
         merged.errors += part.errors
     return merged
@@ -261,7 +263,7 @@ async def refit_window(cap: Capacity, client: httpx.AsyncClient,
             await make_refit_due(large)
         if any(p.process.poll() is not None for p in processes):
             raise RuntimeError("a process of the refit window exited (see its log)")
-    samples = _merged(chunks)
+    samples = merge(chunks)
     samples.wall_s = time.perf_counter() - began
     return {**samples.summary(), "refits_landed": landed,
             "window_s": round(samples.wall_s, 1)}

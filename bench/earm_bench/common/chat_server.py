@@ -33,11 +33,13 @@ PATH = b"/v1/chat/completions"
 class ChatServer:
     """``POST /v1/chat/completions`` on 127.0.0.1 answered by ``reply`` (as
     :func:`service.testing.chat_completions_app` does), served by an event loop (uvloop) in a
-    daemon thread; a context manager. ``url`` once started."""
+    daemon thread; a context manager. ``url`` once started. ``backlog``: its listen backlog
+    (asyncio's default; 5 is Python's http.server's, beyond which the kernel drops connects)."""
 
-    def __init__(self, reply: ReplyFn, model: str = "loopback-judge") -> None:
+    def __init__(self, reply: ReplyFn, model: str = "loopback-judge", backlog: int = 100) -> None:
         self.reply = reply
         self.model = model
+        self.backlog = backlog
         self.url = ""
         self._numbers = itertools.count(1)
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -60,9 +62,9 @@ class ChatServer:
         import uvloop
 
         loop = self._loop = uvloop.new_event_loop()
-        listening = socket.create_server(("127.0.0.1", 0))
-        server = loop.run_until_complete(
-            loop.create_server(lambda: _Connection(self._answer), sock=listening))
+        listening = socket.create_server(("127.0.0.1", 0), backlog=self.backlog)
+        server = loop.run_until_complete(loop.create_server(
+            lambda: _Connection(self._answer), sock=listening, backlog=self.backlog))
         self.url = f"http://127.0.0.1:{listening.getsockname()[1]}"
         self._started.set()
         loop.run_forever()

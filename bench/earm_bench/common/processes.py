@@ -89,21 +89,22 @@ def child_server(server: Callable[[], AbstractContextManager[Any]]) -> Iterator[
             process.join(5)
 
 
-def _chat_judge(reply: Callable[..., Awaitable[Any]]) -> AbstractContextManager[Any]:
+def _chat_judge(reply: Callable[..., Awaitable[Any]], backlog: int) -> AbstractContextManager[Any]:
     from earm_bench.common.chat_server import ChatServer
 
     # The lean server: the judge should cost the machine as little as a remote provider would.
-    return ChatServer(reply)
+    return ChatServer(reply, backlog=backlog)
 
 
 @contextmanager
-def judge_process(reply: Callable[..., Awaitable[Any]]) -> Iterator[str]:
+def judge_process(reply: Callable[..., Awaitable[Any]], backlog: int = 100) -> Iterator[str]:
     """URL of a chat-completions judge (:class:`~earm_bench.common.chat_server.ChatServer`)
     answering with ``reply``, served by a forked child process, so serving it does not compete
     with the bench's clients for the GIL. Fork it before this process has threads or connections;
     ``reply``'s state is the child's copy (share what must change during the run, e.g. through
-    ``multiprocessing.Value``)."""
-    with child_server(functools.partial(_chat_judge, reply)) as url:
+    ``multiprocessing.Value``). ``backlog``: its listen backlog (the asyncio default; 5 is a
+    small server's, as Python's http.server)."""
+    with child_server(functools.partial(_chat_judge, reply, backlog)) as url:
         yield url
 
 
@@ -185,13 +186,22 @@ def child_process(
 
 @contextmanager
 def service_process(
-    settings: Mapping[str, str], workdir: Path, name: str = "service"
+    settings: Mapping[str, str], workdir: Path, name: str = "service", *, ready: bool = True
 ) -> Iterator[ServiceProcess]:
-    """``earm serve`` as :func:`child_process` starts it, once it is ready."""
+    """``earm serve`` as :func:`child_process` starts it, once it is ready (``ready=False``: at
+    once, so that it starts while the caller works; :func:`until_ready` before its first
+    request)."""
     port = free_port()
     with child_process(("serve", "--port", str(port)), settings, workdir, name) as child:
-        url = f"http://127.0.0.1:{port}"
-        if not wait_ready(url, STARTUP_TIMEOUT_S, child.process):
-            state = "exited" if child.process.poll() is not None else "did not become ready"
-            raise RuntimeError(f"the service {state}: {child.log_path.read_text()[-2000:]}")
-        yield ServiceProcess(child.process, child.log_path, child.settings, url)
+        service = ServiceProcess(child.process, child.log_path, child.settings,
+                                 f"http://127.0.0.1:{port}")
+        if ready:
+            until_ready(service)
+        yield service
+
+
+def until_ready(service: ServiceProcess) -> None:
+    """Wait until ``service`` answers; RuntimeError, with its log's end, if it cannot."""
+    if not wait_ready(service.url, STARTUP_TIMEOUT_S, service.process):
+        state = "exited" if service.process.poll() is not None else "did not become ready"
+        raise RuntimeError(f"the service {state}: {service.log_path.read_text()[-2000:]}")

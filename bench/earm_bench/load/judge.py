@@ -24,8 +24,16 @@ class Judge:
     def __init__(self, world: World, latency_ms: float) -> None:
         import multiprocessing
 
+        context = multiprocessing.get_context("fork")
         self.world = world
-        self._latency = multiprocessing.get_context("fork").Value("d", latency_ms)
+        self._latency = context.Value("d", latency_ms)
+        # A chat backend that works on at most this many calls at once and queues the rest,
+        # silently (0: every call at once); and the most calls it has had, waiting or worked
+        # on, since :meth:`reset_most_at_once`. Written by the serving child, read by the run.
+        self._limit = context.Value("i", 0)
+        self._most = context.Value("i", 0, lock=False)
+        self._at_once = 0  # the serving child's own count
+        self._gate: tuple[int, asyncio.Semaphore] | None = None
 
     @property
     def latency_ms(self) -> float:
@@ -34,6 +42,23 @@ class Judge:
     @latency_ms.setter
     def latency_ms(self, value: float) -> None:
         self._latency.value = value
+
+    @property
+    def limit(self) -> int:
+        """Chat calls worked on at once, the rest queued (0: no limit)."""
+        return int(self._limit.value)
+
+    @limit.setter
+    def limit(self, value: int) -> None:
+        self._limit.value = value
+
+    @property
+    def most_at_once(self) -> int:
+        """The most chat calls the judge has had at once, waiting or worked on."""
+        return int(self._most.value)
+
+    def reset_most_at_once(self) -> None:
+        self._most.value = 0
 
     def latency_s(self) -> float:
         return self.latency_ms / 1000
@@ -45,10 +70,30 @@ class Judge:
         return [float(self._relevance(query, document)) for document in documents]
 
     async def reply(self, prompt: str) -> str:
+        self._at_once += 1
+        self._most.value = max(self._most.value, self._at_once)
+        try:
+            gate = self._gate_of(self.limit)
+            if gate is None:
+                return await self._answer(prompt)
+            async with gate:  # the latency starts once the call is worked on
+                return await self._answer(prompt)
+        finally:
+            self._at_once -= 1
+
+    async def _answer(self, prompt: str) -> str:
         answered_at = self._answer_time()
         relevance = self._relevance(prompt, prompt)
         await _sleep_until(answered_at)
         return relevance
+
+    def _gate_of(self, limit: int) -> asyncio.Semaphore | None:
+        """The serving child's semaphore of ``limit`` (a new one when the limit changed)."""
+        if limit <= 0:
+            return None
+        if self._gate is None or self._gate[0] != limit:
+            self._gate = (limit, asyncio.Semaphore(limit))
+        return self._gate[1]
 
     def _answer_time(self) -> float:
         """When a call that reaches the judge now is answered: ``latency_ms`` later, its own

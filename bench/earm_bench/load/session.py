@@ -37,6 +37,7 @@ class Samples:
     timings: list[dict[str, float]] = field(default_factory=list)
     scorer_calls: list[int] = field(default_factory=list)
     scorer_requests: list[int] = field(default_factory=list)
+    scorer_rounds: list[int] = field(default_factory=list)
     degraded: int = 0
     errors: int = 0
     wall_s: float = 0.0
@@ -55,6 +56,8 @@ class Samples:
             "degraded": self.degraded,
             "scorer_calls_mean": round(float(np.mean(self.scorer_calls)), 1) if ok else None,
             "scorer_requests_mean": round(float(np.mean(self.scorer_requests)), 1) if ok else None,
+            "scorer_rounds_mean": round(float(np.mean(self.scorer_rounds)), 2) if ok else None,
+            "scorer_rounds_max": max(self.scorer_rounds) if ok else None,
             "throughput_rps": round(ok / self.wall_s, 2) if self.wall_s > 0 else None,
             "client_ms": percentiles(self.client_ms),
             "total_ms": percentiles(self.timing("total_ms")),
@@ -135,6 +138,7 @@ async def retrieve(run: LoadRun, number: int, policy: str, samples: Samples,
     samples.timings.append(result["timings"])
     samples.scorer_calls.append(result["scorer_calls"])
     samples.scorer_requests.append(result["scorer_requests"])
+    samples.scorer_rounds.append(result["scorer_rounds"])
     samples.degraded += bool(result["degraded"])
 
 
