@@ -1,7 +1,10 @@
 """All of earm's configuration, read from ``EARM_*`` environment variables (or a ``.env`` file).
 
-One typed object; the app factory receives it and passes the pieces on, so nothing else reads
-the environment and tests build their own ``Settings(...)`` instead of patching globals.
+One typed object, flat as the environment it is read from (the ``EARM_*`` names are the public
+interface, and the checks that involve several settings stay in one place); the app factory
+receives it and hands each component its group (``settings.scoring``, ``settings.database``,
+... : ``service.settings_groups``), so nothing else reads the environment and tests build their
+own ``Settings(...)`` instead of patching globals.
 """
 
 from __future__ import annotations
@@ -16,6 +19,22 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from service.budget import DEFAULT_BUDGET_SCHEDULE, BudgetSchedule
 from service.checks import BASE_URL_EXAMPLES, missing_base_url, namespace_name
+from service.settings_groups import (
+    AnchorSettings,
+    AuthSettings,
+    CompletionSettings,
+    DatabaseSettings,
+    EmbedderSettings,
+    IndexingSettings,
+    IntegrationSettings,
+    LimitSettings,
+    ObservabilitySettings,
+    RefitSettings,
+    RetrievalSettings,
+    ScorerSettings,
+    SearchSettings,
+    ServingSettings,
+)
 
 #: The largest rank r of the completion model (EARM_RANK).
 MAX_RANK = 64
@@ -499,3 +518,175 @@ class Settings(BaseSettings):
         """``EARM_DATABASE_REPLICA_URLS`` as a list (blanks between commas dropped)."""
         return [url.strip() for url in self.database_replica_urls.split(",") if url.strip()]
 
+
+    # --- the groups each component receives (service.settings_groups) ---------------------
+
+    @property
+    def database(self) -> DatabaseSettings:
+        return DatabaseSettings(
+            url=self.database_url,
+            data_dir=self.data_dir,
+            replica_urls=tuple(self.replica_urls),
+            replica_max_wait_ms=self.replica_max_wait_ms,
+            pool_size=self.db_pool_size,
+            lock_timeout_s=self.db_lock_timeout_s,
+            prepared_statements=self.db_prepared_statements,
+            embedding_dim=self.embedding_dim,
+            embedded_watch_interval_s=self.embedded_watch_interval_s,
+            embedded_restart_attempts=self.embedded_restart_attempts,
+            embedded_restart_backoff_s=self.embedded_restart_backoff_s,
+        )
+
+    @property
+    def indexing(self) -> IndexingSettings:
+        return IndexingSettings(
+            batch_size=self.index_batch_size,
+            poll_interval_s=self.index_poll_interval_s,
+            max_unindexed=self.max_unindexed,
+            document_ttl_s=self.rerank_document_ttl_s,
+        )
+
+    @property
+    def embedding(self) -> EmbedderSettings:
+        return EmbedderSettings(
+            kind=self.embedder,
+            dim=self.embedding_dim,
+            base_url=self.embedder_base_url,
+            model=self.embedder_model,
+            api_key=self.embedder_api_key,
+            timeout_s=self.embedder_timeout_s,
+            batch_size=self.embedder_batch_size,
+            max_retries=self.embedder_max_retries,
+        )
+
+    @property
+    def scoring(self) -> ScorerSettings:
+        return ScorerSettings(
+            kind=self.scorer,
+            base_url=self.scorer_base_url,
+            model=self.scorer_model,
+            api_key=self.scorer_api_key,
+            concurrency=self.scorer_concurrency,
+            max_connections=self.scorer_max_connections,
+            max_connecting=self.scorer_max_connecting,
+            breaker_threshold=self.scorer_breaker_threshold,
+            breaker_delay_s=self.scorer_breaker_delay_s,
+            timeout_s=self.scorer_timeout_s,
+            max_retries=self.scorer_max_retries,
+            max_answer_bytes=self.scorer_max_answer_bytes,
+            batch_size=self.scorer_batch_size,
+            score_transform=self.scorer_score_transform,
+            prompt_file=self.scorer_prompt_file,
+            chat_mode=self.scorer_chat_mode,
+            chat_batch=self.scorer_chat_batch,
+        )
+
+    @property
+    def completion(self) -> CompletionSettings:
+        return CompletionSettings(
+            model=self.completion_model,
+            rank=self.rank,
+            reg=self.reg,
+            memory_reg=self.memory_reg,
+            content_reg=self.content_reg,
+            factor_reg=self.factor_reg,
+            als_iterations=self.als_iterations,
+        )
+
+    @property
+    def refits(self) -> RefitSettings:
+        return RefitSettings(
+            every=self.refit_every,
+            growth=self.refit_growth,
+            in_background=self.refit_in_background,
+            process=self.refit_process,
+            background_work=self.background_work,
+            worker_poll_interval_s=self.worker_poll_interval_s,
+            log_level=self.log_level,
+            db_prepared_statements=self.db_prepared_statements,
+        )
+
+    @property
+    def search(self) -> SearchSettings:
+        return SearchSettings(
+            default_candidates=self.default_candidates,
+            rank=self.rank,
+            reuse_observations=self.reuse_observations,
+            exact_scan_below=self.exact_scan_below,
+            exact_scan_below_filtered=self.exact_scan_below_filtered,
+            paraphrase_transfer=self.paraphrase_transfer,
+            paraphrase_similarity=self.paraphrase_similarity,
+            paraphrase_window=self.paraphrase_window,
+        )
+
+    @property
+    def anchors(self) -> AnchorSettings:
+        return AnchorSettings(
+            policy=self.anchor_policy,
+            rounds=self.anchor_rounds,
+            trust_probability=self.trust_probability,
+            acquisition_quantile=self.acquisition_quantile,
+            stop_expected=self.stop_expected,
+            budget_schedule=self.budget_schedule,
+            content_prior=self.completion_model == "earm",
+            paraphrase_prior=self.paraphrase_prior,
+        )
+
+    @property
+    def retrieval(self) -> RetrievalSettings:
+        return RetrievalSettings(
+            score_deadline_ms=self.score_deadline_ms,
+            late_drain_s=self.late_drain_s,
+            query_traces=self.query_traces,
+            embedding_dim=self.embedding_dim,
+        )
+
+    @property
+    def limits(self) -> LimitSettings:
+        return LimitSettings(
+            max_batch=self.max_batch,
+            max_text_chars=self.max_text_chars,
+            max_k=self.max_k,
+            max_candidates=self.max_candidates,
+            default_candidates=self.default_candidates,
+            max_page_size=self.max_page_size,
+            max_body_bytes=self.max_body_bytes,
+            max_metadata_bytes=self.max_metadata_bytes,
+            max_metadata_depth=self.max_metadata_depth,
+        )
+
+    @property
+    def auth(self) -> AuthSettings:
+        return AuthSettings(
+            api_keys=self.api_keys,
+            allow_anonymous=self.allow_anonymous,
+            cache_ttl_s=self.auth_cache_ttl_s,
+            metrics_public=self.metrics_public,
+        )
+
+    @property
+    def serving(self) -> ServingSettings:
+        return ServingSettings(
+            host=self.host,
+            port=self.port,
+            header_timeout_s=self.header_timeout_s,
+            body_timeout_s=self.body_timeout_s,
+            shutdown_timeout_s=self.shutdown_timeout_s,
+            max_body_bytes=self.max_body_bytes,
+        )
+
+    @property
+    def observability(self) -> ObservabilitySettings:
+        return ObservabilitySettings(
+            log_level=self.log_level, access_log=self.access_log, trace_content=self.trace_content
+        )
+
+    @property
+    def integrations(self) -> IntegrationSettings:
+        return IntegrationSettings(
+            mcp_default_namespace=self.mcp_default_namespace,
+            rerank_namespace=self.rerank_namespace,
+            rerank_repeat_window_s=self.rerank_repeat_window_s,
+            url=self.url,
+            api_key=self.api_key,
+        )
