@@ -105,13 +105,13 @@ async def _components(app: FastAPI, settings: Settings, metrics: Metrics) -> Asy
         # Seeds EARM_API_KEYS; refuses a non-loopback EARM_HOST without key enforcement.
         app.state.authenticator = Authenticator.from_settings(settings, database.sessions)
         await app.state.authenticator.start(bind_host=settings.host)
-        embedder = build_embedder(settings)
+        embedder = build_embedder(settings.embedding)
         if isinstance(embedder, LocalEmbedder):
             # Load the ONNX model now, not on the first request (~0.4 s).
             await asyncio.to_thread(embedder.load)
         scorer_health = ScorerHealth(settings.scorer)
         scorer = build_scorer(
-            settings, observer=observe_all(metrics.observe_scorer_call, scorer_health)
+            settings.scoring, observer=observe_all(metrics.observe_scorer_call, scorer_health)
         )
         refit_health = RefitHealth(metrics.observe_refit)
         refits = refits_for(settings, database.url, database.sessions, refit_health)

@@ -1,4 +1,5 @@
-"""The providers a deployment's settings select: its embedder and its relevance scorer."""
+"""The providers a deployment's settings select: its embedder and its relevance scorer, each
+built from its own group of settings (``Settings.embedding``, ``Settings.scoring``)."""
 
 from __future__ import annotations
 
@@ -14,108 +15,110 @@ from service.providers.local_embedder import LOCAL_DIM, LOCAL_MODEL_ID, LocalEmb
 from service.providers.openai_embedder import OpenAIEmbedder, openai_model_id
 from service.providers.rerank_scorer import RerankScorer
 from service.providers.scorers import LocalScorer, RelevanceScorer, ScorerObserver
-from service.settings import Settings
+from service.settings_groups import EmbedderSettings, ScorerSettings
 
 
-def build_embedder(settings: Settings) -> Embedder | None:
+def build_embedder(settings: EmbedderSettings) -> Embedder | None:
     """The deployment's embedder; ``None`` when clients must send their own vectors."""
-    kind = settings.embedder
+    kind = settings.kind
     if kind == "none":
         return None
     if kind == "local":
-        if settings.embedding_dim != LOCAL_DIM:
+        if settings.dim != LOCAL_DIM:
             raise ConfigurationError(
                 f"the local embedder produces {LOCAL_DIM}-d vectors but EARM_EMBEDDING_DIM="
-                f"{settings.embedding_dim}; set EARM_EMBEDDING_DIM={LOCAL_DIM} "
+                f"{settings.dim}; set EARM_EMBEDDING_DIM={LOCAL_DIM} "
                 "or use another embedder"
             )
-        return LocalEmbedder(batch_size=settings.embedder_batch_size)
+        return LocalEmbedder(batch_size=settings.batch_size)
     if kind == "openai":
         base_url, api_key = _endpoint(
-            "embedder", kind, settings.embedder_base_url, settings.embedder_api_key
+            "embedder", kind, settings.base_url, settings.api_key
         )
         return OpenAIEmbedder(
             base_url=base_url,
-            model=settings.embedder_model,
-            dim=settings.embedding_dim,
+            model=settings.model,
+            dim=settings.dim,
             api_key=api_key,
-            timeout_s=settings.embedder_timeout_s,
-            batch_size=settings.embedder_batch_size,
-            max_retries=settings.embedder_max_retries,
+            timeout_s=settings.timeout_s,
+            batch_size=settings.batch_size,
+            max_retries=settings.max_retries,
         )
     raise ConfigurationError(f"unknown embedder {kind!r}; expected 'local', 'openai' or 'none'")
 
 
-def embedding_model_id(settings: Settings) -> str:
+def embedding_model_id(settings: EmbedderSettings) -> str:
     """The model id the deployment's embedder stores with its vectors (``CLIENT_MODEL_ID`` for
     ``EARM_EMBEDDER=none``: clients send their own), without building the embedder."""
-    if settings.embedder == "local":
+    if settings.kind == "local":
         return LOCAL_MODEL_ID
-    if settings.embedder == "openai":
-        return openai_model_id(settings.embedder_model)
+    if settings.kind == "openai":
+        return openai_model_id(settings.model)
     return CLIENT_MODEL_ID
 
 
-def scorer_source(settings: Settings) -> str:
+def scorer_source(settings: ScorerSettings) -> str:
     """What the deployment's scorer records as each observation's source (``scores.scored_by``):
     the backend, model and what sets its scale (the chat mode; a reranker's transform), so the
     observations of each scale get a map of their own (``service.completion.scale``)."""
-    if settings.scorer == "local":
+    if settings.kind == "local":
         return "local"
-    if settings.scorer == "openai":
-        return f"openai:{settings.scorer_model}:{settings.scorer_chat_mode}"
-    return f"{settings.scorer}:{settings.scorer_model}:{settings.scorer_score_transform}"
+    if settings.kind == "openai":
+        return f"openai:{settings.model}:{settings.chat_mode}"
+    return f"{settings.kind}:{settings.model}:{settings.score_transform}"
 
 
-def build_scorer(settings: Settings, observer: ScorerObserver | None = None) -> RelevanceScorer:
+def build_scorer(
+    settings: ScorerSettings, observer: ScorerObserver | None = None
+) -> RelevanceScorer:
     """The deployment's relevance scorer; ``observer`` hears about every scored pair."""
-    kind = settings.scorer
+    kind = settings.kind
     if kind == "local":
         return LocalScorer(observer=observer)
     if kind not in ("openai", "rerank", "tei"):
         raise ConfigurationError(
             f"unknown scorer {kind!r}; expected 'local', 'openai', 'rerank' or 'tei'"
         )
-    base_url, api_key = _endpoint("scorer", kind, settings.scorer_base_url, settings.scorer_api_key)
+    base_url, api_key = _endpoint("scorer", kind, settings.base_url, settings.api_key)
     if kind == "openai":
         return OpenAIChatScorer(
-            mode=settings.scorer_chat_mode,
+            mode=settings.chat_mode,
             prompt_template=_prompt_template(settings),
-            batch=settings.scorer_chat_batch,
+            batch=settings.chat_batch,
             base_url=base_url,
-            model=settings.scorer_model,
+            model=settings.model,
             api_key=api_key,
-            concurrency=settings.scorer_concurrency,
-            timeout_s=settings.scorer_timeout_s,
-            max_retries=settings.scorer_max_retries,
+            concurrency=settings.concurrency,
+            timeout_s=settings.timeout_s,
+            max_retries=settings.max_retries,
             observer=observer,
-            max_answer_bytes=settings.scorer_max_answer_bytes,
+            max_answer_bytes=settings.max_answer_bytes,
             pool=_pool_limits(settings),
             breaker=_breaker(settings),
         )
     return RerankScorer(
         base_url=base_url,
-        model=settings.scorer_model,
+        model=settings.model,
         protocol=kind,
         api_key=api_key,
-        concurrency=settings.scorer_concurrency,
-        timeout_s=settings.scorer_timeout_s,
-        max_retries=settings.scorer_max_retries,
-        batch_size=settings.scorer_batch_size,
-        transform=settings.scorer_score_transform,
+        concurrency=settings.concurrency,
+        timeout_s=settings.timeout_s,
+        max_retries=settings.max_retries,
+        batch_size=settings.batch_size,
+        transform=settings.score_transform,
         observer=observer,
-        max_answer_bytes=settings.scorer_max_answer_bytes,
+        max_answer_bytes=settings.max_answer_bytes,
         pool=_pool_limits(settings),
         breaker=_breaker(settings),
     )
 
 
-def _pool_limits(settings: Settings) -> PoolLimits:
-    return PoolLimits(settings.scorer_max_connections, settings.scorer_max_connecting)
+def _pool_limits(settings: ScorerSettings) -> PoolLimits:
+    return PoolLimits(settings.max_connections, settings.max_connecting)
 
 
-def _breaker(settings: Settings) -> Breaker:
-    return Breaker(settings.scorer_breaker_threshold, settings.scorer_breaker_delay_s)
+def _breaker(settings: ScorerSettings) -> Breaker:
+    return Breaker(settings.breaker_threshold, settings.breaker_delay_s)
 
 
 def _endpoint(
@@ -128,9 +131,9 @@ def _endpoint(
     return base_url, api_key.get_secret_value() if api_key else None
 
 
-def _prompt_template(settings: Settings) -> str:
+def _prompt_template(settings: ScorerSettings) -> str:
     """The chat scorer's per-pair prompt: EARM_SCORER_PROMPT_FILE's text, or the built-in one."""
-    path = settings.scorer_prompt_file
+    path = settings.prompt_file
     if path is None:
         return USER_PROMPT
     try:

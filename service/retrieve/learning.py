@@ -90,7 +90,7 @@ class Learner:
         self.writes = writes or Writes(sessions)
         self.settings = settings
         # What the scorer's observations are recorded as coming from (their scale's key).
-        self.scorer_source = scorer_source(settings)
+        self.scorer_source = scorer_source(settings.scoring)
         self.refits = refits or InProcessRefits(sessions, settings)
         # namespace -> its running background refit (the reference keeps the task from being
         # garbage-collected; it is dropped when the task ends)

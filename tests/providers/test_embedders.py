@@ -353,18 +353,18 @@ def test_openai_embedder_empty_input_makes_no_call(serve: Serve) -> None:
 
 
 def test_build_embedder_none_means_clients_send_vectors() -> None:
-    assert build_embedder(Settings(embedder="none")) is None
+    assert build_embedder(Settings(embedder="none").embedding) is None
 
 
 def test_build_embedder_local_is_the_offline_model() -> None:
-    embedder = build_embedder(Settings(embedder="local"))
+    embedder = build_embedder(Settings(embedder="local").embedding)
     assert isinstance(embedder, LocalEmbedder)
     assert embedder.dim == 384
 
 
 def test_build_embedder_local_rejects_a_different_dimension() -> None:
     with pytest.raises(ValueError, match="EARM_EMBEDDING_DIM"):
-        build_embedder(Settings(embedder="local", embedding_dim=768))
+        build_embedder(Settings(embedder="local", embedding_dim=768).embedding)
 
 
 def test_settings_refuse_the_openai_embedder_without_a_base_url() -> None:
@@ -382,7 +382,7 @@ def test_build_embedder_openai_uses_settings() -> None:
         embedding_dim=16,
         embedder_api_key="sk-x",
     )
-    embedder = build_embedder(settings)
+    embedder = build_embedder(settings.embedding)
     assert isinstance(embedder, OpenAIEmbedder)
     assert embedder.url == "http://127.0.0.1:9/v1/embeddings"
     assert embedder.model_id == "openai:m1" and embedder.dim == 16

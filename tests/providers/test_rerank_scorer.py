@@ -318,7 +318,7 @@ def test_rerank_scorer_fails_endless_answers_as_too_large_after_reading_at_most_
     backend = endless_backend(framing)
     settings = Settings(scorer=protocol, scorer_base_url=backend.url, scorer_timeout_s=60.0,
                         scorer_max_answer_bytes=ANSWER_CAP, _env_file=None)
-    scorer = build_scorer(settings)
+    scorer = build_scorer(settings.scoring)
     assert isinstance(scorer, RerankScorer)
     scores = asyncio.run(score_with(scorer, "q", [f"m{i}" for i in range(192)]))
     assert scores.values == [None] * 192
@@ -365,7 +365,7 @@ def test_build_scorer_builds_a_reranker_from_settings(protocol: RerankProtocol) 
         scorer_batch_size=32,
         scorer_score_transform="sigmoid",
     )
-    scorer = build_scorer(settings)
+    scorer = build_scorer(settings.scoring)
     assert isinstance(scorer, RerankScorer)
     assert (scorer.url, scorer.name, scorer.protocol) == (
         "http://127.0.0.1:9/v1/rerank",

@@ -512,7 +512,7 @@ def test_openai_scorer_fails_an_endless_answer_as_too_large_after_reading_at_mos
     endless_backend, framing: str,
 ) -> None:
     backend = endless_backend(framing)
-    scorer = build_scorer(capped_settings(backend.url))
+    scorer = build_scorer(capped_settings(backend.url).scoring)
     assert isinstance(scorer, OpenAIChatScorer)
     assert asyncio.run(score_with(scorer, "q", ["m1", "m2"])) == [None, None]
     for sent in backend.sent():
@@ -525,7 +525,7 @@ def test_openai_scorer_does_not_ask_a_batch_pair_by_pair_after_an_answer_over_th
     endless_backend,
 ) -> None:
     backend = endless_backend("chunked")
-    scorer = build_scorer(capped_settings(backend.url, scorer_chat_batch=4))
+    scorer = build_scorer(capped_settings(backend.url, scorer_chat_batch=4).scoring)
     assert isinstance(scorer, OpenAIChatScorer)
     assert asyncio.run(score_with(scorer, "q", ["m1", "m2", "m3"])) == [None] * 3
     for sent in backend.sent():
@@ -539,7 +539,7 @@ def test_openai_scorer_does_not_ask_a_batch_pair_by_pair_after_an_answer_over_th
 
 
 def test_build_scorer_defaults_to_the_local_scorer() -> None:
-    scorer = build_scorer(Settings(scorer="local"))
+    scorer = build_scorer(Settings(scorer="local").scoring)
     assert isinstance(scorer, LocalScorer) and scorer.name == "local"
 
 
@@ -562,7 +562,7 @@ def test_build_scorer_openai_uses_settings() -> None:
         scorer_concurrency=5,
         scorer_timeout_s=1.5,
     )
-    scorer = build_scorer(settings)
+    scorer = build_scorer(settings.scoring)
     assert isinstance(scorer, OpenAIChatScorer)
     assert scorer.url == "http://127.0.0.1:9/v1/chat/completions"
     assert (scorer.model, scorer.concurrency, scorer.timeout_s, scorer.name) == (
@@ -602,7 +602,7 @@ def test_build_scorer_reads_the_prompt_file(tmp_path: Path) -> None:
     scorer = build_scorer(
         Settings(
             scorer="openai", scorer_base_url="http://127.0.0.1:9/v1", scorer_prompt_file=prompt_file
-        )
+        ).scoring
     )
     assert isinstance(scorer, OpenAIChatScorer)
     assert scorer.build_messages("q", "m")[1]["content"] == "Does m answer q?"
@@ -614,7 +614,7 @@ def test_build_scorer_reads_the_prompt_file(tmp_path: Path) -> None:
                 scorer="openai",
                 scorer_base_url="http://127.0.0.1:9/v1",
                 scorer_prompt_file=prompt_file,
-            )
+            ).scoring
         )
 
 

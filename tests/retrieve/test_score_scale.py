@@ -73,7 +73,7 @@ async def _replay(database_url: str, namespace: str, *phases: ScoreFn) -> Replay
                                 scorer_base_url=server.url, scorer_model=f"phase-{phase}",
                                 background_work=True, refit_in_background=False,
                                 _env_file=None)
-            scorer = build_scorer(settings)
+            scorer = build_scorer(settings.scoring)
             async with open_database(settings) as db:
                 if phase == 0:
                     async with db.sessions() as session:

@@ -60,7 +60,7 @@ async def _scenario(settings: Settings) -> dict[str, FoundCandidates | None]:
         await find("top", query)
         await find("filtered", query, filters={"parity": "odd"})
         await find("unknown namespace", query, namespace="never-written")
-        pipeline = RetrievalPipeline(db.sessions, None, build_scorer(settings), settings)
+        pipeline = RetrievalPipeline(db.sessions, None, build_scorer(settings.scoring), settings)
         await pipeline.retrieve(RetrieveRequest(
             namespace=NAMESPACE, query="where is it", query_embedding=query.tolist(),
             candidates=10, budget=4, k=5))
