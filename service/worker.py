@@ -86,7 +86,7 @@ async def run_worker(settings: Settings) -> None:
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, stop.set)
-    async with open_database(settings) as database:
+    async with open_database(settings.database) as database:
         log.info("earm worker started: refits and indexing")
         # Refits in a child process here too: the indexer's batches do not wait behind one.
         refits = refits_for(settings, database.url, database.sessions)

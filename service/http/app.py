@@ -99,8 +99,8 @@ async def _components(app: FastAPI, settings: Settings, metrics: Metrics) -> Asy
     serve."""
     # In embedded mode, the server is restarted whenever it dies (service.db.engine).
     async with (
-        open_database(settings, metrics.observe_replica_read) as database,
-        supervised(database, settings),
+        open_database(settings.database, metrics.observe_replica_read) as database,
+        supervised(database, settings.database),
     ):
         # Seeds EARM_API_KEYS; refuses a non-loopback EARM_HOST without key enforcement.
         app.state.authenticator = Authenticator.from_settings(settings, database.sessions)

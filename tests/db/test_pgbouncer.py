@@ -245,7 +245,7 @@ def test_core_flows_of_concurrent_agents_run_on_shared_server_connections(
 
 async def _refits(settings: Settings, namespace: str, rounds: int) -> list[bool]:
     results: list[bool] = []
-    async with open_database(settings) as database:
+    async with open_database(settings.database) as database:
         for _ in range(rounds):
             results += await asyncio.gather(*(
                 refit_namespace(database.sessions, settings, name) for name in (namespace, "other")
@@ -271,7 +271,10 @@ async def _refit_while_held(
     # refit under test would share the other with the service's background work (seen once
     # on a loaded machine: no server connection within PgBouncer's query_wait_timeout).
     direct = settings.model_copy(update={"database_url": direct_url})
-    async with open_database(settings) as database, open_database(direct) as other:
+    async with (
+        open_database(settings.database) as database,
+        open_database(direct.database) as other,
+    ):
         async with other.sessions() as holder:
             assert await try_lock_namespace_refit(holder, namespace)
             while_held = await refit_namespace(database.sessions, settings, namespace)

@@ -145,7 +145,7 @@ async def observed_namespace(
     """A pipeline over a namespace of twenty memories, every one observed by four queries:
     the database, the pipeline and the memories' ids."""
     settings = pipeline_settings(database_url)
-    async with open_database(settings) as database:
+    async with open_database(settings.database) as database:
         pipeline = RetrievalPipeline(database.sessions, None, LocalScorer(), settings)
         async with database.sessions() as session:
             result = await ingest(

@@ -37,7 +37,7 @@ def test_retrieves_that_score_the_largest_allowed_candidate_set_are_recorded_eve
     rng = np.random.default_rng(0)
 
     async def scenario() -> None:
-        async with open_database(settings) as db:
+        async with open_database(settings.database) as db:
             async with db.sessions() as session:
                 memories = [NewMemory(text=f"m{i}", embedding=rng.normal(size=384).tolist())
                             for i in range(size)]

@@ -23,7 +23,7 @@ from service.settings import Settings
 
 async def _refits_and_locks(settings: Settings) -> tuple[list[bool], int]:
     rng = np.random.default_rng(0)
-    async with open_database(settings) as db:
+    async with open_database(settings.database) as db:
         pipeline = RetrievalPipeline(db.sessions, None, LocalScorer(), settings)
         async with db.sessions() as session:
             await ingest(
@@ -95,7 +95,7 @@ def test_deleting_a_memory_while_a_refit_rewrites_the_parameters_does_not_deadlo
     lock on each memory) against a delete of one of its memories, made to interleave: the
     delete must queue on the namespace row instead of taking the memory's row first."""
     async def add_memory() -> int:
-        async with open_database(settings) as database, database.sessions() as session:
+        async with open_database(settings.database) as database, database.sessions() as session:
             result = await ingest(
                 session, None, 384, "agent-1",
                 [NewMemory(text="doomed", embedding=np.ones(384).tolist())],
@@ -104,7 +104,7 @@ def test_deleting_a_memory_while_a_refit_rewrites_the_parameters_does_not_deadlo
             return result.ids[0]
 
     async def delete_it(memory_id: int) -> None:
-        async with open_database(settings) as database, database.sessions() as session:
+        async with open_database(settings.database) as database, database.sessions() as session:
             await delete_memory(session, memory_id, "agent-1")
             await session.commit()
 
@@ -138,7 +138,7 @@ def test_an_ingest_does_not_wait_for_a_writer_holding_the_namespace(settings: Se
     """A refit holds the namespace's row while it writes the model (seconds at a million
     observations); new memories only need the namespace to exist, so they go in meanwhile."""
     async def scenario() -> float:
-        async with open_database(settings) as database:
+        async with open_database(settings.database) as database:
             async with database.sessions() as session:
                 await ingest(session, None, 384, "agent-1",
                              [NewMemory(text="first", embedding=np.ones(384).tolist())])

@@ -91,7 +91,7 @@ def test_a_child_process_refit_writes_the_model_an_in_process_refit_writes(
     settings: Settings,
 ) -> None:
     async def scenario() -> None:
-        async with open_database(settings) as db:
+        async with open_database(settings.database) as db:
             await populate(db, settings)
             refits = ChildRefits(db.url, settings)
             try:
@@ -115,7 +115,7 @@ def test_a_refit_child_killed_mid_refit_leaves_the_namespace_due_and_the_next_re
     settings: Settings,
 ) -> None:
     async def scenario() -> None:
-        async with open_database(settings) as db:
+        async with open_database(settings.database) as db:
             await populate(db, settings)
             due = await queries_since_refit(db.engine)
             online = await model_rows(db.engine)  # the rows the retrieves updated online
@@ -158,7 +158,7 @@ def test_a_refit_child_killed_while_idle_is_replaced_and_the_next_refit_runs(
     settings: Settings,
 ) -> None:
     async def scenario() -> None:
-        async with open_database(settings) as db:
+        async with open_database(settings.database) as db:
             await populate(db, settings)
             refits = ChildRefits(db.url, settings)
             try:
@@ -183,7 +183,7 @@ def test_a_terminals_ctrl_c_leaves_the_refit_child_to_its_service(settings: Sett
     when to stop, and its child goes with it."""
 
     async def scenario() -> None:
-        async with open_database(settings) as db:
+        async with open_database(settings.database) as db:
             await populate(db, settings)
             refits = ChildRefits(db.url, settings)
             try:
@@ -216,7 +216,7 @@ def test_a_refit_that_fails_shows_in_the_refits_health_and_the_next_success_clea
     outcomes: list[RefitOutcome] = []
 
     async def scenario() -> None:
-        async with open_database(settings) as db:
+        async with open_database(settings.database) as db:
             await populate(db, settings)
             refits = ChildRefits(db.url, settings, RefitHealth(outcomes.append))
             learner = Learner(db.sessions, settings, refits)
@@ -295,7 +295,7 @@ from service.settings import Settings
 
 async def main() -> None:
     settings = Settings()
-    async with open_database(settings) as db:
+    async with open_database(settings.database) as db:
         await ChildRefits(db.url, settings).refit(sys.argv[1])
         await asyncio.sleep(3600)
 
@@ -321,7 +321,7 @@ def test_a_service_killed_mid_refit_takes_its_refit_processes_and_the_refit_with
     }
 
     async def scenario() -> None:
-        async with open_database(settings) as db:
+        async with open_database(settings.database) as db:
             await populate(db, settings)
             due = await queries_since_refit(db.engine)
             # The namespace's row held: the refit waits at its first statement.

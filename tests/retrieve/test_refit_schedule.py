@@ -114,7 +114,7 @@ def test_only_queries_that_observed_something_count_towards_the_next_refit(
         settings = Settings(database_url=clean_database, embedder="none", scorer="local",
                             background_work=False, _env_file=None)
         rng = np.random.default_rng(0)
-        async with open_database(settings) as db:
+        async with open_database(settings.database) as db:
             async with db.sessions() as session:
                 await ingest(session, None, 384, "ns", [
                     NewMemory(text=f"m{i}", embedding=rng.normal(size=384).tolist())

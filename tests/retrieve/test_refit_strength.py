@@ -50,7 +50,7 @@ async def refitted(
     server = LoopbackServer(rerank_app(topic_match)).start()
     scorer = RerankScorer(base_url=server.url, model="reranker", protocol="rerank")
     rng = np.random.default_rng(0)
-    async with open_database(service) as db:
+    async with open_database(service.database) as db:
         async with db.sessions() as session:
             await ingest(session, None, DIM, "ns", [
                 NewMemory(text=f"memory {i} about topic {i % TOPICS}",

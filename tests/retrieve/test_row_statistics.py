@@ -107,7 +107,7 @@ async def _replay(settings: Settings) -> dict[str, int]:
     rng = np.random.default_rng(7)
     centres = rng.normal(size=(4, 384))
     checked = {"requests": 0, "rows": 0, "rows_after_refit": 0}
-    async with open_database(settings) as db:
+    async with open_database(settings.database) as db:
         pipeline = RetrievalPipeline(db.sessions, None, LocalScorer(), settings)
         async with db.sessions() as session:
             await ingest(session, None, 384, NAMESPACE, [
@@ -183,7 +183,7 @@ async def _interleaved(
     the rows whose statistics match a rebuild at the end."""
     rng = np.random.default_rng(11)
     centre = rng.normal(size=384)
-    async with open_database(settings) as db:
+    async with open_database(settings.database) as db:
         scorer = RerankScorer(base_url=server_url, model="judge", timeout_s=30)
         pipeline = RetrievalPipeline(db.sessions, None, scorer, settings)
         async with db.sessions() as session:

@@ -74,7 +74,7 @@ async def _replay(database_url: str, namespace: str, *phases: ScoreFn) -> Replay
                                 background_work=True, refit_in_background=False,
                                 _env_file=None)
             scorer = build_scorer(settings.scoring)
-            async with open_database(settings) as db:
+            async with open_database(settings.database) as db:
                 if phase == 0:
                     async with db.sessions() as session:
                         await ingest(session, None, DIM, namespace, [
@@ -93,7 +93,7 @@ async def _replay(database_url: str, namespace: str, *phases: ScoreFn) -> Replay
                     top.append([m.text for m in result.memories])
                     shares.append(result.exploration_share)
             await scorer.aclose()
-    async with open_database(settings) as db:
+    async with open_database(settings.database) as db:
         async with db.engine.connect() as conn:
             anchors = (await conn.execute(text(
                 "SELECT q.query_index, array_agg(m.text) FROM scores s "
@@ -156,7 +156,7 @@ def test_the_same_stream_on_a_compressed_scale_is_decided_alike(clean_database: 
 async def _mapped_in_sql(database_url: str, raw: list[float], scale: ScoreScale) -> list[float]:
     settings = Settings(database_url=database_url, embedder="none", _env_file=None)
     expression = common_score_sql("r", "CAST(:scale AS jsonb)")
-    async with open_database(settings) as db, db.engine.connect() as conn:
+    async with open_database(settings.database) as db, db.engine.connect() as conn:
         rows = await conn.execute(
             text(f"SELECT {expression} FROM unnest(CAST(:raw AS float8[])) AS t(r)"),
             {"raw": raw, "scale": json.dumps(scale.as_json())},

@@ -38,7 +38,7 @@ def _vectors() -> tuple[np.ndarray, np.ndarray]:
 async def _scenario(settings: Settings) -> dict[str, FoundCandidates | None]:
     memories, query = _vectors()
     found: dict[str, FoundCandidates | None] = {}
-    async with open_database(settings) as db:
+    async with open_database(settings.database) as db:
         async with db.sessions() as session:
             await ingest(session, None, DIM, NAMESPACE, [
                 NewMemory(text=f"memory {i}", embedding=memories[i].tolist(),

@@ -88,7 +88,7 @@ async def refit_cost(run: LoadRun) -> RefitCost:
 
     settings = Settings(database_url=run.database_url, embedder="none", scorer="local",
                         embedding_dim=run.config.dim, _env_file=None)
-    async with open_database(settings) as db:
+    async with open_database(settings.database) as db:
         pipeline = RetrievalPipeline(db.sessions, None, LocalScorer(), settings)
         began, cpu = time.perf_counter(), _cpu_s()
         done = await pipeline.refit(run.namespace)
