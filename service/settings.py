@@ -639,6 +639,7 @@ class Settings(BaseSettings):
             late_drain_s=self.late_drain_s,
             query_traces=self.query_traces,
             embedding_dim=self.embedding_dim,
+            document_ttl_s=self.rerank_document_ttl_s,
         )
 
     @property

@@ -167,6 +167,9 @@ class RetrievalSettings:
     query_traces: bool
     #: A client's query vector must have this width.
     embedding_dim: int
+    #: The rerank protocol's documents (``EARM_RERANK_DOCUMENT_TTL_S``): how often a call that
+    #: names one refreshes its sighting.
+    document_ttl_s: float
 
 
 @dataclass(frozen=True)

@@ -130,7 +130,7 @@ async def rerank_documents(
             pipeline.embedder,
             request.namespace,
             request.documents,
-            sighting_refresh_s(pipeline.settings.rerank_document_ttl_s),
+            sighting_refresh_s(pipeline.retrieval.document_ttl_s),
         )
         documents_ms = _ms_since(start)
         ids = [documents.ids[text] for text in request.documents]
@@ -168,7 +168,7 @@ async def rerank_documents(
 
 
 def _check(pipeline: RetrievalPipeline, request: RerankRequest) -> None:
-    settings = pipeline.settings
+    limits = pipeline.limits
     if pipeline.embedder is None:
         raise EmbeddingRequired(
             "the rerank protocol stores each new document as a memory with its embedding, and "
@@ -177,21 +177,21 @@ def _check(pipeline: RetrievalPipeline, request: RerankRequest) -> None:
         )
     if not request.documents:
         raise InvalidInput("no documents to rerank")
-    if len(request.documents) > settings.max_candidates:
+    if len(request.documents) > limits.max_candidates:
         raise LimitExceeded(
             f"{len(request.documents)} documents; the limit is "
-            f"EARM_MAX_CANDIDATES={settings.max_candidates}"
+            f"EARM_MAX_CANDIDATES={limits.max_candidates}"
         )
     for index, text in enumerate(request.documents):
-        if len(text) > settings.max_text_chars:
+        if len(text) > limits.max_text_chars:
             raise LimitExceeded(
                 f"documents[{index}] has {len(text)} characters; the limit is "
-                f"EARM_MAX_TEXT_CHARS={settings.max_text_chars}"
+                f"EARM_MAX_TEXT_CHARS={limits.max_text_chars}"
             )
-    if len(request.query) > settings.max_text_chars:
+    if len(request.query) > limits.max_text_chars:
         raise LimitExceeded(
             f"query has {len(request.query)} characters; the limit is "
-            f"EARM_MAX_TEXT_CHARS={settings.max_text_chars}"
+            f"EARM_MAX_TEXT_CHARS={limits.max_text_chars}"
         )
 
 

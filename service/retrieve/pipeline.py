@@ -111,10 +111,12 @@ class RetrievalPipeline:
         self.sessions = sessions
         self.embedder = embedder
         self.scorer = scorer
-        self.settings = settings
-        self.schedule = BudgetSchedule.parse(settings.budget_schedule)
-        self.search = SearchStep(sessions, settings, replicas)
-        self.planner = Planner(settings, self.schedule)
+        # Each step gets its group of the settings; the pipeline keeps the ones it reads.
+        self.limits, self.anchors = settings.limits, settings.anchors
+        self.completion, self.retrieval = settings.completion, settings.retrieval
+        self.schedule = BudgetSchedule.parse(self.anchors.budget_schedule)
+        self.search = SearchStep(sessions, settings.search, replicas)
+        self.planner = Planner(self.anchors, self.schedule)
         # Where every write of the pipeline begins: this process's replica reads see it.
         self.writes = Writes(sessions, replicas)
         self.learner = Learner(sessions, settings, refits, self.writes)
@@ -124,27 +126,27 @@ class RetrievalPipeline:
     # ----------------------------------------------------------------------------- retrieve
 
     def _check_limits(self, request: RetrieveRequest) -> None:
-        settings = self.settings
-        candidates = request.semantic_candidates(settings.default_candidates)
+        limits = self.limits
+        candidates = request.semantic_candidates(limits.default_candidates)
         # Given candidates are all answered (a reranker scores every document it is sent).
-        max_k = settings.max_k if request.given is None else candidates
+        max_k = limits.max_k if request.given is None else candidates
         if not 1 <= request.k <= max_k:
             raise LimitExceeded(f"k={request.k} is outside 1..{max_k}")
-        if not 1 <= candidates <= settings.max_candidates:
-            raise LimitExceeded(f"candidates={candidates} is outside 1..{settings.max_candidates}")
+        if not 1 <= candidates <= limits.max_candidates:
+            raise LimitExceeded(f"candidates={candidates} is outside 1..{limits.max_candidates}")
         if request.budget is not None and not 0 <= request.budget <= candidates:
             raise InvalidInput(
                 f"budget={request.budget} must be between 0 and candidates={candidates}"
             )
-        if len(request.query) > settings.max_text_chars:
+        if len(request.query) > limits.max_text_chars:
             raise LimitExceeded(
-                f"query has {len(request.query)} characters; the limit is {settings.max_text_chars}"
+                f"query has {len(request.query)} characters; the limit is {limits.max_text_chars}"
             )
 
     async def _query_vector(self, request: RetrieveRequest) -> NDArray[np.float32]:
         if request.query_embedding is not None:
             return check_embedding(
-                request.query_embedding, self.settings.embedding_dim, "query_embedding"
+                request.query_embedding, self.retrieval.embedding_dim, "query_embedding"
             )
         # Annotated: numpy types an integer index of an array as Any.
         query_vector: NDArray[np.float32] = (await embed_texts(self.embedder, [request.query]))[0]
@@ -205,7 +207,7 @@ class RetrievalPipeline:
                 span.set({"earm.paraphrased": ranking.paraphrased})
             since = watch.lap("complete_ms", since)
             trace = query_trace(found, ranking, scored, plan.stage, dict(watch.timings),
-                                self.settings.query_traces)
+                                self.retrieval.query_traces)
             with tracing.span("record") as span:
                 recorded = await self.learner.record_and_learn(
                     recorded_retrieve(
@@ -236,7 +238,7 @@ class RetrievalPipeline:
             budget=plan.budget.budget,
             budget_reason=plan.budget.reason,
             scorer_calls=len(scored.sent),
-            stopped_anchors=scored.stopped if self.settings.stop_expected > 0 else None,
+            stopped_anchors=scored.stopped if self.anchors.stop_expected > 0 else None,
             reused=len(found.reused),
             paraphrased=ranking.paraphrased,
             exploration_share=plan.anchors.share,
@@ -250,13 +252,13 @@ class RetrievalPipeline:
 
     def _late_count(self, pending: PendingAnchors | None) -> int | None:
         """The response's count of late anchors: None (not shown) without a deadline."""
-        if self.settings.score_deadline_ms is None:
+        if self.retrieval.score_deadline_ms is None:
             return None
         return 0 if pending is None else pending.late
 
     def _deadline(self) -> float | None:
         """The event-loop time the score phase waits until at most (None: no deadline)."""
-        deadline_ms = self.settings.score_deadline_ms
+        deadline_ms = self.retrieval.score_deadline_ms
         if deadline_ms is None:
             return None
         return asyncio.get_running_loop().time() + deadline_ms / 1000.0
@@ -312,16 +314,16 @@ class RetrievalPipeline:
         async with self.sessions() as session:
             return await memory_embeddings(
                 session, candidates.namespace, candidates.ids[positions],
-                self.settings.embedding_dim,
+                self.retrieval.embedding_dim,
             )
 
     def _trust(self) -> Trust | None:
         """When the final ranking lets an unscored candidate outrank a scored one: under the
         learned anchor rule, when trusted to score higher (None: by its estimate, as every
         other ranking)."""
-        if self.settings.anchor_policy != "learned":
+        if self.anchors.policy != "learned":
             return None
-        return Trust(self.settings.trust_probability)
+        return Trust(self.anchors.trust_probability)
 
     def _rank(
         self, policy: Policy, found: FoundCandidates, scored: ScoredAnchors, trust: Trust | None
@@ -337,12 +339,12 @@ class RetrievalPipeline:
         )
         return rank_candidates(
             policy,
-            found.candidate_state(self.settings.completion_model == "earm"),
+            found.candidate_state(self.anchors.content_prior),
             observed,
             found.state.mean_score,
-            self.settings.reg,
+            self.completion.reg,
             found.neighbours,
-            self.settings.paraphrase_prior,
+            self.anchors.paraphrase_prior,
             trust=trust,
         )
 

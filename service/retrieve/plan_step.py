@@ -30,7 +30,7 @@ from service.retrieve.anchors import (
 from service.retrieve.request import RetrieveRequest
 from service.retrieve.rerank import OBSERVED, Ranking
 from service.retrieve.search_step import FoundCandidates
-from service.settings import Settings
+from service.settings_groups import AnchorSettings
 
 _RULE = AnchorRule()
 #: What the learned rule reads of recent anchors: the two arms it compares, and every find
@@ -57,7 +57,7 @@ class RetrievePlan:
 class Planner:
     """The budget and the anchors of each retrieve, by the schedule and ``EARM_ANCHOR_POLICY``."""
 
-    def __init__(self, settings: Settings, schedule: BudgetSchedule) -> None:
+    def __init__(self, settings: AnchorSettings, schedule: BudgetSchedule) -> None:
         self.settings = settings
         self.schedule = schedule
 
@@ -108,15 +108,15 @@ class Planner:
         return expected is not None and expected < self.settings.stop_expected
 
     def _learns_anchors(self, request: RetrieveRequest) -> bool:
-        return self.settings.anchor_policy == "learned" and request.policy in ("earm", "observed")
+        return self.settings.policy == "learned" and request.policy in ("earm", "observed")
 
     def _one_round(self, found: FoundCandidates) -> OneRound | None:
         """With ``EARM_ANCHOR_ROUNDS=1``, what the picks after the head are chosen by: the
         model's estimate for a query it has no anchors of yet, μ + b_m + γ·cos + w·e_m, with
         what near-paraphrases observed weighed in as the ranking weighs it. None: two rounds."""
-        if self.settings.anchor_rounds == 2:
+        if self.settings.rounds == 2:
             return None
-        state = found.candidate_state(self.settings.completion_model == "earm")
+        state = found.candidate_state(self.settings.content_prior)
         estimates = found.state.mean_score + state.memory_bias + state.prior_offsets
         if found.neighbours is not None:
             estimates = found.neighbours.blended(estimates, self.settings.paraphrase_prior)

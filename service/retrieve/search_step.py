@@ -32,7 +32,7 @@ from service.retrieve.reuse import (
     neighbour_evidence,
     reused_candidates,
 )
-from service.settings import Settings
+from service.settings_groups import SearchSettings
 
 #: Paraphrase transfer reads the observations of at most this many nearest earlier queries.
 PARAPHRASE_NEIGHBOURS = 16
@@ -78,7 +78,7 @@ class SearchStep:
     def __init__(
         self,
         sessions: async_sessionmaker[AsyncSession],
-        settings: Settings,
+        settings: SearchSettings,
         replicas: Replicas | None = None,
     ) -> None:
         self.sessions = sessions

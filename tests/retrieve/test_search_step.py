@@ -45,7 +45,7 @@ async def _scenario(settings: Settings) -> dict[str, FoundCandidates | None]:
                           metadata={"parity": "even" if i % 2 == 0 else "odd"})
                 for i in range(MEMORIES)])
             await session.commit()
-        step = SearchStep(db.sessions, settings)
+        step = SearchStep(db.sessions, settings.search)
 
         async def find(
             name: str, vector: np.ndarray, namespace: str = NAMESPACE,
