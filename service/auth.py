@@ -47,7 +47,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from service.db import keys as key_table
 from service.db.keys import KeyRecord
 from service.errors import ConfigurationError, Forbidden, Unauthenticated
-from service.settings import Settings
+from service.settings_groups import AuthSettings
 
 log = logging.getLogger(__name__)
 
@@ -273,12 +273,12 @@ class Authenticator:
 
     @classmethod
     def from_settings(
-        cls, settings: Settings, sessions: async_sessionmaker[AsyncSession]
+        cls, settings: AuthSettings, sessions: async_sessionmaker[AsyncSession]
     ) -> Authenticator:
         seeds = parse_seed_keys(
             settings.api_keys.get_secret_value() if settings.api_keys else None
         )
-        return cls(sessions, settings.auth_cache_ttl_s, settings.allow_anonymous, seeds)
+        return cls(sessions, settings.cache_ttl_s, settings.allow_anonymous, seeds)
 
     async def start(self, bind_host: str | None = None) -> None:
         """Seed the configured keys, then refuse to serve anonymously on an exposed address."""

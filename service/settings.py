@@ -591,11 +591,13 @@ class Settings(BaseSettings):
             content_reg=self.content_reg,
             factor_reg=self.factor_reg,
             als_iterations=self.als_iterations,
+            embedding_dim=self.embedding_dim,
         )
 
     @property
     def refits(self) -> RefitSettings:
         return RefitSettings(
+            completion=self.completion,
             every=self.refit_every,
             growth=self.refit_growth,
             in_background=self.refit_in_background,

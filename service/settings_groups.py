@@ -107,13 +107,16 @@ class CompletionSettings:
     content_reg: float
     factor_reg: FactorReg
     als_iterations: int
+    #: The width of the memories' embeddings the content prior reads.
+    embedding_dim: int
 
 
 @dataclass(frozen=True)
 class RefitSettings:
-    """When and where full refits run (``service.retrieve.learning``, ``refit_process``,
-    ``service.worker``)."""
+    """What a namespace learns with, and when and where its full refits run (the learner,
+    ``service.retrieve.learning``; ``refit_process``; ``service.worker``)."""
 
+    completion: CompletionSettings
     every: int
     growth: float
     in_background: bool

@@ -27,6 +27,7 @@ from service.db.engine import open_database
 from service.db.namespaces import namespaces_due_for_refit
 from service.errors import ConfigurationError
 from service.ingest.indexer import BackgroundIndexer
+from service.providers.factory import scorer_source
 from service.retrieve.learning import Learner
 from service.retrieve.refit_process import Refits, refits_for
 from service.settings import Settings
@@ -44,16 +45,16 @@ class Worker:
         refits: Refits | None = None,
     ) -> None:
         self.sessions = sessions
-        self.settings = settings
-        self.learner = Learner(sessions, settings, refits)
-        self.indexer = BackgroundIndexer.from_settings(sessions, settings)
+        self.settings = settings.refits
+        self.learner = Learner(sessions, self.settings, scorer_source(settings.scoring), refits)
+        self.indexer = BackgroundIndexer.from_settings(sessions, settings.indexing)
 
     async def refit_due_namespaces(self) -> int:
         """Refit every namespace due now (skipping those another worker is refitting);
         returns how many this worker refitted."""
         async with self.sessions() as session:
             due = await namespaces_due_for_refit(
-                session, self.settings.refit_every, self.settings.refit_growth
+                session, self.settings.every, self.settings.growth
             )
             await session.commit()
         refitted = 0
@@ -89,7 +90,7 @@ async def run_worker(settings: Settings) -> None:
     async with open_database(settings.database) as database:
         log.info("earm worker started: refits and indexing")
         # Refits in a child process here too: the indexer's batches do not wait behind one.
-        refits = refits_for(settings, database.url, database.sessions)
+        refits = refits_for(settings.refits, database.url, database.sessions)
         try:
             await Worker(database.sessions, settings, refits).run(stop)
         finally:

@@ -103,7 +103,7 @@ async def _components(app: FastAPI, settings: Settings, metrics: Metrics) -> Asy
         supervised(database, settings.database),
     ):
         # Seeds EARM_API_KEYS; refuses a non-loopback EARM_HOST without key enforcement.
-        app.state.authenticator = Authenticator.from_settings(settings, database.sessions)
+        app.state.authenticator = Authenticator.from_settings(settings.auth, database.sessions)
         await app.state.authenticator.start(bind_host=settings.host)
         embedder = build_embedder(settings.embedding)
         if isinstance(embedder, LocalEmbedder):
@@ -114,13 +114,13 @@ async def _components(app: FastAPI, settings: Settings, metrics: Metrics) -> Asy
             settings.scoring, observer=observe_all(metrics.observe_scorer_call, scorer_health)
         )
         refit_health = RefitHealth(metrics.observe_refit)
-        refits = refits_for(settings, database.url, database.sessions, refit_health)
+        refits = refits_for(settings.refits, database.url, database.sessions, refit_health)
         pipeline = RetrievalPipeline(
             database.sessions, embedder, scorer, settings,
             late_observer=metrics.observe_late_anchors, replicas=database.replicas,
             refits=refits,
         )
-        indexer = BackgroundIndexer.from_settings(database.sessions, settings)
+        indexer = BackgroundIndexer.from_settings(database.sessions, settings.indexing)
         if settings.background_work:
             # Started now: memories left unindexed by an earlier run are indexed first.
             # (Otherwise `earm worker` indexes; notify() then wakes nothing.)

@@ -28,7 +28,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from service.db.memories import mark_indexed
 from service.ingest.retention import DocumentSweeper
-from service.settings import Settings
+from service.settings_groups import IndexingSettings
 
 log = logging.getLogger(__name__)
 
@@ -71,15 +71,15 @@ class BackgroundIndexer:
 
     @classmethod
     def from_settings(
-        cls, sessions: async_sessionmaker[AsyncSession], settings: Settings
+        cls, sessions: async_sessionmaker[AsyncSession], settings: IndexingSettings
     ) -> BackgroundIndexer:
         """The indexer of a serving process or a worker, sweeping expired documents when the
         deployment lets them expire."""
-        ttl_s = settings.rerank_document_ttl_s
+        ttl_s = settings.document_ttl_s
         return cls(
             sessions,
-            settings.index_batch_size,
-            settings.index_poll_interval_s,
+            settings.batch_size,
+            settings.poll_interval_s,
             DocumentSweeper(sessions, ttl_s) if ttl_s > 0 else None,
         )
 

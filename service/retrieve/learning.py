@@ -24,11 +24,10 @@ from service.db.record import RecordedQuery, RecordedRetrieve, record_query
 from service.db.writes import Writes
 from service.errors import InvalidInput, NotFound
 from service.ingest.validation import repeats
-from service.providers.factory import scorer_source
 from service.retrieve.online import feedback_rows, new_cells, update_memory_rows
 from service.retrieve.refit_health import RefitOutcome
 from service.retrieve.refit_process import InProcessRefits, Refits
-from service.settings import Settings
+from service.settings_groups import RefitSettings
 from service.tracing import Cause, current
 
 log = logging.getLogger(__name__)
@@ -82,16 +81,19 @@ class Learner:
     def __init__(
         self,
         sessions: async_sessionmaker[AsyncSession],
-        settings: Settings,
+        settings: RefitSettings,
+        scorer_source: str,
         refits: Refits | None = None,
         writes: Writes | None = None,
     ) -> None:
         self.sessions = sessions
         self.writes = writes or Writes(sessions)
         self.settings = settings
-        # What the scorer's observations are recorded as coming from (their scale's key).
-        self.scorer_source = scorer_source(settings.scoring)
-        self.refits = refits or InProcessRefits(sessions, settings)
+        self.completion = settings.completion
+        # What the scorer's observations are recorded as coming from (their scale's key:
+        # ``service.providers.factory.scorer_source``).
+        self.scorer_source = scorer_source
+        self.refits = refits or InProcessRefits(sessions, settings.completion)
         # namespace -> its running background refit (the reference keeps the task from being
         # garbage-collected; it is dropped when the task ends)
         self._background_refits: dict[str, asyncio.Task[None]] = {}
@@ -111,8 +113,8 @@ class Learner:
         if retrieve.query is not None and len(observed.memory_ids):
             update = await asyncio.to_thread(
                 update_memory_rows, state, stored.subset(observed.memory_ids),
-                new_cells(retrieve.query, observed), self.settings.memory_reg,
-                self.settings.rank,
+                new_cells(retrieve.query, observed), self.completion.memory_reg,
+                self.completion.rank,
             )
         async with self.writes.session(retrieve.namespace, memories=False) as session:
             recorded = await record_query(session, retrieve, update)
@@ -121,12 +123,12 @@ class Learner:
         if self.settings.background_work and refit_due(
             recorded.queries_since_refit,
             recorded.query_index + 1,
-            self.settings.refit_every,
-            self.settings.refit_growth,
+            self.settings.every,
+            self.settings.growth,
         ):
             # (Without background work, the count just recorded is what `earm worker` reads.)
             causes = _causes(current().cause())
-            if self.settings.refit_in_background:
+            if self.settings.in_background:
                 self._start_background_refit(retrieve.namespace, causes)
             else:
                 await self.refit_logged(retrieve.namespace, causes)
@@ -137,7 +139,7 @@ class Learner:
         anchors' while the scorer works, so its record needs one round trip)."""
         async with self.sessions() as session:
             return await memory_rows.read_rows(
-                session, namespace, memory_ids, self.settings.rank
+                session, namespace, memory_ids, self.completion.rank
             )
 
     async def refit_logged(self, namespace: str, causes: Iterable[Cause] = ()) -> bool:
@@ -266,12 +268,12 @@ class Learner:
         again from all of them, then the memory rows relearned (``state``: the namespace's, as
         read under its lock). Under the namespace's lock."""
         observed, cell_similarities, bias, factors = await experience.query_observations(
-            session, namespace, query_id, self.settings.rank
+            session, namespace, query_id, self.completion.rank
         )
-        if self.settings.completion_model == "plain":
+        if self.completion.model == "plain":
             cell_similarities = np.zeros_like(cell_similarities)  # the plain model has no slope
         query = fold_in(
-            state.mean_score, bias, factors, cell_similarities, observed, self.settings.reg,
+            state.mean_score, bias, factors, cell_similarities, observed, self.completion.reg,
             factor_reg=state.factor_reg,
         )
         await model_state.update_query_factors(
@@ -320,10 +322,10 @@ class Learner:
         (:func:`~service.retrieve.online.feedback_rows`)."""
         ids = np.unique(await experience.query_memory_ids(session, namespace, query_id))
         history = await memory_rows.memory_row_observations(
-            session, namespace, ids, self.settings.rank
+            session, namespace, ids, self.completion.rank
         )
         rows = feedback_rows(
-            history, ids, fed_back_ids, state.mean_score, self.settings.memory_reg,
+            history, ids, fed_back_ids, state.mean_score, self.completion.memory_reg,
             state.factor_reg,
         )
         await memory_rows.store_row_statistics(

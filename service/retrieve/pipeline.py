@@ -25,6 +25,7 @@ from service.db.search import Candidates, memory_embeddings
 from service.db.writes import Writes
 from service.errors import InvalidInput, LimitExceeded
 from service.providers.embedders import Embedder, check_embedding, embed_texts
+from service.providers.factory import scorer_source
 from service.providers.scorers import RelevanceScorer
 from service.retrieve.late import LateAnchors, LateObserver, PendingAnchors, score_anchors_by
 from service.retrieve.learning import Learner, MemoryRef
@@ -119,7 +120,9 @@ class RetrievalPipeline:
         self.planner = Planner(self.anchors, self.schedule)
         # Where every write of the pipeline begins: this process's replica reads see it.
         self.writes = Writes(sessions, replicas)
-        self.learner = Learner(sessions, settings, refits, self.writes)
+        self.learner = Learner(
+            sessions, settings.refits, scorer_source(settings.scoring), refits, self.writes
+        )
         # The anchors answered after the deadline, recorded in the background.
         self.late = LateAnchors(self.learner, late_observer)
 

@@ -21,13 +21,13 @@ from service.db.namespaces import try_lock_namespace_refit
 from service.db.scales import ScaleUpdate, scale_inputs
 from service.db.search import memory_embeddings
 from service.retrieve.online import RefitCells, refit_statistics
-from service.settings import Settings
+from service.settings_groups import CompletionSettings
 
 log = logging.getLogger(__name__)
 
 
 async def refit_namespace(
-    sessions: async_sessionmaker[AsyncSession], settings: Settings, namespace: str
+    sessions: async_sessionmaker[AsyncSession], settings: CompletionSettings, namespace: str
 ) -> bool:
     """Refit the namespace's model; False when another process holds the refit lock (it will
     do the work).
@@ -48,7 +48,7 @@ async def refit_namespace(
 
 
 async def _refit_locked(
-    session: AsyncSession, settings: Settings, namespace: str, read_from: datetime
+    session: AsyncSession, settings: CompletionSettings, namespace: str, read_from: datetime
 ) -> None:
     started = time.perf_counter()
     current, histograms = await scale_inputs(session, namespace)
@@ -83,7 +83,7 @@ async def _refit_locked(
 
 
 def _fit(
-    settings: Settings,
+    settings: CompletionSettings,
     observations: NamespaceObservations,
     memory_ids: np.ndarray,
     memory_idx: np.ndarray,
@@ -102,7 +102,7 @@ def _fit(
     query_ids, query_idx = np.unique(observations.query_ids, return_inverse=True)
     # The plain model learns nothing from similarity or content: it is fitted as if every
     # similarity were 0 (no slope) and without the embeddings (no content prior).
-    plain = settings.completion_model == "plain"
+    plain = settings.model == "plain"
     similarities = np.zeros_like(observations.similarities) if plain else observations.similarities
     content_embeddings = None if plain else unit_embeddings
     options = FitOptions(

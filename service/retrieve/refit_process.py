@@ -24,7 +24,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from service.db.engine import create_engine
 from service.retrieve.refit import refit_namespace
 from service.retrieve.refit_health import RefitHealth
-from service.settings import Settings
+from service.settings_groups import CompletionSettings, RefitSettings
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +53,7 @@ class InProcessRefits:
     def __init__(
         self,
         sessions: async_sessionmaker[AsyncSession],
-        settings: Settings,
+        settings: CompletionSettings,
         health: RefitHealth | None = None,
     ) -> None:
         self.sessions = sessions
@@ -82,7 +82,7 @@ class ChildRefits:
     so the event loop never waits for them."""
 
     def __init__(
-        self, database_url: str, settings: Settings, health: RefitHealth | None = None
+        self, database_url: str, settings: RefitSettings, health: RefitHealth | None = None
     ) -> None:
         self.database_url = database_url
         self.settings = settings
@@ -149,14 +149,14 @@ class ChildRefits:
 
 
 def refits_for(
-    settings: Settings,
+    settings: RefitSettings,
     database_url: str,
     sessions: async_sessionmaker[AsyncSession],
     health: RefitHealth | None = None,
 ) -> Refits:
-    if settings.refit_process == "child":
+    if settings.process == "child":
         return ChildRefits(database_url, settings, health)
-    return InProcessRefits(sessions, settings, health)
+    return InProcessRefits(sessions, settings.completion, health)
 
 
 # The thread that starts the fork server and its children. The server's death signal follows
@@ -194,7 +194,7 @@ def die_with_parent() -> None:
         os._exit(1)
 
 
-def refit_in_child(database_url: str, settings: Settings, namespace: str) -> bool:
+def refit_in_child(database_url: str, settings: RefitSettings, namespace: str) -> bool:
     """The child's side: one refit on a connection of its own (an engine per refit: its
     cost is milliseconds beside the refit's seconds, and no connection idles between)."""
 
@@ -202,7 +202,7 @@ def refit_in_child(database_url: str, settings: Settings, namespace: str) -> boo
         engine = create_engine(database_url, 1, settings.db_prepared_statements)
         try:
             return await refit_namespace(
-                async_sessionmaker(engine, expire_on_commit=False), settings, namespace
+                async_sessionmaker(engine, expire_on_commit=False), settings.completion, namespace
             )
         finally:
             await engine.dispose()

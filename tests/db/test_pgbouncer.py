@@ -248,7 +248,8 @@ async def _refits(settings: Settings, namespace: str, rounds: int) -> list[bool]
     async with open_database(settings.database) as database:
         for _ in range(rounds):
             results += await asyncio.gather(*(
-                refit_namespace(database.sessions, settings, name) for name in (namespace, "other")
+                refit_namespace(database.sessions, settings.completion, name)
+                for name in (namespace, "other")
             ))
     return results
 
@@ -277,8 +278,8 @@ async def _refit_while_held(
     ):
         async with other.sessions() as holder:
             assert await try_lock_namespace_refit(holder, namespace)
-            while_held = await refit_namespace(database.sessions, settings, namespace)
-        after_release = await refit_namespace(database.sessions, settings, namespace)
+            while_held = await refit_namespace(database.sessions, settings.completion, namespace)
+        after_release = await refit_namespace(database.sessions, settings.completion, namespace)
     return while_held, after_release
 
 

@@ -63,7 +63,7 @@ async def refitted(
                 namespace="ns", query=f"topic {i % TOPICS}", policy=policy,
                 candidates=candidates, budget=budget,
                 query_embedding=rng.normal(size=DIM).tolist()))
-        assert await refit_namespace(db.sessions, service, "ns")
+        assert await refit_namespace(db.sessions, service.completion, "ns")
         async with db.engine.connect() as conn:
             factor_reg, content_slope = (await conn.execute(text(
                 "SELECT factor_reg, content_slope FROM namespaces WHERE name = 'ns'"))).one()
