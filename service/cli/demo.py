@@ -83,7 +83,7 @@ def _demo(args: argparse.Namespace, settings: Settings) -> int:
         api_key = settings.api_key.get_secret_value() if settings.api_key else None
         run = _Replay(workload, url, api_key, args)
         threading.Thread(target=run, name="demo-replay", daemon=True).start()
-        server.run(create_app(settings), settings)
+        server.run(create_app(settings), settings.serving, settings.observability)
     return run.status
 
 

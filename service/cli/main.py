@@ -71,10 +71,10 @@ def _serve(args: argparse.Namespace, settings: Settings) -> int:
                 server.SERVED_APP_FACTORY,
                 factory=True,
                 workers=args.workers,
-                **server.uvicorn_options(settings),
+                **server.uvicorn_options(settings.serving, settings.observability),
             )
         return 0
-    server.run(create_app(settings), settings)
+    server.run(create_app(settings), settings.serving, settings.observability)
     return 0
 
 

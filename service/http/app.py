@@ -50,7 +50,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         redoc_url=None,
     )
     app.add_middleware(
-        BodyLimits, max_bytes=settings.max_body_bytes, timeout_s=settings.body_timeout_s
+        BodyLimits, max_bytes=settings.serving.max_body_bytes,
+        timeout_s=settings.serving.body_timeout_s,
     )
     app.state.metrics = metrics
     app.add_middleware(RequestObservabilityMiddleware, metrics=metrics)
@@ -79,7 +80,7 @@ def _lifespan(
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        tracing = open_tracing(settings)
+        tracing = open_tracing(settings.observability)
         app.state.tracing = tracing
         try:
             async with _components(app, settings, metrics):

@@ -30,7 +30,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from service.http.middleware import REQUEST_TIMEOUT
 from service.logs import logging_config
-from service.settings import Settings
+from service.settings_groups import ObservabilitySettings, ServingSettings
 
 log = logging.getLogger(__name__)
 
@@ -101,13 +101,13 @@ class HeadTimeoutProtocol(HttpToolsProtocol):
         return head.encode() + body
 
 
-def uvicorn_options(settings: Settings) -> dict[str, Any]:
-    """uvicorn's options for ``settings`` (its access log is replaced by ours)."""
+def uvicorn_options(settings: ServingSettings, logs: ObservabilitySettings) -> dict[str, Any]:
+    """uvicorn's options for ``settings`` and ``logs`` (its access log is replaced by ours)."""
     return {
         "host": settings.host,
         "port": settings.port,
-        "log_level": settings.log_level.lower(),
-        "log_config": logging_config(settings.log_level, settings.access_log),
+        "log_level": logs.log_level.lower(),
+        "log_config": logging_config(logs.log_level, logs.access_log),
         "access_log": False,
         # A request that never ends (a wedged dependency) must not keep the process alive.
         "timeout_graceful_shutdown": settings.shutdown_timeout_s,
@@ -143,10 +143,10 @@ def create_served_app() -> FastAPI:
 SERVED_APP_FACTORY = f"{__name__}:{create_served_app.__name__}"
 
 
-def run(app: FastAPI, settings: Settings) -> None:
+def run(app: FastAPI, settings: ServingSettings, logs: ObservabilitySettings) -> None:
     """Serve ``app`` until SIGINT or SIGTERM: its lifespan starts before the server binds (and
     raises what it raises) and shuts down after the server has stopped."""
-    config = uvicorn.Config(app, lifespan="off", **uvicorn_options(settings))
+    config = uvicorn.Config(app, lifespan="off", **uvicorn_options(settings, logs))
     server = uvicorn.Server(config)
 
     async def serve() -> None:

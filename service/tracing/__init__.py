@@ -17,7 +17,7 @@ from contextlib import AbstractContextManager, contextmanager, nullcontext
 from contextvars import ContextVar
 from typing import Literal, Protocol
 
-from service.settings import Settings
+from service.settings_groups import ObservabilitySettings
 
 log = logging.getLogger(__name__)
 
@@ -164,7 +164,9 @@ def tracing_wanted(environ: Mapping[str, str]) -> bool:
     )
 
 
-def open_tracing(settings: Settings, environ: Mapping[str, str] = os.environ) -> Tracing:
+def open_tracing(
+    settings: ObservabilitySettings, environ: Mapping[str, str] = os.environ
+) -> Tracing:
     """The app's tracing, from the standard ``OTEL_*`` variables: :data:`NO_TRACING` unless
     they ask for traces and the ``otel`` extra is installed (a warning says so when it is not)."""
     if not tracing_wanted(environ):

@@ -25,7 +25,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SpanExporter
 from opentelemetry.trace import Status, StatusCode
 
-from service.settings import Settings
+from service.settings_groups import ObservabilitySettings
 from service.tracing import Attributes, Cause, Span, SpanKind, Tracing
 
 _KINDS = {"internal": trace.SpanKind.INTERNAL, "client": trace.SpanKind.CLIENT}
@@ -146,7 +146,7 @@ def _resource() -> Resource:
     return detected
 
 
-def open_otel_tracing(settings: Settings, environ: Mapping[str, str]) -> Tracing:
+def open_otel_tracing(settings: ObservabilitySettings, environ: Mapping[str, str]) -> Tracing:
     provider = TracerProvider(resource=_resource())
     for exporter in _exporters(environ):
         provider.add_span_processor(BatchSpanProcessor(exporter))

@@ -36,7 +36,8 @@ def served_once(settings: Settings) -> Iterator[dict[str, Any]]:
         yield
 
     try:
-        server.run(FastAPI(lifespan=lifespan), settings.model_copy(update={"port": 0}))
+        served = settings.model_copy(update={"port": 0})
+        server.run(FastAPI(lifespan=lifespan), served.serving, served.observability)
         yield seen
     finally:
         gc.unfreeze()  # the rest of the test session collects as usual

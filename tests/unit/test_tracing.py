@@ -37,7 +37,7 @@ def test_traces_are_on_only_when_the_standard_variables_ask(
 
 
 def test_without_the_variables_tracing_is_the_shared_no_op() -> None:
-    tracing = open_tracing(Settings(_env_file=None), {})
+    tracing = open_tracing(Settings(_env_file=None).observability, {})
     assert tracing is NO_TRACING and not tracing.enabled
     with tracing.span("search", {"earm.round": 1}) as span:
         assert not span.recording
@@ -49,7 +49,8 @@ def test_without_the_variables_tracing_is_the_shared_no_op() -> None:
 
 def test_an_exporter_named_in_the_variables_gets_the_spans_and_the_trace_context() -> None:
     tracing = open_tracing(
-        Settings(_env_file=None, trace_content=True), {"OTEL_TRACES_EXPORTER": "console"}
+        Settings(_env_file=None, trace_content=True).observability,
+        {"OTEL_TRACES_EXPORTER": "console"},
     )
     try:
         assert tracing.enabled and tracing.content
@@ -71,21 +72,22 @@ def test_an_exporter_named_in_the_variables_gets_the_spans_and_the_trace_context
 def test_otlp_over_grpc_is_refused_at_startup(variable: str) -> None:
     with pytest.raises(ValueError, match="http/protobuf only"):
         open_tracing(
-            Settings(_env_file=None),
+            Settings(_env_file=None).observability,
             {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4317", variable: "grpc"},
         )
 
 
 def test_an_unknown_exporter_is_refused_at_startup() -> None:
     with pytest.raises(ValueError, match="otlp or console"):
-        open_tracing(Settings(_env_file=None), {"OTEL_TRACES_EXPORTER": "zipkin"})
+        open_tracing(Settings(_env_file=None).observability, {"OTEL_TRACES_EXPORTER": "zipkin"})
 
 
 def test_without_the_otel_extra_the_variables_only_get_a_warning(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     monkeypatch.setitem(sys.modules, "service.tracing.otel", None)  # import fails
-    tracing = open_tracing(Settings(_env_file=None), {"OTEL_TRACES_EXPORTER": "otlp"})
+    logs = Settings(_env_file=None).observability
+    tracing = open_tracing(logs, {"OTEL_TRACES_EXPORTER": "otlp"})
     assert tracing is NO_TRACING
     assert "install earm[otel]" in caplog.text
 
@@ -126,7 +128,7 @@ import sys
 import service.http.app
 from service.settings import Settings
 from service.tracing import open_tracing
-open_tracing(Settings(_env_file=None), {})
+open_tracing(Settings(_env_file=None).observability, {})
 prefixes = ("opentelemetry.sdk", "service.tracing.")
 print(sorted(name for name in sys.modules if name.startswith(prefixes)))
 """
