@@ -14,6 +14,7 @@ import pytest
 import yaml
 
 from service.settings import Settings
+from tests.settings_reads import GROUPS, UNGROUPED, fields_read
 
 ROOT = Path(__file__).resolve().parents[1]
 COMPOSE = ROOT / "docker-compose.yml"
@@ -121,6 +122,35 @@ def test_the_settings_tables_name_every_setting() -> None:
     assert not missing, f"add these settings to a table of docs/operations.md, Settings: {missing}"
     known = {setting_env_name(field) for field in Settings.model_fields}
     assert documented <= known, f"not settings: {sorted(documented - known)}"
+
+
+def settings_tables() -> dict[str, set[str]]:
+    """The variables of each settings table of docs/operations.md, by the group its heading
+    names (``#### Title (`settings.<group>`)``)."""
+    page = (ROOT / "docs" / "operations.md").read_text()
+    section = page.split("\n## Settings\n", 1)[1].split("\n## ", 1)[0]
+    tables: dict[str, set[str]] = {}
+    for part in re.split(r"^#### ", section, flags=re.MULTILINE)[1:]:
+        group = re.match(r".*\(`settings\.(\w+)`\)\n", part)
+        assert group, f"a settings table's heading names no group: {part.splitlines()[0]!r}"
+        first_cells = re.findall(r"^\| ([^|]+) \|", part, re.MULTILINE)
+        tables[group.group(1)] = {
+            name for cell in first_cells for name in re.findall(r"`(EARM_\w+)`", cell)
+        }
+    return tables
+
+
+def test_each_settings_table_lists_what_its_group_reads() -> None:
+    tables = settings_tables()
+    assert set(tables) <= set(GROUPS), f"not groups of Settings: {set(tables) - set(GROUPS)}"
+    for group, documented in tables.items():
+        readable = {setting_env_name(field) for field in fields_read(group) | set(UNGROUPED)}
+        assert documented <= readable, (
+            f"the table of settings.{group} lists settings it does not read: "
+            f"{sorted(documented - readable)}"
+        )
+    listed = [name for documented in tables.values() for name in documented]
+    assert len(listed) == len(set(listed)), "a setting is listed in two tables"
 
 
 #: Compose defaults that differ from Settings on purpose.

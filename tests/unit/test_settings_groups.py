@@ -3,41 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
 
 import pytest
 
 from service.settings import Settings
-
-#: Every group property of Settings, in the order docs/operations.md lists them.
-GROUPS = (
-    "database", "indexing", "refits", "embedding", "scoring", "retrieval", "search", "anchors",
-    "completion", "limits", "auth", "serving", "observability", "integrations",
-)
-
-#: Settings no component reads once the settings are loaded.
-UNGROUPED = {"profile": "a preset the validation applies to the learning settings"}
-
-
-class Reads:
-    """Stands in for a Settings while a group property runs, noting the fields it reads."""
-
-    def __init__(self, settings: Settings) -> None:
-        self.settings = settings
-        self.names: set[str] = set()
-
-    def __getattr__(self, name: str) -> Any:
-        attribute = getattr(Settings, name, None)
-        if isinstance(attribute, property):  # a derived value: note what it reads
-            return attribute.fget(self)  # type: ignore[misc]
-        self.names.add(name)
-        return getattr(self.settings, name)
-
-
-def fields_read(group: str) -> set[str]:
-    reads = Reads(Settings(_env_file=None))
-    getattr(Settings, group).fget(reads)
-    return reads.names
+from tests.settings_reads import GROUPS, UNGROUPED, fields_read
 
 
 def test_every_setting_reaches_a_component_through_a_group() -> None:
