@@ -656,6 +656,8 @@ class Settings(BaseSettings):
             max_body_bytes=self.max_body_bytes,
             max_metadata_bytes=self.max_metadata_bytes,
             max_metadata_depth=self.max_metadata_depth,
+            embedding_dim=self.embedding_dim,
+            max_unindexed=self.max_unindexed,
         )
 
     @property

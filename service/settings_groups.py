@@ -188,6 +188,10 @@ class LimitSettings:
     max_body_bytes: int
     max_metadata_bytes: int
     max_metadata_depth: int
+    #: A client's vectors must have this width.
+    embedding_dim: int
+    #: The ingest's back-pressure on the indexer's backlog (0: none).
+    max_unindexed: int
 
 
 @dataclass(frozen=True)

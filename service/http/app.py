@@ -68,7 +68,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(rerank.router)
     app.include_router(queries.router)
     app.include_router(stats.router)
-    mount_mcp(app, settings)
+    mount_mcp(app, settings.serving, settings.integrations)
     mount_dashboard(app)
     return app
 
@@ -127,7 +127,9 @@ async def _components(app: FastAPI, settings: Settings, metrics: Metrics) -> Asy
             # (Otherwise `earm worker` indexes; notify() then wakes nothing.)
             indexer.start()
         app.state.components = Components(
-            settings=settings,
+            limits=settings.limits,
+            auth=settings.auth,
+            integrations=settings.integrations,
             database=database,
             embedder=embedder,
             scorer=scorer,

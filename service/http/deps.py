@@ -22,14 +22,16 @@ from service.providers.scorers import RelevanceScorer
 from service.retrieve.given import RepeatedCalls
 from service.retrieve.pipeline import RetrievalPipeline
 from service.retrieve.refit_health import RefitHealth
-from service.settings import Settings
+from service.settings_groups import AuthSettings, IntegrationSettings, LimitSettings
 
 
 @dataclass
 class Components:
     """What the lifespan builds once per process and releases at shutdown."""
 
-    settings: Settings
+    limits: LimitSettings
+    auth: AuthSettings
+    integrations: IntegrationSettings
     database: Database
     embedder: Embedder | None
     scorer: RelevanceScorer
@@ -50,8 +52,8 @@ def get_components(request: Request) -> Components:
 ComponentsDep = Annotated[Components, Depends(get_components)]
 
 
-def get_settings_dep(components: ComponentsDep) -> Settings:
-    return components.settings
+def get_limits(components: ComponentsDep) -> LimitSettings:
+    return components.limits
 
 
 def get_writes(components: ComponentsDep) -> Writes:
@@ -69,7 +71,7 @@ def get_metrics(components: ComponentsDep) -> Metrics:
     return components.metrics
 
 
-SettingsDep = Annotated[Settings, Depends(get_settings_dep)]
+LimitsDep = Annotated[LimitSettings, Depends(get_limits)]
 PipelineDep = Annotated[RetrievalPipeline, Depends(get_pipeline)]
 MetricsDep = Annotated[Metrics, Depends(get_metrics)]
 WritesDep = Annotated[Writes, Depends(get_writes)]
@@ -98,7 +100,7 @@ async def authenticate(request: Request) -> Principal:
     principal resolved here without a second lookup."""
     path = getattr(request.scope.get("route"), "path", request.url.path)
     if path in PUBLIC_PATHS or (
-        path == METRICS_PATH and get_components(request).settings.metrics_public
+        path == METRICS_PATH and get_components(request).auth.metrics_public
     ):
         return ANONYMOUS
     authenticator: Authenticator = request.app.state.authenticator  # set by the lifespan

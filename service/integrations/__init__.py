@@ -13,18 +13,20 @@ import logging
 
 from fastapi import FastAPI
 
-from service.settings import Settings
+from service.settings_groups import IntegrationSettings, ServingSettings
 
 log = logging.getLogger(__name__)
 
 MCP_MISSING = "the mcp package is not installed (pip install 'earm[mcp]')"
 
 
-def mount_mcp(app: FastAPI, settings: Settings) -> None:
+def mount_mcp(
+    app: FastAPI, serving: ServingSettings, integrations: IntegrationSettings
+) -> None:
     """Serve the MCP tools at ``/mcp`` of ``app`` when the ``mcp`` package is installed."""
     if importlib.util.find_spec("mcp") is None:
         log.info("%s: /mcp is not served", MCP_MISSING)
         return
     from service.integrations.mcp import mount
 
-    mount(app, settings)
+    mount(app, serving, integrations)

@@ -41,7 +41,7 @@ from service.integrations.mcp_tools import (
     SearchResult,
     Tools,
 )
-from service.settings import Settings
+from service.settings_groups import IntegrationSettings, ServingSettings
 
 __all__ = [
     "FORWARDED_HEADERS",
@@ -126,7 +126,7 @@ class _StreamableHTTPEndpoint:
     A session manager runs once, so each lifespan (a test client may start an app twice) makes
     its own. Stateless: every POST stands alone, so any replica or worker can answer it."""
 
-    def __init__(self, server: MCPServer, settings: Settings) -> None:
+    def __init__(self, server: MCPServer, settings: ServingSettings) -> None:
         self.server = server
         self.settings = settings
         self.sessions: StreamableHTTPASGIApp | None = None
@@ -178,13 +178,13 @@ class _NamedRoute(Route):
         return match, child_scope
 
 
-def mount(app: FastAPI, settings: Settings) -> None:
+def mount(app: FastAPI, serving: ServingSettings, integrations: IntegrationSettings) -> None:
     """Serve the tools at ``/mcp`` (all methods; the SDK answers GET and DELETE itself). The
     route is outside the API's authentication dependency (it is no FastAPI route) but
     authenticates every request as the API does; each tool call is then an API request,
     limited to the key's namespaces."""
     endpoint = _StreamableHTTPEndpoint(
-        build_server(in_process_connector(app), settings.mcp_default_namespace), settings
+        build_server(in_process_connector(app), integrations.mcp_default_namespace), serving
     )
     app.include_router(APIRouter(lifespan=endpoint.lifespan))
     # On the app's own router: include_router would copy it into a plain Route.

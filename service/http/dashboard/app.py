@@ -190,7 +190,7 @@ async def namespaces_page(request: Request, principal: PrincipalDep) -> HTMLResp
     rows = await components.database.replicas.read(
         None,
         lambda session: stats_sql.all_namespace_stats(
-            session, components.pipeline.schedule, components.settings.default_candidates
+            session, components.pipeline.schedule, components.limits.default_candidates
         ),
     )
     visible = [row for row in rows if principal.allows(row.namespace)]
@@ -206,7 +206,7 @@ async def namespace_page(
 
     async def read(session: AsyncSession) -> _NamespaceReads:
         stats = await stats_sql.namespace_stats(
-            session, namespace, schedule, components.settings.default_candidates
+            session, namespace, schedule, components.limits.default_candidates
         )
         history = await dashboard_sql.namespace_history(
             session, namespace, stats.queries, HISTORY_BUCKETS

@@ -25,8 +25,8 @@ from service.http.deps import (
     AUTH_RESPONSES,
     DOCUMENT_BEARER,
     ComponentsDep,
+    LimitsDep,
     PrincipalDep,
-    SettingsDep,
     WritesDep,
 )
 from service.http.genai_spans import MemoryOperation, describe_ingest, memory_span, name_store
@@ -57,21 +57,21 @@ async def ingest_memories(
     body: IngestRequest,
     components: ComponentsDep,
     writes: WritesDep,
-    settings: SettingsDep,
+    limits: LimitsDep,
     principal: PrincipalDep,
 ) -> IngestResult:
     annotate(request, namespace=body.namespace)
     require_namespace(principal, body.namespace)
-    if len(body.memories) > settings.max_batch:
+    if len(body.memories) > limits.max_batch:
         raise LimitExceeded(
-            f"{len(body.memories)} memories in one request; the limit is {settings.max_batch}"
+            f"{len(body.memories)} memories in one request; the limit is {limits.max_batch}"
         )
     for position, item in enumerate(body.memories):
-        check_text_length(item.text, settings.max_text_chars, f"memories[{position}].text")
+        check_text_length(item.text, limits.max_text_chars, f"memories[{position}].text")
         check_metadata(
             item.metadata,
-            settings.max_metadata_bytes,
-            settings.max_metadata_depth,
+            limits.max_metadata_bytes,
+            limits.max_metadata_depth,
             f"memories[{position}].metadata",
         )
     operation: MemoryOperation = (
@@ -82,7 +82,7 @@ async def ingest_memories(
             result = await memories.ingest(
                 session,
                 components.embedder,
-                settings.embedding_dim,
+                limits.embedding_dim,
                 body.namespace,
                 [
                     memories.NewMemory(
@@ -95,7 +95,7 @@ async def ingest_memories(
                     for item in body.memories
                 ],
                 body.on_conflict,
-                settings.max_unindexed,
+                limits.max_unindexed,
             )
             await session.commit()
         describe_ingest(
@@ -132,7 +132,7 @@ async def patch_memory(
     body: MemoryPatchIn,
     components: ComponentsDep,
     writes: WritesDep,
-    settings: SettingsDep,
+    limits: LimitsDep,
     principal: PrincipalDep,
 ) -> UpdatedMemory:
     """Change a memory's text, embedding, metadata or occurred_at (the memory keeps its id).
@@ -144,14 +144,14 @@ async def patch_memory(
         async with writes.session(None, memories=True) as session:
             await _namespace_of(request, session, principal, memory_id, span)
             if body.text is not None:
-                check_text_length(body.text, settings.max_text_chars, "text")
+                check_text_length(body.text, limits.max_text_chars, "text")
             check_metadata(
-                body.metadata, settings.max_metadata_bytes, settings.max_metadata_depth, "metadata"
+                body.metadata, limits.max_metadata_bytes, limits.max_metadata_depth, "metadata"
             )
             result = await memories.update_memory(
                 session,
                 components.embedder,
-                settings.embedding_dim,
+                limits.embedding_dim,
                 memory_id,
                 memories.MemoryPatch(
                     text=body.text,
@@ -187,7 +187,7 @@ async def read_memory(
 async def list_memories(
     namespace: Annotated[NamespaceName, Query()],
     components: ComponentsDep,
-    settings: SettingsDep,
+    limits: LimitsDep,
     principal: PrincipalDep,
     request: Request,
     limit: Annotated[int, Query(ge=1)] = 100,
@@ -198,8 +198,8 @@ async def list_memories(
 ) -> MemoryPage:
     annotate(request, namespace=namespace)
     require_namespace(principal, namespace)
-    if limit > settings.max_page_size:
-        raise LimitExceeded(f"limit {limit} exceeds the page size limit {settings.max_page_size}")
+    if limit > limits.max_page_size:
+        raise LimitExceeded(f"limit {limit} exceeds the page size limit {limits.max_page_size}")
     return await components.database.replicas.read(
         namespace,
         lambda session: memories.list_memories(session, namespace, limit, cursor, external_id),

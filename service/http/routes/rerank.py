@@ -37,7 +37,7 @@ from service.http.deps import (
 from service.http.genai_spans import describe_rerank, rerank_span
 from service.http.middleware import FastJSONRoute, annotate
 from service.retrieve.given import RerankRequest, RerankResult, rerank_documents
-from service.settings import Settings
+from service.settings_groups import IntegrationSettings
 
 MODEL_PREFIX = "earm/"
 EARM_HEADER = "X-Earm"
@@ -73,7 +73,9 @@ NamespaceHeader = Annotated[
 ]
 
 
-def rerank_namespace(model: str | None, header: str | None, settings: Settings) -> str:
+def rerank_namespace(
+    model: str | None, header: str | None, settings: IntegrationSettings
+) -> str:
     """The namespace a call names: a model ``earm/<namespace>``, else the header, else the
     deployment's ``EARM_RERANK_NAMESPACE``."""
     named = model[len(MODEL_PREFIX):] if model and model.startswith(MODEL_PREFIX) else None
@@ -114,7 +116,7 @@ async def _rerank(
     names, whichever protocol shape asked."""
     components, principal, metrics = deps
     rerank = RerankRequest(
-        rerank_namespace(model, header, components.settings), query, documents, top_n
+        rerank_namespace(model, header, components.integrations), query, documents, top_n
     )
     annotate(request, namespace=rerank.namespace, documents=len(rerank.documents))
     require_namespace(principal, rerank.namespace)

@@ -11,10 +11,10 @@ from service.errors import LimitExceeded
 from service.http.deps import (
     AUTH_RESPONSES,
     DOCUMENT_BEARER,
+    LimitsDep,
     MetricsDep,
     PipelineDep,
     PrincipalDep,
-    SettingsDep,
 )
 from service.http.genai_spans import describe_retrieve, memory_span
 from service.http.middleware import FastJSONRoute, annotate
@@ -41,7 +41,7 @@ async def retrieve(
     request: Request,
     body: RetrieveIn,
     pipeline: PipelineDep,
-    settings: SettingsDep,
+    limits: LimitsDep,
     principal: PrincipalDep,
     metrics: MetricsDep,
 ) -> RetrieveResult:
@@ -49,7 +49,7 @@ async def retrieve(
     annotate(request, namespace=body.namespace, policy=body.policy)
     require_namespace(principal, body.namespace)
     check_metadata(
-        body.filters, settings.max_metadata_bytes, settings.max_metadata_depth, "filters"
+        body.filters, limits.max_metadata_bytes, limits.max_metadata_depth, "filters"
     )
     with memory_span("search_memory", body.namespace) as span:
         result = await pipeline.retrieve(RetrieveRequest(**body.model_dump()))
@@ -69,15 +69,15 @@ async def feedback(
     request: Request,
     body: FeedbackIn,
     pipeline: PipelineDep,
-    settings: SettingsDep,
+    limits: LimitsDep,
     principal: PrincipalDep,
 ) -> FeedbackResult:
     """Client observations for a past query: they replace the pairs' earlier observations,
     and later queries learn from them."""
     annotate(request, namespace=body.namespace)
     require_namespace(principal, body.namespace)
-    if len(body.scores) > settings.max_batch:
-        raise LimitExceeded(f"{len(body.scores)} scores; the limit is {settings.max_batch}")
+    if len(body.scores) > limits.max_batch:
+        raise LimitExceeded(f"{len(body.scores)} scores; the limit is {limits.max_batch}")
     return await pipeline.feedback(
         body.namespace,
         body.query_id,

@@ -50,14 +50,14 @@ async def read_stats(
 ) -> NamespaceReportOut | StatsListOut:
     """One namespace's counts, budget, savings and completion quality; without `namespace`,
     those of every namespace the API key may use. Both carry the scorer's health."""
-    settings, schedule = components.settings, components.pipeline.schedule
+    limits, schedule = components.limits, components.pipeline.schedule
     replicas = components.database.replicas
     scorer = components.scorer_health.snapshot()
     if namespace is None:
         rows = await replicas.read(
             None,
             lambda session: stats_sql.all_namespace_stats(
-                session, schedule, settings.default_candidates
+                session, schedule, limits.default_candidates
             ),
         )
         return StatsListOut(
@@ -68,7 +68,7 @@ async def read_stats(
     row = await replicas.read(
         namespace,
         lambda session: stats_sql.namespace_stats(
-            session, namespace, schedule, settings.default_candidates
+            session, namespace, schedule, limits.default_candidates
         ),
     )
     return NamespaceReportOut(**asdict(row), scorer=scorer)
