@@ -32,7 +32,8 @@ from service.ingest.validation import check_metadata, check_text_length
 from service.providers.embedders import check_embedding, float32_vector
 from service.retrieve.anchors import EXPLOIT, EXPLORE, HEAD, MARGINAL, REASONS
 from service.retrieve.rerank import ESTIMATED, OBSERVED, POLICIES, SEMANTIC
-from service.settings import MAX_RANK, Settings
+from service.settings import MAX_RANK
+from service.settings_groups import LimitSettings
 
 #: A field's check: the value to write for a valid ``value`` of field ``field``, or
 #: InvalidInput naming the field.
@@ -55,7 +56,7 @@ class RecordLimits:
     max_metadata_depth: int
 
     @classmethod
-    def of(cls, settings: Settings) -> RecordLimits:
+    def of(cls, settings: LimitSettings) -> RecordLimits:
         return cls(
             settings.embedding_dim, settings.max_text_chars, settings.max_metadata_bytes,
             settings.max_metadata_depth,

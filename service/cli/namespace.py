@@ -42,7 +42,9 @@ def add_namespace_parser(commands: argparse._SubParsersAction[argparse.ArgumentP
 
 def _deployment(settings: Settings) -> Deployment:
     return Deployment(
-        embedding_model_id(settings.embedding), settings.embedding_dim, RecordLimits.of(settings),
+        embedding_model_id(settings.embedding),
+        settings.embedding_dim,
+        RecordLimits.of(settings.limits),
         migrate.head_revision(),
     )
 
