@@ -27,9 +27,9 @@ from service.settings_groups import (
     EmbedderSettings,
     IndexingSettings,
     IntegrationSettings,
+    LearningSettings,
     LimitSettings,
     ObservabilitySettings,
-    RefitSettings,
     RetrievalSettings,
     ScorerSettings,
     SearchSettings,
@@ -595,8 +595,8 @@ class Settings(BaseSettings):
         )
 
     @property
-    def refits(self) -> RefitSettings:
-        return RefitSettings(
+    def learning(self) -> LearningSettings:
+        return LearningSettings(
             completion=self.completion,
             every=self.refit_every,
             growth=self.refit_growth,

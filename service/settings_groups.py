@@ -112,7 +112,7 @@ class CompletionSettings:
 
 
 @dataclass(frozen=True)
-class RefitSettings:
+class LearningSettings:
     """What a namespace learns with, and when and where its full refits run (the learner,
     ``service.retrieve.learning``; ``refit_process``; ``service.worker``)."""
 

@@ -45,7 +45,7 @@ class Worker:
         refits: Refits | None = None,
     ) -> None:
         self.sessions = sessions
-        self.settings = settings.refits
+        self.settings = settings.learning
         self.learner = Learner(sessions, self.settings, scorer_source(settings.scoring), refits)
         self.indexer = BackgroundIndexer.from_settings(sessions, settings.indexing)
 
@@ -90,7 +90,7 @@ async def run_worker(settings: Settings) -> None:
     async with open_database(settings.database) as database:
         log.info("earm worker started: refits and indexing")
         # Refits in a child process here too: the indexer's batches do not wait behind one.
-        refits = refits_for(settings.refits, database.url, database.sessions)
+        refits = refits_for(settings.learning, database.url, database.sessions)
         try:
             await Worker(database.sessions, settings, refits).run(stop)
         finally:

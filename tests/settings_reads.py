@@ -10,7 +10,7 @@ from service.settings import Settings
 
 #: Every group property of Settings.
 GROUPS = (
-    "database", "indexing", "refits", "embedding", "scoring", "retrieval", "search", "anchors",
+    "database", "indexing", "learning", "embedding", "scoring", "retrieval", "search", "anchors",
     "completion", "limits", "auth", "serving", "observability", "integrations",
 )
 

@@ -115,7 +115,7 @@ async def _components(app: FastAPI, settings: Settings, metrics: Metrics) -> Asy
             settings.scoring, observer=observe_all(metrics.observe_scorer_call, scorer_health)
         )
         refit_health = RefitHealth(metrics.observe_refit)
-        refits = refits_for(settings.refits, database.url, database.sessions, refit_health)
+        refits = refits_for(settings.learning, database.url, database.sessions, refit_health)
         pipeline = RetrievalPipeline(
             database.sessions, embedder, scorer, settings,
             late_observer=metrics.observe_late_anchors, replicas=database.replicas,

@@ -27,7 +27,7 @@ from service.ingest.validation import repeats
 from service.retrieve.online import feedback_rows, new_cells, update_memory_rows
 from service.retrieve.refit_health import RefitOutcome
 from service.retrieve.refit_process import InProcessRefits, Refits
-from service.settings_groups import RefitSettings
+from service.settings_groups import LearningSettings
 from service.tracing import Cause, current
 
 log = logging.getLogger(__name__)
@@ -81,7 +81,7 @@ class Learner:
     def __init__(
         self,
         sessions: async_sessionmaker[AsyncSession],
-        settings: RefitSettings,
+        settings: LearningSettings,
         scorer_source: str,
         refits: Refits | None = None,
         writes: Writes | None = None,

@@ -121,7 +121,7 @@ class RetrievalPipeline:
         # Where every write of the pipeline begins: this process's replica reads see it.
         self.writes = Writes(sessions, replicas)
         self.learner = Learner(
-            sessions, settings.refits, scorer_source(settings.scoring), refits, self.writes
+            sessions, settings.learning, scorer_source(settings.scoring), refits, self.writes
         )
         # The anchors answered after the deadline, recorded in the background.
         self.late = LateAnchors(self.learner, late_observer)

@@ -24,7 +24,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from service.db.engine import create_engine
 from service.retrieve.refit import refit_namespace
 from service.retrieve.refit_health import RefitHealth
-from service.settings_groups import CompletionSettings, RefitSettings
+from service.settings_groups import CompletionSettings, LearningSettings
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +82,7 @@ class ChildRefits:
     so the event loop never waits for them."""
 
     def __init__(
-        self, database_url: str, settings: RefitSettings, health: RefitHealth | None = None
+        self, database_url: str, settings: LearningSettings, health: RefitHealth | None = None
     ) -> None:
         self.database_url = database_url
         self.settings = settings
@@ -149,7 +149,7 @@ class ChildRefits:
 
 
 def refits_for(
-    settings: RefitSettings,
+    settings: LearningSettings,
     database_url: str,
     sessions: async_sessionmaker[AsyncSession],
     health: RefitHealth | None = None,
@@ -194,7 +194,7 @@ def die_with_parent() -> None:
         os._exit(1)
 
 
-def refit_in_child(database_url: str, settings: RefitSettings, namespace: str) -> bool:
+def refit_in_child(database_url: str, settings: LearningSettings, namespace: str) -> bool:
     """The child's side: one refit on a connection of its own (an engine per refit: its
     cost is milliseconds beside the refit's seconds, and no connection idles between)."""
 

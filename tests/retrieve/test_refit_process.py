@@ -94,7 +94,7 @@ def test_a_child_process_refit_writes_the_model_an_in_process_refit_writes(
     async def scenario() -> None:
         async with open_database(settings.database) as db:
             await populate(db, settings)
-            refits = ChildRefits(db.url, settings.refits)
+            refits = ChildRefits(db.url, settings.learning)
             try:
                 assert await refits.refit(NAMESPACE) is True
                 assert multiprocessing.active_children(), "no child process ran the refit"
@@ -120,7 +120,7 @@ def test_a_refit_child_killed_mid_refit_leaves_the_namespace_due_and_the_next_re
             await populate(db, settings)
             due = await queries_since_refit(db.engine)
             online = await model_rows(db.engine)  # the rows the retrieves updated online
-            refits = ChildRefits(db.url, settings.refits)
+            refits = ChildRefits(db.url, settings.learning)
             try:
                 # The namespace's row held: the child's refit waits at its first statement
                 # until it is killed, whatever the machine's speed.
@@ -161,7 +161,7 @@ def test_a_refit_child_killed_while_idle_is_replaced_and_the_next_refit_runs(
     async def scenario() -> None:
         async with open_database(settings.database) as db:
             await populate(db, settings)
-            refits = ChildRefits(db.url, settings.refits)
+            refits = ChildRefits(db.url, settings.learning)
             try:
                 for child in await idle_child_after_a_refit(refits):
                     os.kill(child.pid, signal.SIGKILL)  # type: ignore[arg-type]
@@ -186,7 +186,7 @@ def test_a_terminals_ctrl_c_leaves_the_refit_child_to_its_service(settings: Sett
     async def scenario() -> None:
         async with open_database(settings.database) as db:
             await populate(db, settings)
-            refits = ChildRefits(db.url, settings.refits)
+            refits = ChildRefits(db.url, settings.learning)
             try:
                 children = await idle_child_after_a_refit(refits)
                 for child in children:
@@ -219,8 +219,9 @@ def test_a_refit_that_fails_shows_in_the_refits_health_and_the_next_success_clea
     async def scenario() -> None:
         async with open_database(settings.database) as db:
             await populate(db, settings)
-            refits = ChildRefits(db.url, settings.refits, RefitHealth(outcomes.append))
-            learner = Learner(db.sessions, settings.refits, scorer_source(settings.scoring), refits)
+            refits = ChildRefits(db.url, settings.learning, RefitHealth(outcomes.append))
+            source = scorer_source(settings.scoring)
+            learner = Learner(db.sessions, settings.learning, source, refits)
             try:
                 async with db.engine.connect() as holder:
                     await holder.execute(
@@ -297,7 +298,7 @@ from service.settings import Settings
 async def main() -> None:
     settings = Settings()
     async with open_database(settings.database) as db:
-        await ChildRefits(db.url, settings.refits).refit(sys.argv[1])
+        await ChildRefits(db.url, settings.learning).refit(sys.argv[1])
         await asyncio.sleep(3600)
 
 asyncio.run(main())
