@@ -4,9 +4,10 @@ namespace lock"), statement by statement, at each observation count given on the
 
 A namespace shaped like `earm bench capacity`'s 'large' (2,000 memories, 35 observations per
 query, queries with 384-dimensional embeddings and 200-candidate traces, a refit before) is
-built with bulk SQL in an embedded Postgres; then `model_state.replace_model` writes a refitted
-model of the same shapes (its values do not change the work), after ``--since`` observations
-recorded past the refit's horizon (what a refit's read misses while it fits), three times.
+built with bulk SQL in an embedded Postgres; then, as a refit does, its horizon is taken and its
+observations read, 7,000 observations are recorded (what the serving process records while a
+refit fits), and `model_state.replace_model` writes a refitted model of the namespace's shapes
+(its values do not change the work), three times.
 Every statement the write runs under the lock is timed (the median of the three), and the
 lock's hold (from the lock to the commit).
 
@@ -33,7 +34,7 @@ from sqlalchemy.ext.asyncio import async_sessionmaker
 from earm_bench.common.database import libpq_url, migrated_database
 from service.completion import ContentPrior
 from service.completion.statistics import packed_length
-from service.db import model_state
+from service.db import experience, model_state
 from service.db.engine import create_engine
 
 DIM = 384
@@ -179,13 +180,17 @@ async def write_once(url: str, model: model_state.RefittedModel, base: int) -> d
         async with sessions() as session:
             read_from = await model_state.refit_horizon(session, NAMESPACE)
             await session.commit()
+            cells = await experience.namespace_observations(session, NAMESPACE)
+            read = model_state.RefitRead(
+                read_from, cells.query_ids, cells.memory_ids, cells.scores
+            )
             with psycopg.connect(libpq_url(url), autocommit=True) as conn:
                 conn.execute(_RECORD_SINCE, {"ns": NAMESPACE, "base": base, "n": SINCE_QUERIES,
                                              "memories": MEMORIES, "per_query": PER_QUERY})
             with timed_statements(times):
                 began = time.perf_counter()
                 await model_state.replace_model(
-                    session, NAMESPACE, model, refitted_at=read_from, read_from=read_from,
+                    session, NAMESPACE, model, refitted_at=read_from, read=read,
                 )
                 await session.commit()
                 held = time.perf_counter() - began

@@ -215,6 +215,8 @@ class Score(Base):
             ["namespace", "memory_id"], ["memories.namespace", "memories.id"], ondelete="CASCADE"
         ),
         Index("ix_scores_namespace_memory_id", "namespace", "memory_id"),
+        # What a refit's write reads under the lock: the scores recorded since its horizon.
+        Index("ix_scores_namespace_created_at", "namespace", "created_at"),
         _by_namespace(),
     )
 
@@ -231,6 +233,8 @@ class Score(Base):
     # Which part of the anchor rule chose the pair (service.retrieve.anchors: HEAD, EXPLOIT,
     # MARGINAL, EXPLORE); NULL for client feedback and rows recorded before 0014.
     anchor_kind: Mapped[int | None] = mapped_column(SmallInteger)
+    # The service stamps clock_timestamp(), taken after the namespace's lock: a refit finds the
+    # scores recorded since its horizon by it (model_state.replace_model).
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
     # Set when the memory's text or embedding changed since: the cell judged the old content,
     # so nothing learns from it or counts it.

@@ -170,10 +170,13 @@ _RECORD_SQL = """
         -- GET /queries/{id} finds the query's partition here (migration 0017)
         INSERT INTO query_locator (id, namespace) SELECT id, %(namespace)s::text FROM q
     ), s AS (
+        -- Stamped with clock_timestamp(), after the namespace lock the statement before took
+        -- (not now(), the transaction's start): a refit whose horizon is earlier counts them
+        -- as recorded since (model_state.replace_model).
         INSERT INTO scores (query_id, memory_id, namespace, score, similarity, source,
-                            anchor_kind, raw_score, scored_by)
+                            anchor_kind, raw_score, scored_by, created_at)
         SELECT q.id, live.m, %(namespace)s::text, live.s, live.c, 'scorer', live.k, live.r,
-               %(scored_by)s::text
+               %(scored_by)s::text, clock_timestamp()
         FROM q, live
         ON CONFLICT (namespace, query_id, memory_id) DO NOTHING
     )
