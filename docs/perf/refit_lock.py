@@ -54,18 +54,21 @@ _BUILD = [
            (SELECT array_agg(random()::real)::vector AS v FROM generate_series(1, %(dim)s)) e""",
     # wide rows, as the service records them: an embedding and a 200-candidate trace each
     """INSERT INTO queries (namespace, query_index, text, embedding, policy, candidates, budget,
-           scorer_calls, bias, slope, factors, stage, timings, trace_memory_ids,
-           trace_similarities, trace_estimates, trace_scores, trace_sources, trace_origins,
-           trace_anchors, trace_anchor_reasons)
+           scorer_calls, stage, timings, trace_memory_ids, trace_similarities, trace_estimates,
+           trace_scores, trace_sources, trace_origins, trace_anchors, trace_anchor_reasons)
        SELECT %(ns)s, i, 'query ' || i,
            (SELECT array_agg(random()::real)::vector FROM generate_series(1, %(dim)s + i * 0)),
-           'earm', 200, 35, 35, random(), random(), t.f, 3, '{"search_ms": 1.0}'::jsonb,
+           'earm', 200, 35, 35, 3, '{"search_ms": 1.0}'::jsonb,
            t.ids, t.r, t.r, t.r, t.src, t.src, t.b, t.src
        FROM generate_series(0, %(queries)s - 1) i,
            (SELECT array_agg(j::bigint) AS ids, array_agg(random()::real) AS r,
-                   array_agg('observed'::text) AS src, array_agg(j %% 5 = 0) AS b,
-                   (SELECT array_agg(random()::real) FROM generate_series(1, %(rank)s)) AS f
+                   array_agg('observed'::text) AS src, array_agg(j %% 5 = 0) AS b
             FROM generate_series(1, %(trace)s) j) t""",
+    # the parameters a refit before gave every query
+    """INSERT INTO query_factors (namespace, query_id, bias, slope, factors)
+       SELECT %(ns)s, q.id, random(), random(), f.f FROM queries q,
+           (SELECT array_agg(random()::real) AS f FROM generate_series(1, %(rank)s)) f
+       WHERE q.namespace = %(ns)s""",
     """INSERT INTO scores (query_id, memory_id, namespace, score, similarity, source,
            anchor_kind, raw_score, scored_by, created_at)
        SELECT q.id, m.first + (q.query_index * 7919 + j * 53) %% %(memories)s, %(ns)s,
@@ -88,12 +91,14 @@ _BUILD = [
 _RECORD_SINCE = """
     WITH q AS (
         INSERT INTO queries (namespace, query_index, text, embedding, policy, candidates,
-                             budget, scorer_calls, bias, slope, factors)
-        SELECT %(ns)s, %(base)s + i, 'late ' || i, e.embedding, 'earm', 200, 35, 35, 0, 0,
-               e.factors
+                             budget, scorer_calls)
+        SELECT %(ns)s, %(base)s + i, 'late ' || i, e.embedding, 'earm', 200, 35, 35
         FROM generate_series(0, %(n)s - 1) i,
-             (SELECT embedding, factors FROM queries WHERE namespace = %(ns)s LIMIT 1) e
+             (SELECT embedding FROM queries WHERE namespace = %(ns)s LIMIT 1) e
         RETURNING id, query_index
+    ), f AS (
+        INSERT INTO query_factors (namespace, query_id, bias, slope, factors)
+        SELECT %(ns)s, q.id, 0, 0, array_fill(0.1::real, ARRAY[%(rank)s]) FROM q
     ), s AS (
         INSERT INTO scores (query_id, memory_id, namespace, score, similarity, source,
                             raw_score, scored_by, created_at)
@@ -186,7 +191,8 @@ async def write_once(url: str, model: model_state.RefittedModel, base: int) -> d
             )
             with psycopg.connect(libpq_url(url), autocommit=True) as conn:
                 conn.execute(_RECORD_SINCE, {"ns": NAMESPACE, "base": base, "n": SINCE_QUERIES,
-                                             "memories": MEMORIES, "per_query": PER_QUERY})
+                                             "memories": MEMORIES, "per_query": PER_QUERY,
+                                             "rank": RANK})
             with timed_statements(times):
                 began = time.perf_counter()
                 await model_state.replace_model(

@@ -1,5 +1,5 @@
 """The completion model's state: per-memory rows (``memory_factors``), per-query parameters
-(columns of ``queries``) and the namespace's content prior and running mean, written online
+(``query_factors``) and the namespace's content prior and running mean, written online
 after each query or feedback and replaced wholesale by a full refit (binary COPY).
 """
 
@@ -166,11 +166,16 @@ async def upsert_memory_factors(
         await conn.execute(_UPSERT_FACTORS_SQL, _row_parameters(namespace, update))
 
 
-_UPDATE_QUERY_FACTORS_SQL = """
-    UPDATE queries q SET bias = t.b, slope = t.s, factors = t.f::real[]
+_QUERY_ROWS = "query_factors (namespace, query_id, bias, slope, factors)"
+_REPLACE_QUERY_ROW = """ON CONFLICT (namespace, query_id) DO UPDATE SET
+        bias = EXCLUDED.bias, slope = EXCLUDED.slope, factors = EXCLUDED.factors"""
+
+_UPDATE_QUERY_FACTORS_SQL = f"""
+    INSERT INTO {_QUERY_ROWS}
+    SELECT %(namespace)s::text, t.id, t.b, t.s, t.f::real[]
     FROM unnest(%(ids)s::bigint[], %(bias)s::float8[], %(slope)s::float8[],
                 %(factors)s::text[]) AS t(id, b, s, f)
-    WHERE q.namespace = %(namespace)s AND q.id = t.id
+    {_REPLACE_QUERY_ROW}
 """
 
 
@@ -313,7 +318,7 @@ async def replace_model(
     read: RefitRead,
     rescaled: ScaleUpdate | None = None,
 ) -> None:
-    """Write a full refit: every memory row and query column of the namespace, the score
+    """Write a full refit: every memory row and query row of the namespace, the score
     scales it ``rescaled`` (with the stored scores of the sources they moved), and reset the
     counter. Rows travel by binary COPY (the memory side straight into ``memory_factors``,
     emptied for the namespace first; the query side through a temporary table). Memories
@@ -333,7 +338,7 @@ async def replace_model(
     changed = np.union1d(deleted_or_edited, since.memory_ids[since.feedback])
     await _replace_memory_rows(conn, namespace, model, changed)
     if len(model.query_ids):
-        await _update_query_columns(conn, namespace, model)
+        await _replace_query_rows(conn, namespace, model)
     # Rows whose memory gained observations since the read (recorded while the refit ran) do
     # not hold them in their statistics: they are left without, and the next retrieve
     # observing them rebuilds them from their history. A query without parameters before the
@@ -364,8 +369,9 @@ class _SinceHorizon:
 # so a score stamped before the horizon was committed before the refit's read began.
 _SINCE_HORIZON_SQL = """
     SELECT s.query_id, s.memory_id, s.score::text::float8, s.source = 'feedback',
-           q.bias IS NOT NULL
-    FROM scores s JOIN queries q ON q.namespace = s.namespace AND q.id = s.query_id
+           EXISTS (SELECT FROM query_factors q
+                   WHERE q.namespace = s.namespace AND q.query_id = s.query_id)
+    FROM scores s
     WHERE s.namespace = %(namespace)s AND s.created_at >= %(since)s AND s.retired_at IS NULL
     ORDER BY s.query_id, s.memory_id
 """
@@ -469,7 +475,8 @@ async def _replace_memory_rows(
         )
 
 
-# The query side of a refit goes through a temporary table: COPY in, then one UPDATE.
+# The query side of a refit goes through a temporary table: COPY in, then one upsert (the
+# queries the refit did not read keep theirs).
 _CREATE_REFIT_QUERIES_SQL = (
     "CREATE TEMPORARY TABLE earm_refit_queries "
     "(id bigint, bias float8, slope float8, factors real[]) ON COMMIT DROP"
@@ -477,14 +484,15 @@ _CREATE_REFIT_QUERIES_SQL = (
 _COPY_REFIT_QUERIES = (
     "COPY earm_refit_queries (id, bias, slope, factors) FROM STDIN (FORMAT BINARY)"
 )
-_UPDATE_FROM_REFIT_QUERIES_SQL = (
-    "UPDATE queries q SET bias = t.bias, slope = t.slope, factors = t.factors "
-    "FROM earm_refit_queries t WHERE q.namespace = %(namespace)s AND q.id = t.id"
-)
+_UPDATE_FROM_REFIT_QUERIES_SQL = f"""
+    INSERT INTO {_QUERY_ROWS}
+    SELECT %(namespace)s::text, id, bias, slope, factors FROM earm_refit_queries
+    {_REPLACE_QUERY_ROW}
+"""
 _DROP_REFIT_QUERIES_SQL = "DROP TABLE earm_refit_queries"
 
 
-async def _update_query_columns(
+async def _replace_query_rows(
     conn: psycopg.AsyncConnection[Any], namespace: str, model: RefittedModel
 ) -> None:
     await conn.execute(_CREATE_REFIT_QUERIES_SQL)

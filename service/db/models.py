@@ -168,11 +168,7 @@ class Query(Base):
     budget: Mapped[int] = mapped_column(Integer)
     scorer_calls: Mapped[int] = mapped_column(Integer)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
-    # Query-side parameters of the completion model, solved from this query's anchors
-    # (NULL until then).
-    bias: Mapped[float | None] = mapped_column(Double)
-    slope: Mapped[float | None] = mapped_column(Double)
-    factors: Mapped[list[float] | None] = mapped_column(ARRAY(REAL))
+    # Its completion-model parameters are a QueryFactor row (none until solved).
     # Mean |prediction - observed| over this query's anchors that had history, each predicted
     # before it was folded in (leave-one-out); NULL when no anchor had history.
     prequential_abs_error: Mapped[float | None] = mapped_column(Double)
@@ -200,6 +196,27 @@ class Query(Base):
     trace_anchor_reasons: Mapped[list[str | None] | None] = mapped_column(ARRAY(Text))
     exploration_share: Mapped[float | None] = mapped_column(REAL)
     scorer_rounds: Mapped[int | None] = mapped_column(SmallInteger)
+
+
+class QueryFactor(Base):
+    """Query-side parameters of the completion model, solved from the query's anchors (no row
+    until then), replaced by each full refit. A narrow row of their own: a refit rewrites
+    every one under the namespace's lock, and a ``queries`` row (embedding in line, trace) is
+    ten times wider (migration 0022)."""
+
+    __tablename__ = "query_factors"
+    __table_args__ = (
+        ForeignKeyConstraint(
+            ["namespace", "query_id"], ["queries.namespace", "queries.id"], ondelete="CASCADE"
+        ),
+        _by_namespace(),
+    )
+
+    namespace: Mapped[str] = mapped_column(Text, primary_key=True)
+    query_id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    bias: Mapped[float] = mapped_column(Double)
+    slope: Mapped[float] = mapped_column(Double)
+    factors: Mapped[list[float]] = mapped_column(ARRAY(REAL))
 
 
 class Score(Base):

@@ -35,9 +35,9 @@ _FROM_SCRATCH_SQL = text(
 # The rows whose statistics do not hold every live observation of a query with parameters.
 _STALE_SQL = text(
     "SELECT f.memory_id FROM memory_factors f WHERE f.namespace = :ns AND f.observation_count <> "
-    "(SELECT count(*) FROM scores s JOIN queries q ON q.namespace = s.namespace "
-    " AND q.id = s.query_id WHERE s.namespace = :ns AND s.memory_id = f.memory_id "
-    " AND s.retired_at IS NULL AND q.bias IS NOT NULL) ORDER BY 1"
+    "(SELECT count(*) FROM scores s JOIN query_factors q ON q.namespace = s.namespace "
+    " AND q.query_id = s.query_id WHERE s.namespace = :ns AND s.memory_id = f.memory_id "
+    " AND s.retired_at IS NULL) ORDER BY 1"
 )
 
 
