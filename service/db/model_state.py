@@ -328,25 +328,24 @@ async def replace_model(
     since its horizon (an index scan: as many as the refit's duration let in), never from all
     the namespace's observations, so the lock's hold does not grow with them."""
     keys = await asyncio.to_thread(read.keys)
-    await namespace_state(session, namespace, for_update=True)
     conn = await driver_connection(session)
+    if len(model.query_ids):
+        await _stage_query_rows(conn, model)
+    await namespace_state(session, namespace, for_update=True)  # the lock, from here
     if rescaled is not None:
         # First: the scores recorded since are read below as they are stored.
         await store_scales(conn, namespace, rescaled)
     since = await _since_horizon(conn, namespace, read.horizon, keys, model.query_ids)
     deleted_or_edited = await _deleted_or_edited(conn, namespace, model.memory_ids, read.horizon)
     changed = np.union1d(deleted_or_edited, since.memory_ids[since.feedback])
-    await _replace_memory_rows(conn, namespace, model, changed)
-    if len(model.query_ids):
-        await _replace_query_rows(conn, namespace, model)
     # Rows whose memory gained observations since the read (recorded while the refit ran) do
-    # not hold them in their statistics: they are left without, and the next retrieve
+    # not hold them in their statistics: they are written without, and the next retrieve
     # observing them rebuilds them from their history. A query without parameters before the
     # refit (observations loaded in bulk) counts only from now on.
-    stale = np.setdiff1d(since.memory_ids[~since.read & since.has_parameters], changed)
-    if len(stale):
-        await conn.execute(_DROP_STATISTICS_SQL, {"namespace": namespace,
-                                                  "ids": array_literal(stale)})
+    stale = since.memory_ids[~since.read & since.has_parameters]
+    await _replace_memory_rows(conn, namespace, model, changed, stale)
+    if len(model.query_ids):
+        await _replace_query_rows(conn, namespace)
     score_sum, score_count = await _live_scores(conn, namespace, read, keys, since, changed)
     await _reset_after_refit(session, namespace, model, refitted_at, score_sum, score_count)
 
@@ -399,11 +398,6 @@ async def _since_horizon(
     )
 
 
-_DROP_STATISTICS_SQL = """
-    UPDATE memory_factors SET statistics = NULL
-    WHERE namespace = %(namespace)s AND memory_id = ANY(%(ids)s::bigint[])
-"""
-
 _CHANGED_LIVE_SQL = """
     SELECT coalesce(sum(score::text::float8 ORDER BY query_id, memory_id), 0), count(*)
     FROM scores WHERE namespace = %(namespace)s AND memory_id = ANY(%(ids)s::bigint[])
@@ -443,6 +437,11 @@ async def _live_scores(
 
 _EMPTY_NAMESPACE_ROWS_SQL = "DELETE FROM memory_factors WHERE namespace = %(namespace)s"
 _COPY_MEMORY_ROWS = f"COPY {_FACTOR_ROWS} FROM STDIN (FORMAT BINARY)"
+# The same, statistics left NULL.
+_COPY_MEMORY_ROWS_WITHOUT_STATISTICS = (
+    "COPY memory_factors (memory_id, namespace, bias, factors, observation_count) "
+    "FROM STDIN (FORMAT BINARY)"
+)
 
 
 async def _replace_memory_rows(
@@ -450,51 +449,55 @@ async def _replace_memory_rows(
     namespace: str,
     model: RefittedModel,
     changed: np.ndarray,
+    stale: np.ndarray,
 ) -> None:
     """Every row of the namespace replaced by the refit's, but for the ``changed`` memories'
-    (their rows would be fitted on observations deleted, retired or replaced since)."""
-    existing = np.isin(model.memory_ids, changed, invert=True)
-    memory_ids, memory_bias, memory_factors, observation_count, statistics = (
-        np.asarray(values)[existing]
-        for values in (
-            model.memory_ids, model.memory_bias, model.memory_factors, model.observation_count,
-            model.statistics,
-        )
-    )
+    (their rows would be fitted on observations deleted, retired or replaced since); the
+    ``stale`` memories' rows without their statistics."""
     await conn.execute(_EMPTY_NAMESPACE_ROWS_SQL, {"namespace": namespace})
-    if len(memory_ids):
-        await copy_in(
-            conn,
-            _COPY_MEMORY_ROWS,
-            binary_copy(
-                [("int8", memory_ids), ("text", namespace), ("float8", memory_bias),
-                 ("real[]", np.asarray(memory_factors)), ("int4", observation_count),
-                 ("float8[]", np.asarray(statistics))],
-                len(memory_ids),
-            ),
-        )
+    existing = np.isin(model.memory_ids, changed, invert=True)
+    without = np.isin(model.memory_ids, stale)
+    for rows, statement in (
+        (existing & ~without, _COPY_MEMORY_ROWS),
+        (existing & without, _COPY_MEMORY_ROWS_WITHOUT_STATISTICS),
+    ):
+        if not rows.any():
+            continue
+        columns = [
+            ("int8", model.memory_ids[rows]), ("text", namespace),
+            ("float8", model.memory_bias[rows]),
+            ("real[]", np.asarray(model.memory_factors)[rows]),
+            ("int4", model.observation_count[rows]),
+        ]
+        if statement is _COPY_MEMORY_ROWS:
+            columns.append(("float8[]", np.asarray(model.statistics)[rows]))
+        await copy_in(conn, statement, binary_copy(columns, int(rows.sum())))
 
 
-# The query side of a refit goes through a temporary table: COPY in, then one upsert (the
-# queries the refit did not read keep theirs).
+# The query side of a refit goes through a temporary table, filled before the lock (a table of
+# the refit's session alone: nothing waits for it), then an UPDATE of the rows there are and an
+# INSERT of the others under it (an upsert checks each row on its own, several times slower);
+# the queries the refit did not read keep theirs.
 _CREATE_REFIT_QUERIES_SQL = (
     "CREATE TEMPORARY TABLE earm_refit_queries "
-    "(id bigint, bias float8, slope float8, factors real[]) ON COMMIT DROP"
+    "(id bigint PRIMARY KEY, bias float8, slope float8, factors real[]) ON COMMIT DROP"
 )
 _COPY_REFIT_QUERIES = (
     "COPY earm_refit_queries (id, bias, slope, factors) FROM STDIN (FORMAT BINARY)"
 )
-_UPDATE_FROM_REFIT_QUERIES_SQL = f"""
-    INSERT INTO {_QUERY_ROWS}
-    SELECT %(namespace)s::text, id, bias, slope, factors FROM earm_refit_queries
-    {_REPLACE_QUERY_ROW}
+_UPDATE_FROM_REFIT_QUERIES_SQL = """
+    UPDATE query_factors f SET bias = t.bias, slope = t.slope, factors = t.factors
+    FROM earm_refit_queries t WHERE f.namespace = %(namespace)s AND f.query_id = t.id
 """
-_DROP_REFIT_QUERIES_SQL = "DROP TABLE earm_refit_queries"
+_INSERT_FROM_REFIT_QUERIES_SQL = f"""
+    INSERT INTO {_QUERY_ROWS}
+    SELECT %(namespace)s::text, id, bias, slope, factors FROM earm_refit_queries t
+    WHERE NOT EXISTS (SELECT FROM query_factors f
+                      WHERE f.namespace = %(namespace)s AND f.query_id = t.id)
+"""
 
 
-async def _replace_query_rows(
-    conn: psycopg.AsyncConnection[Any], namespace: str, model: RefittedModel
-) -> None:
+async def _stage_query_rows(conn: psycopg.AsyncConnection[Any], model: RefittedModel) -> None:
     await conn.execute(_CREATE_REFIT_QUERIES_SQL)
     await copy_in(
         conn,
@@ -505,8 +508,12 @@ async def _replace_query_rows(
             len(model.query_ids),
         ),
     )
+    await conn.execute("ANALYZE earm_refit_queries")  # for the joins' plans
+
+
+async def _replace_query_rows(conn: psycopg.AsyncConnection[Any], namespace: str) -> None:
     await conn.execute(_UPDATE_FROM_REFIT_QUERIES_SQL, {"namespace": namespace})
-    await conn.execute(_DROP_REFIT_QUERIES_SQL)
+    await conn.execute(_INSERT_FROM_REFIT_QUERIES_SQL, {"namespace": namespace})
 
 
 # The running mean is set from the live scores (``_live_scores``): it heals drift from deleted
