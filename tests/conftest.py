@@ -15,7 +15,8 @@ from service.settings import Settings
 
 #: Every table of the schema, each after the tables whose rows reference it.
 TABLES = (
-    "score_history", "scores", "memory_factors", "rerank_documents", "memory_locator",
+    "score_history", "scores", "memory_factors", "query_factors", "rerank_documents",
+    "memory_locator",
     "query_locator", "queries", "memories", "namespaces", "api_keys", "auth_settings",
 )
 

@@ -69,7 +69,10 @@ CLOCK_FIELDS = frozenset({
 # Stored as a sketch (the raw vectors would make the golden file large); model parameters
 # (factors, biases, content weights) and scores are kept as values.
 SKETCHED_COLUMNS = frozenset({"embedding"})
-STATE_TABLES = ("namespaces", "memories", "queries", "scores", "score_history", "memory_factors")
+STATE_TABLES = (
+    "namespaces", "memories", "queries", "query_factors", "scores", "score_history",
+    "memory_factors",
+)
 
 DIM = 384
 # A sketch's projections: any change of a vector beyond float noise moves them.

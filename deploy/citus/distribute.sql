@@ -28,11 +28,14 @@ DECLARE
          'FOREIGN KEY (namespace, memory_id) REFERENCES memories (namespace, id) ON DELETE CASCADE'],
         ['memory_factors', 'fk_memory_factors_memory_id_memories',
          'FOREIGN KEY (namespace, memory_id) REFERENCES memories (namespace, id) ON DELETE CASCADE'],
+        ['query_factors', 'fk_query_factors_query_id_queries',
+         'FOREIGN KEY (namespace, query_id) REFERENCES queries (namespace, id) ON DELETE CASCADE'],
         ['rerank_documents', 'fk_rerank_documents_memory_id_memories',
          'FOREIGN KEY (namespace, memory_id) REFERENCES memories (namespace, id) ON DELETE CASCADE']
     ];
     tables CONSTANT text[] := ARRAY[
-        'memories', 'queries', 'scores', 'score_history', 'memory_factors', 'rerank_documents'
+        'memories', 'queries', 'scores', 'score_history', 'memory_factors', 'query_factors',
+        'rerank_documents'
     ];
     item text[];
     name text;

@@ -33,8 +33,12 @@ class HistoryBucket:
     full_rerank_calls: int
     stage: int | None  # the highest recorded stage (None: recorded before traces were kept)
     budget_share: float  # anchors / candidates over the bucket
-    prequential_error: float | None
-    prequential_count: int
+    # The prequential error of the queries that reused no earlier asking's scores (new to the
+    # namespace), and of those that did (asked before, verbatim or rephrased): None where the
+    # bucket has none with a prediction. Apart, because a stream's error mixes the two and its
+    # budget stages (a smaller budget scores only the hardest anchors).
+    prequential_error_new: float | None
+    prequential_error_again: float | None
 
 
 _HISTORY_SQL = """
@@ -42,10 +46,13 @@ SELECT min(query_index) AS first_index, max(query_index) AS last_index,
        sum(scorer_calls) AS scorer_calls, sum(candidates) AS full_rerank_calls,
        max(stage) AS stage,
        sum(budget)::float8 / nullif(sum(candidates), 0) AS budget_share,
-       sum(prequential_abs_error * prequential_count) / nullif(sum(prequential_count), 0)
-           AS prequential_error,
-       sum(prequential_count) AS prequential_count
-FROM queries
+       sum(prequential_abs_error * prequential_count) FILTER (WHERE NOT asked_before)
+           / nullif(sum(prequential_count) FILTER (WHERE NOT asked_before), 0)
+           AS prequential_error_new,
+       sum(prequential_abs_error * prequential_count) FILTER (WHERE asked_before)
+           / nullif(sum(prequential_count) FILTER (WHERE asked_before), 0)
+           AS prequential_error_again
+FROM queries, LATERAL (SELECT cardinality(reused_memory_ids) > 0 AS asked_before) AS reuse
 WHERE namespace = %(namespace)s
 GROUP BY query_index * %(buckets)s / greatest(%(queries)s, 1)
 ORDER BY first_index
@@ -68,8 +75,8 @@ async def namespace_history(
             full_rerank_calls=int(r["full_rerank_calls"]),
             stage=_optional_int(r["stage"]),
             budget_share=float(r["budget_share"] or 0.0),
-            prequential_error=_optional_float(r["prequential_error"]),
-            prequential_count=int(r["prequential_count"]),
+            prequential_error_new=_optional_float(r["prequential_error_new"]),
+            prequential_error_again=_optional_float(r["prequential_error_again"]),
         )
         for r in rows
     ]

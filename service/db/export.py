@@ -11,7 +11,8 @@ What travels, table by table (every table that holds a namespace's data, migrati
 - ``memories``: text, external id, embedding and its model, metadata, ``occurred_at``, creation
   and last content change (an edit retires observations older than it).
 - ``queries``: every column: text, embedding and family key (what later retrieves reuse and
-  take paraphrase evidence from), the query's model parameters, its quality counters and its
+  take paraphrase evidence from), the query's model parameters (its ``query_factors`` row, in
+  the query's record), its quality counters and its
   trace (``GET /queries/{id}``, the dashboard).
 - ``scores``: the observations, retired ones included, with their anchor kinds (the anchor rule
   learns its exploring share from them) and feedback (``source = 'feedback'``).
@@ -54,6 +55,8 @@ class RecordKind:
     namespace_column: str = "namespace"
     # Columns a file from an earlier schema lacks (import writes NULL, their meaning there).
     optional: tuple[str, ...] = ()
+    # What the export reads, when not ``table`` alone.
+    source: str = ""
 
     @property
     def fields(self) -> frozenset[str]:
@@ -89,7 +92,12 @@ QUERY = RecordKind(
      "trace_sources", "trace_origins", "trace_anchors", "trace_anchor_reasons",
      "exploration_share", "scorer_rounds"),
     "id", optional=("scorer_rounds",),
+    # The parameters are a row of their own since migration 0022; the file keeps them here.
+    source="(SELECT q.*, f.bias, f.slope, f.factors FROM queries q LEFT JOIN query_factors f "
+    "ON f.namespace = q.namespace AND f.query_id = q.id) AS queries",
 )
+#: The query columns import writes to ``query_factors`` (a query without them has no row).
+_QUERY_PARAMETERS = ("bias", "slope", "factors")
 OBSERVATION = RecordKind(
     "observation", "scores",
     ("query_id", "memory_id", "score", "similarity", "source", "anchor_kind", "created_at",
@@ -123,7 +131,8 @@ def _select_sql(kind: RecordKind) -> str:
     """
     pairs = ", ".join(f"'{column}', {column}" for column in kind.columns)
     return (
-        f"SELECT json_build_object('kind', '{kind.name}', {pairs})::text FROM {kind.table} "
+        f"SELECT json_build_object('kind', '{kind.name}', {pairs})::text "
+        f"FROM {kind.source or kind.table} "
         f"WHERE {kind.namespace_column} = %(namespace)s ORDER BY {kind.order_by}"
     )
 
@@ -161,8 +170,9 @@ def _insert_sql(kind: RecordKind) -> str:
     """Insert a batch of records (a JSON array of objects, each cast to the table's column
     types by ``json_populate_recordset``) into the namespace ``%(namespace)s``; memories and
     queries with their locator rows, in the same statement."""
-    columns = [*kind.columns, kind.namespace_column]
-    values = [*kind.columns, "%(namespace)s"]
+    own = [c for c in kind.columns if kind is not QUERY or c not in _QUERY_PARAMETERS]
+    columns = [*own, kind.namespace_column]
+    values = [*own, "%(namespace)s"]
     if kind is MEMORY:
         columns.append("indexed")
         values.append("false")
@@ -175,10 +185,16 @@ def _insert_sql(kind: RecordKind) -> str:
     locator = _LOCATORS.get(kind.name)
     if locator is None:
         return insert
+    solved = (
+        "), solved AS (INSERT INTO query_factors (namespace, query_id, bias, slope, factors) "
+        "SELECT %(namespace)s, id, bias, slope, factors FROM json_to_recordset(%(records)s::json)"
+        " AS r(id bigint, bias float8, slope float8, factors real[]) WHERE bias IS NOT NULL"
+        if kind is QUERY else ""
+    )
     return (
         f"WITH inserted AS ({insert} RETURNING id), located AS ("
-        f"INSERT INTO {locator} (id, namespace) SELECT id, %(namespace)s FROM inserted) "
-        "SELECT count(*) FROM inserted"
+        f"INSERT INTO {locator} (id, namespace) SELECT id, %(namespace)s FROM inserted"
+        f"{solved}) SELECT count(*) FROM inserted"
     )
 
 

@@ -43,10 +43,10 @@ def _row_observations_sql(which_memories: str = "") -> str:
     )
     SELECT s.memory_id, s.similarity, s.score, q.bias, q.slope, q.factors,
            coalesce(n.content_slope * s.similarity + m.content, 0)
-    FROM scores s JOIN queries q ON q.namespace = s.namespace AND q.id = s.query_id
+    FROM scores s JOIN query_factors q ON q.namespace = s.namespace AND q.query_id = s.query_id
     JOIN m ON m.id = s.memory_id JOIN namespaces n ON n.name = s.namespace
     WHERE s.namespace = %(namespace)s AND s.memory_id = ANY(ARRAY(SELECT id FROM m))
-      AND q.bias IS NOT NULL AND s.retired_at IS NULL
+      AND s.retired_at IS NULL
     ORDER BY s.memory_id, s.query_id
 """
 

@@ -1,10 +1,11 @@
 """The completion model's state: per-memory rows (``memory_factors``), per-query parameters
-(columns of ``queries``) and the namespace's content prior and running mean, written online
+(``query_factors``) and the namespace's content prior and running mean, written online
 after each query or feedback and replaced wholesale by a full refit (binary COPY).
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -165,11 +166,16 @@ async def upsert_memory_factors(
         await conn.execute(_UPSERT_FACTORS_SQL, _row_parameters(namespace, update))
 
 
-_UPDATE_QUERY_FACTORS_SQL = """
-    UPDATE queries q SET bias = t.b, slope = t.s, factors = t.f::real[]
+_QUERY_ROWS = "query_factors (namespace, query_id, bias, slope, factors)"
+_REPLACE_QUERY_ROW = """ON CONFLICT (namespace, query_id) DO UPDATE SET
+        bias = EXCLUDED.bias, slope = EXCLUDED.slope, factors = EXCLUDED.factors"""
+
+_UPDATE_QUERY_FACTORS_SQL = f"""
+    INSERT INTO {_QUERY_ROWS}
+    SELECT %(namespace)s::text, t.id, t.b, t.s, t.f::real[]
     FROM unnest(%(ids)s::bigint[], %(bias)s::float8[], %(slope)s::float8[],
                 %(factors)s::text[]) AS t(id, b, s, f)
-    WHERE q.namespace = %(namespace)s AND q.id = t.id
+    {_REPLACE_QUERY_ROW}
 """
 
 
@@ -212,31 +218,78 @@ async def refit_horizon(session: AsyncSession, namespace: str) -> datetime:
     return cast(datetime, horizon)
 
 
-_CHANGED_SINCE_SQL = """
+_DELETED_OR_EDITED_SQL = """
     SELECT t.id FROM unnest(%(ids)s::bigint[]) AS t(id)
     WHERE NOT EXISTS (SELECT FROM memories m WHERE m.namespace = %(namespace)s AND m.id = t.id
                       AND (m.content_changed_at IS NULL OR m.content_changed_at < %(read_from)s))
-       OR EXISTS (SELECT FROM scores s WHERE s.namespace = %(namespace)s AND s.memory_id = t.id
-                  AND s.source = 'feedback' AND s.created_at >= %(read_from)s)
 """
 
 
-async def _still_current(
+async def _deleted_or_edited(
     conn: psycopg.AsyncConnection[Any],
     namespace: str,
     memory_ids: np.ndarray,
     read_from: datetime,
 ) -> np.ndarray:
-    """A mask of the ``memory_ids`` neither deleted, edited nor given feedback since
-    ``read_from`` (their rows would be fitted on observations deleted, retired or replaced
-    since). Run under the namespace's lock, which deletes, edits and feedback take too: none is
-    under way, and this statement sees every one committed."""
+    """The ``memory_ids`` deleted or edited since ``read_from`` (their observations were
+    deleted or retired since). Run under the namespace's lock, which deletes and edits take
+    too: none is under way, and this statement sees every one committed. One probe of the
+    primary key per memory."""
     cursor = await conn.execute(
-        _CHANGED_SINCE_SQL,
-        {"namespace": namespace, "ids": [int(m) for m in memory_ids], "read_from": read_from},
+        _DELETED_OR_EDITED_SQL,
+        {"namespace": namespace, "ids": array_literal(memory_ids), "read_from": read_from},
     )
-    changed = [row[0] for row in await cursor.fetchall()]
-    return np.isin(memory_ids, changed, invert=True)
+    return np.array([row[0] for row in await cursor.fetchall()], dtype=np.int64)
+
+
+@dataclass(frozen=True)
+class RefitRead:
+    """What a refit read (``experience.namespace_observations``), as its write needs it: the
+    horizon it read from (:func:`refit_horizon`), and its cells in key order (query, memory)
+    with the scores it fitted (those of a rescaled source under its new scale, as the write
+    stores them)."""
+
+    horizon: datetime
+    query_ids: np.ndarray
+    memory_ids: np.ndarray
+    scores: np.ndarray
+
+    def keys(self) -> _ReadKeys:
+        """The cells' keys and their sum, computed before the lock (a million cells take
+        a tenth of a second)."""
+        queries, query_rank = np.unique(self.query_ids, return_inverse=True)
+        memories, memory_rank = np.unique(self.memory_ids, return_inverse=True)
+        # Ascending, as the cells are in key order.
+        cells = query_rank.astype(np.int64) * len(memories) + memory_rank
+        return _ReadKeys(queries, memories, cells, key_order_sum(self.scores))
+
+
+@dataclass(frozen=True)
+class _ReadKeys:
+    queries: np.ndarray  # the distinct query ids read, ascending
+    memories: np.ndarray  # the distinct memory ids read, ascending
+    cells: np.ndarray  # each cell as query rank * len(memories) + memory rank, ascending
+    score_sum: float
+
+    def contains(self, query_ids: np.ndarray, memory_ids: np.ndarray) -> np.ndarray:
+        """A mask of the cells (query, memory) that were read."""
+        if not len(self.cells):
+            return np.zeros(len(query_ids), dtype=bool)
+        q = np.minimum(np.searchsorted(self.queries, query_ids), len(self.queries) - 1)
+        m = np.minimum(np.searchsorted(self.memories, memory_ids), len(self.memories) - 1)
+        cell = q.astype(np.int64) * len(self.memories) + m
+        at = np.minimum(np.searchsorted(self.cells, cell), len(self.cells) - 1)
+        found: np.ndarray = (
+            (self.queries[q] == query_ids) & (self.memories[m] == memory_ids)
+            & (self.cells[at] == cell)
+        )
+        return found
+
+
+def key_order_sum(scores: np.ndarray) -> float:
+    """The scores added one after the other in double precision, in the order given: what
+    Postgres's ``sum(float8 ORDER BY …)`` computes, to the last bit."""
+    return float(np.add.accumulate(scores)[-1]) if len(scores) else 0.0
 
 
 @dataclass(frozen=True)
@@ -262,93 +315,189 @@ async def replace_model(
     namespace: str,
     model: RefittedModel,
     refitted_at: datetime,
-    read_from: datetime,
+    read: RefitRead,
     rescaled: ScaleUpdate | None = None,
 ) -> None:
-    """Write a full refit: every memory row and query column of the namespace, the score
+    """Write a full refit: every memory row and query row of the namespace, the score
     scales it ``rescaled`` (with the stored scores of the sources they moved), and reset the
     counter. Rows travel by binary COPY (the memory side straight into ``memory_factors``,
     emptied for the namespace first; the query side through a temporary table). Memories
-    deleted or edited since the observations were read (from ``read_from``,
-    :func:`refit_horizon`) get no row."""
-    await namespace_state(session, namespace, for_update=True)
+    deleted, edited or given feedback since the horizon of the ``read`` get no row.
+
+    Under the namespace's lock, what changed since the read is read from the scores recorded
+    since its horizon (an index scan: as many as the refit's duration let in), never from all
+    the namespace's observations, so the lock's hold does not grow with them."""
+    keys = await asyncio.to_thread(read.keys)
     conn = await driver_connection(session)
-    if rescaled is not None:
-        # First: the running mean below is recomputed from the scores as they are stored.
-        await store_scales(conn, namespace, rescaled)
-    await _replace_memory_rows(conn, namespace, model, read_from)
     if len(model.query_ids):
-        await _update_query_columns(conn, namespace, model)
-    # Once the queries have the parameters the statistics were built with: a query without
-    # any before (observations loaded in bulk) counts only from now on.
-    await conn.execute(_INVALIDATE_STALE_STATISTICS_SQL, {"namespace": namespace})
-    await _reset_after_refit(session, namespace, model, refitted_at)
+        await _stage_query_rows(conn, model)
+    await namespace_state(session, namespace, for_update=True)  # the lock, from here
+    if rescaled is not None:
+        # First: the scores recorded since are read below as they are stored.
+        await store_scales(conn, namespace, rescaled)
+    since = await _since_horizon(conn, namespace, read.horizon, keys, model.query_ids)
+    deleted_or_edited = await _deleted_or_edited(conn, namespace, model.memory_ids, read.horizon)
+    changed = np.union1d(deleted_or_edited, since.memory_ids[since.feedback])
+    # Rows whose memory gained observations since the read (recorded while the refit ran) do
+    # not hold them in their statistics: they are written without, and the next retrieve
+    # observing them rebuilds them from their history. A query without parameters before the
+    # refit (observations loaded in bulk) counts only from now on.
+    stale = since.memory_ids[~since.read & since.has_parameters]
+    await _replace_memory_rows(conn, namespace, model, changed, stale)
+    if len(model.query_ids):
+        await _replace_query_rows(conn, namespace)
+    score_sum, score_count = await _live_scores(conn, namespace, read, keys, since, changed)
+    await _reset_after_refit(session, namespace, model, refitted_at, score_sum, score_count)
+
+
+@dataclass(frozen=True)
+class _SinceHorizon:
+    """The live scores recorded since a refit's horizon (key order), each with whether the
+    refit read it, whether it is feedback, and whether its query has parameters after the
+    refit."""
+
+    query_ids: np.ndarray
+    memory_ids: np.ndarray
+    scores: np.ndarray
+    read: np.ndarray
+    feedback: np.ndarray
+    has_parameters: np.ndarray
+
+
+# Record, late scores and feedback stamp their scores with clock_timestamp() after the lock,
+# so a score stamped before the horizon was committed before the refit's read began.
+_SINCE_HORIZON_SQL = """
+    SELECT s.query_id, s.memory_id, s.score::text::float8, s.source = 'feedback',
+           EXISTS (SELECT FROM query_factors q
+                   WHERE q.namespace = s.namespace AND q.query_id = s.query_id)
+    FROM scores s
+    WHERE s.namespace = %(namespace)s AND s.created_at >= %(since)s AND s.retired_at IS NULL
+    ORDER BY s.query_id, s.memory_id
+"""
+
+
+async def _since_horizon(
+    conn: psycopg.AsyncConnection[Any],
+    namespace: str,
+    horizon: datetime,
+    keys: _ReadKeys,
+    refit_queries: np.ndarray,
+) -> _SinceHorizon:
+    cursor = await conn.execute(_SINCE_HORIZON_SQL, {"namespace": namespace, "since": horizon})
+    rows = await cursor.fetchall()
+    query_ids = np.array([r[0] for r in rows], dtype=np.int64)
+    memory_ids = np.array([r[1] for r in rows], dtype=np.int64)
+    return _SinceHorizon(
+        query_ids=query_ids,
+        memory_ids=memory_ids,
+        scores=np.array([r[2] for r in rows], dtype=np.float64),
+        read=keys.contains(query_ids, memory_ids),
+        feedback=np.array([r[3] for r in rows], dtype=bool),
+        has_parameters=np.array([r[4] for r in rows], dtype=bool)
+        | np.isin(query_ids, refit_queries),
+    )
+
+
+_CHANGED_LIVE_SQL = """
+    SELECT coalesce(sum(score::text::float8 ORDER BY query_id, memory_id), 0), count(*)
+    FROM scores WHERE namespace = %(namespace)s AND memory_id = ANY(%(ids)s::bigint[])
+      AND retired_at IS NULL
+"""
+
+
+async def _live_scores(
+    conn: psycopg.AsyncConnection[Any],
+    namespace: str,
+    read: RefitRead,
+    keys: _ReadKeys,
+    since: _SinceHorizon,
+    changed: np.ndarray,
+) -> tuple[float, int]:
+    """The sum and count of the namespace's live scores now, for its running mean (which this
+    heals of the drift deleted memories leave): the read's, plus the scores recorded since
+    it, with the memories whose scores changed otherwise (deleted, edited, given feedback)
+    counted as they are now. With nothing recorded since the read (a sequential replay), the
+    sum is the read's in key order, to the last bit, as a sum of every live score in key order
+    gives; otherwise the same up to the order of the additions."""
+    added = ~since.read & ~np.isin(since.memory_ids, changed)
+    if not len(changed) and not added.any():
+        return keys.score_sum, len(read.scores)
+    kept = ~np.isin(read.memory_ids, changed)
+    score_sum = key_order_sum(read.scores[kept]) + key_order_sum(since.scores[added])
+    score_count = int(kept.sum() + added.sum())
+    if len(changed):
+        cursor = await conn.execute(
+            _CHANGED_LIVE_SQL, {"namespace": namespace, "ids": array_literal(changed)}
+        )
+        changed_sum, changed_count = await cursor.fetchone() or (0.0, 0)
+        score_sum += float(changed_sum)
+        score_count += int(changed_count)
+    return score_sum, score_count
 
 
 _EMPTY_NAMESPACE_ROWS_SQL = "DELETE FROM memory_factors WHERE namespace = %(namespace)s"
 _COPY_MEMORY_ROWS = f"COPY {_FACTOR_ROWS} FROM STDIN (FORMAT BINARY)"
+# The same, statistics left NULL.
+_COPY_MEMORY_ROWS_WITHOUT_STATISTICS = (
+    "COPY memory_factors (memory_id, namespace, bias, factors, observation_count) "
+    "FROM STDIN (FORMAT BINARY)"
+)
 
 
 async def _replace_memory_rows(
-    conn: psycopg.AsyncConnection[Any], namespace: str, model: RefittedModel, read_from: datetime
+    conn: psycopg.AsyncConnection[Any],
+    namespace: str,
+    model: RefittedModel,
+    changed: np.ndarray,
+    stale: np.ndarray,
 ) -> None:
-    existing = await _still_current(conn, namespace, model.memory_ids, read_from)
-    memory_ids, memory_bias, memory_factors, observation_count, statistics = (
-        np.asarray(values)[existing]
-        for values in (
-            model.memory_ids, model.memory_bias, model.memory_factors, model.observation_count,
-            model.statistics,
-        )
-    )
+    """Every row of the namespace replaced by the refit's, but for the ``changed`` memories'
+    (their rows would be fitted on observations deleted, retired or replaced since); the
+    ``stale`` memories' rows without their statistics."""
     await conn.execute(_EMPTY_NAMESPACE_ROWS_SQL, {"namespace": namespace})
-    if len(memory_ids):
-        await copy_in(
-            conn,
-            _COPY_MEMORY_ROWS,
-            binary_copy(
-                [("int8", memory_ids), ("text", namespace), ("float8", memory_bias),
-                 ("real[]", np.asarray(memory_factors)), ("int4", observation_count),
-                 ("float8[]", np.asarray(statistics))],
-                len(memory_ids),
-            ),
-        )
+    existing = np.isin(model.memory_ids, changed, invert=True)
+    without = np.isin(model.memory_ids, stale)
+    for rows, statement in (
+        (existing & ~without, _COPY_MEMORY_ROWS),
+        (existing & without, _COPY_MEMORY_ROWS_WITHOUT_STATISTICS),
+    ):
+        if not rows.any():
+            continue
+        columns = [
+            ("int8", model.memory_ids[rows]), ("text", namespace),
+            ("float8", model.memory_bias[rows]),
+            ("real[]", np.asarray(model.memory_factors)[rows]),
+            ("int4", model.observation_count[rows]),
+        ]
+        if statement is _COPY_MEMORY_ROWS:
+            columns.append(("float8[]", np.asarray(model.statistics)[rows]))
+        await copy_in(conn, statement, binary_copy(columns, int(rows.sum())))
 
 
-# Observations recorded while the refit ran are not in its statistics: the rows whose count
-# differs from their live observations' (or that lost their row) are left without statistics,
-# and the next retrieve observing them rebuilds them from their history. Under the namespace
-# lock, so no observation is being added meanwhile.
-_INVALIDATE_STALE_STATISTICS_SQL = """
-    UPDATE memory_factors f SET statistics = NULL
-    FROM (
-        SELECT s.memory_id, count(*) AS n
-        FROM scores s JOIN queries q ON q.namespace = s.namespace AND q.id = s.query_id
-        WHERE s.namespace = %(namespace)s AND s.retired_at IS NULL AND q.bias IS NOT NULL
-        GROUP BY s.memory_id
-    ) live
-    WHERE f.namespace = %(namespace)s AND f.memory_id = live.memory_id
-      AND f.observation_count <> live.n
-"""
-
-
-# The query side of a refit goes through a temporary table: COPY in, then one UPDATE.
+# The query side of a refit goes through a temporary table, filled before the lock (a table of
+# the refit's session alone: nothing waits for it), then an UPDATE of the rows there are and an
+# INSERT of the others under it (an upsert checks each row on its own, several times slower);
+# the queries the refit did not read keep theirs.
 _CREATE_REFIT_QUERIES_SQL = (
     "CREATE TEMPORARY TABLE earm_refit_queries "
-    "(id bigint, bias float8, slope float8, factors real[]) ON COMMIT DROP"
+    "(id bigint PRIMARY KEY, bias float8, slope float8, factors real[]) ON COMMIT DROP"
 )
 _COPY_REFIT_QUERIES = (
     "COPY earm_refit_queries (id, bias, slope, factors) FROM STDIN (FORMAT BINARY)"
 )
-_UPDATE_FROM_REFIT_QUERIES_SQL = (
-    "UPDATE queries q SET bias = t.bias, slope = t.slope, factors = t.factors "
-    "FROM earm_refit_queries t WHERE q.namespace = %(namespace)s AND q.id = t.id"
-)
-_DROP_REFIT_QUERIES_SQL = "DROP TABLE earm_refit_queries"
+_UPDATE_FROM_REFIT_QUERIES_SQL = """
+    UPDATE query_factors f SET bias = t.bias, slope = t.slope, factors = t.factors
+    FROM earm_refit_queries t WHERE f.namespace = %(namespace)s AND f.query_id = t.id
+"""
+_INSERT_FROM_REFIT_QUERIES_SQL = f"""
+    INSERT INTO {_QUERY_ROWS}
+    SELECT %(namespace)s::text, id, bias, slope, factors FROM earm_refit_queries t
+    WHERE NOT EXISTS (SELECT FROM query_factors f
+                      WHERE f.namespace = %(namespace)s AND f.query_id = t.id)
+"""
 
 
-async def _update_query_columns(
-    conn: psycopg.AsyncConnection[Any], namespace: str, model: RefittedModel
-) -> None:
+async def _stage_query_rows(conn: psycopg.AsyncConnection[Any], model: RefittedModel) -> None:
     await conn.execute(_CREATE_REFIT_QUERIES_SQL)
     await copy_in(
         conn,
@@ -359,29 +508,32 @@ async def _update_query_columns(
             len(model.query_ids),
         ),
     )
+    await conn.execute("ANALYZE earm_refit_queries")  # for the joins' plans
+
+
+async def _replace_query_rows(conn: psycopg.AsyncConnection[Any], namespace: str) -> None:
     await conn.execute(_UPDATE_FROM_REFIT_QUERIES_SQL, {"namespace": namespace})
-    await conn.execute(_DROP_REFIT_QUERIES_SQL)
+    await conn.execute(_INSERT_FROM_REFIT_QUERIES_SQL, {"namespace": namespace})
 
 
-# The running mean is recomputed from the data under the namespace lock: it heals drift from
-# deleted memories and counts observations recorded while the fit ran. The sum is of the numbers
-# the fit reads (see experience.namespace_observations), in double precision and in the same key
-# order: sum() of `real` adds in float32, and any sum's rounding depends on the order it adds
-# in, so a replay of the same requests could otherwise get another mean.
+# The running mean is set from the live scores (``_live_scores``): it heals drift from deleted
+# memories and counts observations recorded while the fit ran.
 _RESET_AFTER_REFIT_SQL = """
     UPDATE namespaces SET queries_since_refit = 0, last_refit_at = %(at)s,
         content_slope = %(content_slope)s,
         content_weights = %(content_weights)s::vector, factor_reg = %(factor_reg)s,
-        score_sum = live.score_sum, score_count = live.score_count
-    FROM (SELECT coalesce(sum(score::text::float8 ORDER BY query_id, memory_id), 0)
-                 AS score_sum, count(*) AS score_count
-          FROM scores WHERE namespace = %(namespace)s AND retired_at IS NULL) AS live
+        score_sum = %(score_sum)s, score_count = %(score_count)s
     WHERE name = %(namespace)s
 """
 
 
 async def _reset_after_refit(
-    session: AsyncSession, namespace: str, model: RefittedModel, refitted_at: datetime
+    session: AsyncSession,
+    namespace: str,
+    model: RefittedModel,
+    refitted_at: datetime,
+    score_sum: float,
+    score_count: int,
 ) -> None:
     """The namespace row after a refit: its content prior and factor weight, the refit counter
     reset, and the running mean recomputed."""
@@ -393,6 +545,8 @@ async def _reset_after_refit(
             "namespace": namespace,
             "at": refitted_at,
             "factor_reg": model.factor_reg,
+            "score_sum": score_sum,
+            "score_count": score_count,
             "content_slope": prior.slope if len(prior.weights) else None,
             "content_weights": (
                 # float32 values (what the vector stores), as every value bound for it is

@@ -120,7 +120,8 @@ _LOCK_FOR_ERASE_SQL = "SELECT name FROM namespaces WHERE name = %(namespace)s FO
 _ERASE_OBSERVATIONS_SQL = """
     WITH h AS (DELETE FROM score_history WHERE namespace = %(namespace)s RETURNING 1),
          s AS (DELETE FROM scores WHERE namespace = %(namespace)s RETURNING 1),
-         f AS (DELETE FROM memory_factors WHERE namespace = %(namespace)s RETURNING 1)
+         f AS (DELETE FROM memory_factors WHERE namespace = %(namespace)s RETURNING 1),
+         q AS (DELETE FROM query_factors WHERE namespace = %(namespace)s)
     SELECT (SELECT count(*) FROM h), (SELECT count(*) FROM s), (SELECT count(*) FROM f)
 """
 # With their locator rows (memories.delete_memories says why not by the foreign key alone).

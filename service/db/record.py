@@ -146,7 +146,7 @@ _RECORD_SQL = """
         RETURNING next_query_index - 1 AS query_index, queries_since_refit
     ), q AS (
         INSERT INTO queries (namespace, query_index, text, embedding, policy, candidates,
-                             budget, scorer_calls, bias, slope, factors, prequential_abs_error,
+                             budget, scorer_calls, prequential_abs_error,
                              prequential_count, returned_count, returned_estimated,
                              family_key, reused_memory_ids, stage, timings,
                              trace_memory_ids, trace_similarities, trace_estimates,
@@ -154,7 +154,6 @@ _RECORD_SQL = """
                              trace_anchor_reasons, exploration_share, scorer_rounds)
         SELECT %(namespace)s::text, n.query_index, %(text)s::text, %(embedding)b,
                %(policy)s::text, %(n_candidates)s::int, %(budget)s::int, %(calls)s::int,
-               %(bias)s::float8, %(slope)s::float8, %(factors)s::real[],
                %(prequential_error)s::float8, %(prequential_count)s::int,
                %(returned_count)s::int, %(returned_estimated)s::int,
                %(family_key)s::bytea, %(reused_ids)s::bigint[], %(stage)s::smallint,
@@ -166,14 +165,23 @@ _RECORD_SQL = """
                %(scorer_rounds)s::smallint
         FROM n
         RETURNING id, query_index
+    ), solved AS (
+        -- the query's parameters, when its anchors solved them
+        INSERT INTO query_factors (namespace, query_id, bias, slope, factors)
+        SELECT %(namespace)s::text, q.id, %(bias)s::float8, %(slope)s::float8,
+               %(factors)s::real[]
+        FROM q WHERE %(bias)s::float8 IS NOT NULL
     ), located AS (
         -- GET /queries/{id} finds the query's partition here (migration 0017)
         INSERT INTO query_locator (id, namespace) SELECT id, %(namespace)s::text FROM q
     ), s AS (
+        -- Stamped with clock_timestamp(), after the namespace lock the statement before took
+        -- (not now(), the transaction's start): a refit whose horizon is earlier counts them
+        -- as recorded since (model_state.replace_model).
         INSERT INTO scores (query_id, memory_id, namespace, score, similarity, source,
-                            anchor_kind, raw_score, scored_by)
+                            anchor_kind, raw_score, scored_by, created_at)
         SELECT q.id, live.m, %(namespace)s::text, live.s, live.c, 'scorer', live.k, live.r,
-               %(scored_by)s::text
+               %(scored_by)s::text, clock_timestamp()
         FROM q, live
         ON CONFLICT (namespace, query_id, memory_id) DO NOTHING
     )

@@ -22,12 +22,14 @@ import functools
 import gc
 import json
 import logging
+import socket
 from typing import Any
 
 import uvicorn
 from fastapi import FastAPI
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from service.errors import ConfigurationError
 from service.http.middleware import REQUEST_TIMEOUT
 from service.logs import logging_config
 from service.settings_groups import ObservabilitySettings, ServingSettings
@@ -144,10 +146,12 @@ SERVED_APP_FACTORY = f"{__name__}:{create_served_app.__name__}"
 
 
 def run(app: FastAPI, settings: ServingSettings, logs: ObservabilitySettings) -> None:
-    """Serve ``app`` until SIGINT or SIGTERM: its lifespan starts before the server binds (and
-    raises what it raises) and shuts down after the server has stopped."""
+    """Serve ``app`` until SIGINT or SIGTERM: the address is checked first (a
+    :class:`ConfigurationError` if it is taken), then the app's lifespan starts (and raises what
+    it raises), the server binds, and the lifespan shuts down after the server has stopped."""
     config = uvicorn.Config(app, lifespan="off", **uvicorn_options(settings, logs))
     server = uvicorn.Server(config)
+    check_address_free(settings.host, settings.port)
 
     async def serve() -> None:
         async with app.router.lifespan_context(app):
@@ -166,6 +170,25 @@ def run(app: FastAPI, settings: ServingSettings, logs: ObservabilitySettings) ->
         asyncio.Runner(loop_factory=config.get_loop_factory()) as runner,
     ):
         runner.run(serve())
+
+
+def check_address_free(host: str, port: int) -> None:
+    """A :class:`ConfigurationError` if ``host``:``port`` cannot be bound, tried as uvicorn binds.
+
+    Checked before the app starts so that a taken port is one plain error at once, not uvicorn's
+    exit from inside the running app (an exception group of the app's task groups) after Postgres
+    had started for nothing. The address is let go again: uvicorn binds it itself, logging where
+    it listens (it does not for a socket it is handed)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family=family, type=socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError as error:
+            raise ConfigurationError(
+                f"cannot listen on {host}:{port}: {error.strerror}; stop what serves there, or "
+                "give earm another port (--port, EARM_PORT)"
+            ) from None
 
 
 def check_start_up(app: FastAPI) -> None:

@@ -66,8 +66,11 @@ async def _refit_locked(
         _fit, settings, observations, memory_ids, memory_idx, embeddings
     )
     fit = time.perf_counter()
+    read_cells = model_state.RefitRead(
+        read_from, observations.query_ids, observations.memory_ids, observations.scores
+    )
     await model_state.replace_model(
-        session, namespace, fitted, refitted_at=datetime.now(UTC), read_from=read_from,
+        session, namespace, fitted, refitted_at=datetime.now(UTC), read=read_cells,
         rescaled=rescaled,
     )
     await session.commit()  # the model, and the end of the lock

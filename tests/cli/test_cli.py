@@ -5,6 +5,7 @@ not the start-up chatter of Alembic and Postgres."""
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 from collections.abc import Callable
@@ -208,3 +209,11 @@ def test_debug_log_level_shows_the_start_up_details(
     result = run_earm("migrate", database_url=new_database("earm_cli_debug"), log_level="DEBUG")
     assert result.returncode == 0, result.stderr
     assert "Running upgrade" in result.stderr
+
+
+def test_serve_on_a_taken_port_is_one_plain_line(run_earm: CommandRunner) -> None:
+    """It was uvicorn's exit from inside the running app: an exception group's tracebacks."""
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        result = run_earm("serve", "--port", str(port))
+    assert_one_plain_line(result, f"cannot listen on 127.0.0.1:{port}", "--port")

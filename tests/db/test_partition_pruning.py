@@ -50,7 +50,10 @@ NEIGHBOUR = "agent-neighbour-15"  # in NAMESPACE's partitions (the test checks i
 NEIGHBOUR_SIZE = 2000
 TOPICS = 4
 HELD = "held: the passport expires in November"
-TABLES = ("memories", "queries", "scores", "score_history", "memory_factors", "rerank_documents")
+TABLES = (
+    "memories", "queries", "query_factors", "scores", "score_history", "memory_factors",
+    "rerank_documents",
+)
 #: auto_explain, for this database's sessions only: every statement's plan with its actual
 #: rows, as a NOTICE to the client (parameters left out: vectors would make them huge).
 AUTO_EXPLAIN = {

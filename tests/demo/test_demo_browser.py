@@ -50,7 +50,7 @@ def browser() -> Iterator[Any]:
         launched.close()
 
 
-def test_the_demo_shows_estimated_memories_and_its_error_falling_on_asked_again_questions(
+def test_the_demo_shows_estimated_memories_and_a_lower_error_on_questions_asked_again(
     browser: Any, clean_database: str
 ) -> None:
     workload = load()

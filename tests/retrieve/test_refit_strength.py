@@ -68,7 +68,7 @@ async def refitted(
             factor_reg, content_slope = (await conn.execute(text(
                 "SELECT factor_reg, content_slope FROM namespaces WHERE name = 'ns'"))).one()
             slopes = (await conn.execute(text(
-                "SELECT slope FROM queries WHERE namespace = 'ns'"))).scalars().all()
+                "SELECT slope FROM query_factors WHERE namespace = 'ns'"))).scalars().all()
             factors = (await conn.execute(text(
                 "SELECT factors FROM memory_factors WHERE namespace = 'ns'"))).scalars().all()
     await scorer.aclose()

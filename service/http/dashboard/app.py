@@ -253,10 +253,23 @@ def _namespace_charts(
     if history:
         stages.append((history[-1].last_index + 1.0, stages[-1][1]))
     budget_share = [(b.last_index + 1.0, b.budget_share) for b in history]
-    errors = [
-        (b.last_index + 1.0, b.prequential_error)
+    errors_new = [
+        (b.last_index + 1.0, b.prequential_error_new)
         for b in history
-        if b.prequential_error is not None
+        if b.prequential_error_new is not None
+    ]
+    errors_again = [
+        (b.last_index + 1.0, b.prequential_error_again)
+        for b in history
+        if b.prequential_error_again is not None
+    ]
+    error_series = [
+        charts.Series(name, points, css_class)
+        for name, points, css_class in (
+            ("new questions", errors_new, "error"),
+            ("asked before (its scores reused)", errors_again, "error-again"),
+        )
+        if points
     ]
     return {
         "calls": charts.line_chart(
@@ -282,9 +295,9 @@ def _namespace_charts(
         "error": charts.line_chart(
             "error",
             "Prequential error over the query stream",
-            [charts.Series("mean |estimate − observed|", errors, "error")] if errors else [],
+            error_series,
             "queries",
-            "absolute error",
+            "mean |estimate − observed|",
         ),
         "sources": charts.share_bar(
             "sources",
