@@ -13,7 +13,6 @@ import threading
 
 from service.demo.replay import NAMESPACE, Phase, Request, ingest, replay, stream
 from service.demo.report import phase_line, summary
-from service.demo.scorer import SIMULATED_MODEL, scored_by_stand_in, simulated_scorer_app
 from service.demo.workload import Workload, load
 from service.settings import Settings
 
@@ -58,6 +57,7 @@ def _positive(text: str) -> int:
 
 
 def _demo(args: argparse.Namespace, settings: Settings) -> int:
+    from service.demo.scorer import SIMULATED_MODEL, scored_by_stand_in, simulated_scorer_app
     from service.http import server
     from service.http.app import create_app
     from service.logs import configure_logging

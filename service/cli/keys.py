@@ -6,22 +6,18 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from sqlalchemy.ext.asyncio import AsyncSession
-
-from service.auth import create_key, validate_patterns
-from service.db.engine import open_database
-from service.db.keys import (
-    KeyRecord,
-    count_active_keys,
-    key_enforcement,
-    list_keys,
-    revoke_key,
-    set_key_enforcement,
-)
 from service.errors import ConfigurationError
 from service.settings import Settings
+
+if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncSession
+
+    from service.db.keys import KeyRecord
+
+# The database layer is imported by the commands that run, not here: the parser is built for
+# every `earm` command line (`earm --help`, a settings error) and loading it took a second.
 
 
 def add_keys_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -55,6 +51,8 @@ def add_keys_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser
 
 
 def _run_with_session(settings: Settings, work: Any) -> Any:
+    from service.db.engine import open_database
+
     async def run() -> Any:
         async with open_database(settings.database) as database, database.sessions() as session:
             result = await work(session)
@@ -65,6 +63,9 @@ def _run_with_session(settings: Settings, work: Any) -> Any:
 
 
 def _cli_create(args: argparse.Namespace, settings: Settings) -> int:
+    from service.auth import create_key, validate_patterns
+    from service.db.keys import key_enforcement
+
     try:
         patterns = validate_patterns(p for group in args.namespaces for p in group.split(","))
     except ValueError as exc:
@@ -99,6 +100,8 @@ def _cli_create(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _cli_list(args: argparse.Namespace, settings: Settings) -> int:
+    from service.db.keys import list_keys
+
     records = _run_with_session(settings, list_keys)
     print(f"{'id':>4}  {'name':<24} {'status':<8} {'created':<20} patterns")
     for r in records:
@@ -109,6 +112,8 @@ def _cli_list(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _cli_revoke(args: argparse.Namespace, settings: Settings) -> int:
+    from service.db.keys import revoke_key
+
     if _run_with_session(settings, lambda s: revoke_key(s, args.id)):
         print(f"revoked key {args.id}", file=sys.stderr)
         return 0
@@ -117,6 +122,8 @@ def _cli_revoke(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _cli_enforcement(args: argparse.Namespace, settings: Settings) -> int:
+    from service.db.keys import count_active_keys, key_enforcement, set_key_enforcement
+
     async def apply(session: AsyncSession) -> tuple[bool, int]:
         if args.state != "status":
             await set_key_enforcement(session, args.state == "on")

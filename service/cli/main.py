@@ -9,14 +9,19 @@ import os
 import sys
 import warnings
 from collections.abc import Sequence
+from typing import TYPE_CHECKING, TypeGuard
 
 from pydantic import ValidationError
-from sqlalchemy.engine import make_url
-from sqlalchemy.exc import OperationalError
 
 from service.cli.plain_help import PlainHelpParser
 from service.errors import ConfigurationError, SchemaOutOfDate
 from service.settings import Settings
+
+if TYPE_CHECKING:
+    from sqlalchemy.exc import OperationalError
+
+# What a command needs (the database layer, the app) it imports when it runs: the parser is
+# built for every command line, and `earm --help` or a settings error must answer at once.
 
 #: Commands whose output is their result: what they log while starting (Alembic, the embedded
 #: Postgres) is shown only with EARM_LOG_LEVEL=DEBUG (warnings and errors always).
@@ -166,31 +171,41 @@ def main(argv: Sequence[str] | None = None) -> int:
         settings = Settings()
     except ValidationError as error:
         return _configuration_error(_describe_invalid_settings(error))
-    level: str = settings.log_level
-    if args.command in RESULT_COMMANDS:
-        from service.logs import startup_detail_level
+    from service.logs import STARTUP_DETAIL_LOGGERS, startup_detail_level
 
-        level = startup_detail_level(level)
+    detail_level = startup_detail_level(settings.log_level)
+    level = detail_level if args.command in RESULT_COMMANDS else settings.log_level
     logging.basicConfig(level=level, stream=sys.stderr)
+    # Start-up detail (Alembic's plugins, the embedded Postgres's output) at DEBUG only, for
+    # every command: the commands import Alembic after this, and it logs as it loads.
+    for name in STARTUP_DETAIL_LOGGERS:
+        logging.getLogger(name).setLevel(detail_level)
     try:
         if args.command in BUILTIN_COMMANDS:
             return int(args.func(args, settings) or 0)
         return int(args.func(args) or 0)
     except (ConfigurationError, SchemaOutOfDate) as error:
         return _configuration_error(str(error))
-    except OperationalError as error:
+    except Exception as error:
         if not _is_connection_failure(error):
             raise
         return _configuration_error(_describe_unreachable_database(settings, error))
 
 
-def _is_connection_failure(error: OperationalError) -> bool:
-    # psycopg's message for a server it could not connect to (refused, unknown host, bad
-    # password, timeout); an error on an open connection is a failure to report in full.
-    return str(error.orig).startswith("connection")
+def _is_connection_failure(error: Exception) -> TypeGuard[OperationalError]:
+    """Whether ``error`` is psycopg's for a server it could not connect to (refused, unknown
+    host, bad password, timeout); an error on an open connection is a failure to report in
+    full."""
+    if "sqlalchemy" not in sys.modules:  # no command that never loaded it failed in it
+        return False
+    from sqlalchemy.exc import OperationalError
+
+    return isinstance(error, OperationalError) and str(error.orig).startswith("connection")
 
 
 def _describe_unreachable_database(settings: Settings, error: OperationalError) -> str:
+    from sqlalchemy.engine import make_url
+
     where = (
         make_url(settings.database_url).render_as_string(hide_password=True)
         if settings.database_url

@@ -7,14 +7,16 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
+from typing import TYPE_CHECKING
 
-from service.db import migrate
-from service.db.engine import open_database
 from service.errors import NotFound
-from service.namespace_file import Deployment, export_namespace, import_namespace
-from service.namespace_validation import RecordLimits
-from service.providers.factory import embedding_model_id
 from service.settings import Settings
+
+if TYPE_CHECKING:
+    from service.namespace_file import Deployment
+
+# The database layer and the file format are imported by the commands that run, not here: the
+# parser is built for every `earm` command line.
 
 
 def add_namespace_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -41,6 +43,11 @@ def add_namespace_parser(commands: argparse._SubParsersAction[argparse.ArgumentP
 
 
 def _deployment(settings: Settings) -> Deployment:
+    from service.db import migrate
+    from service.namespace_file import Deployment
+    from service.namespace_validation import RecordLimits
+    from service.providers.factory import embedding_model_id
+
     return Deployment(
         embedding_model_id(settings.embedding),
         settings.embedding_dim,
@@ -50,6 +57,9 @@ def _deployment(settings: Settings) -> Deployment:
 
 
 def _cli_export(args: argparse.Namespace, settings: Settings) -> int:
+    from service.db.engine import open_database
+    from service.namespace_file import export_namespace
+
     async def run() -> str:
         async with open_database(settings.database) as database, database.sessions() as session:
             counts = await export_namespace(
@@ -68,6 +78,9 @@ def _cli_export(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _cli_import(args: argparse.Namespace, settings: Settings) -> int:
+    from service.db.engine import open_database
+    from service.namespace_file import import_namespace
+
     async def run() -> str:
         async with open_database(settings.database) as database, database.sessions() as session:
             imported = await import_namespace(

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import importlib.util
 import logging
-
-from fastapi import FastAPI
+from typing import TYPE_CHECKING
 
 from service.settings_groups import IntegrationSettings, ServingSettings
+
+if TYPE_CHECKING:
+    from fastapi import FastAPI
 
 log = logging.getLogger(__name__)
 
