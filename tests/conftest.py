@@ -12,6 +12,7 @@ from sqlalchemy import create_engine, text
 
 from service.http.app import create_app
 from service.settings import Settings
+from tests.browser import CHROMIUM, CHROMIUM_ARGS
 
 #: Every table of the schema, each after the tables whose rows reference it.
 TABLES = (
@@ -93,3 +94,15 @@ def plan_nodes() -> Callable[[dict[str, Any]], list[dict[str, Any]]]:
         return [plan] + [node for child in plan.get("Plans", []) for node in nodes(child)]
 
     return nodes
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    """Debian's chromium driven by Playwright, for the browser tests (which skip without
+    either)."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as driver:
+        launched = driver.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        yield launched
+        launched.close()

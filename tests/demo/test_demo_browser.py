@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +25,7 @@ from service.demo.workload import load
 from service.http.app import create_app
 from service.settings import Settings
 from service.testing import LoopbackServer
-from tests.browser import CHROMIUM, CHROMIUM_ARGS
+from tests.browser import CHROMIUM
 
 pytestmark = pytest.mark.browser
 
@@ -39,15 +38,7 @@ if not CHROMIUM.exists():
         "needs Chromium at /usr/bin/chromium: apt-get install -y chromium",
         allow_module_level=True,
     )
-playwright = pytest.importorskip("playwright.sync_api", reason="pip install playwright")
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    with playwright.sync_playwright() as driver:
-        launched = driver.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
-        yield launched
-        launched.close()
+pytest.importorskip("playwright.sync_api", reason="pip install playwright")
 
 
 def test_the_demo_shows_estimated_memories_and_a_lower_error_on_questions_asked_again(

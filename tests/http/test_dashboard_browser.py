@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,7 +24,7 @@ from service.client import EarmClient
 from service.http.app import create_app
 from service.settings import Settings
 from service.testing import LoopbackServer, chat_completions_app
-from tests.browser import CHROMIUM, CHROMIUM_ARGS
+from tests.browser import CHROMIUM
 
 pytestmark = pytest.mark.browser
 
@@ -37,7 +37,7 @@ if not CHROMIUM.exists():
         "needs Chromium at /usr/bin/chromium: apt-get install -y chromium",
         allow_module_level=True,
     )
-playwright = pytest.importorskip("playwright.sync_api", reason="pip install playwright")
+pytest.importorskip("playwright.sync_api", reason="pip install playwright")
 
 # ------------------------------------------------------------------- a LoCoMo-like replay
 
@@ -98,14 +98,6 @@ def judge(talk: Conversation) -> Callable[[str], str]:
 
 
 # --------------------------------------------------------------------------------- fixtures
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    with playwright.sync_playwright() as driver:
-        launched = driver.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
-        yield launched
-        launched.close()
 
 
 @dataclass
