@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from service.testing import LoopbackServer
-from tests.providers.raw_http import read_request
+from tests.providers.raw_http import ServeTCP, read_request
 
 #: Starts a loopback server for an ASGI app; the fixture stops every one when the test ends.
 Serve = Callable[[object], LoopbackServer]
@@ -103,36 +103,49 @@ class EndlessBackend:
 
 
 @pytest.fixture
-def endless_backend() -> Iterator[Callable[..., EndlessBackend]]:
-    """Starts :class:`EndlessBackend` servers, stopped when the test ends."""
+def tcp_server() -> Iterator[ServeTCP]:
+    """Starts TCP servers on loopback, a thread per connection running the given function of
+    it; every one stopped when the test ends. The hand-built backends below are made of it."""
     started: list[socketserver.ThreadingTCPServer] = []
+
+    def serve(handle: Callable[[socket.socket], None]) -> int:
+        class Handler(socketserver.BaseRequestHandler):
+            def handle(self) -> None:
+                handle(self.request)
+
+        tcp = socketserver.ThreadingTCPServer(("127.0.0.1", 0), Handler)
+        tcp.daemon_threads = True
+        threading.Thread(target=tcp.serve_forever, daemon=True).start()
+        started.append(tcp)
+        return int(tcp.server_address[1])
+
+    yield serve
+    for tcp in started:
+        tcp.shutdown()
+        tcp.server_close()
+
+
+@pytest.fixture
+def endless_backend(tcp_server: ServeTCP) -> Callable[..., EndlessBackend]:
+    """Starts :class:`EndlessBackend` servers, stopped when the test ends."""
 
     def start(framing: str, ceiling: int = 64 * 2**20) -> EndlessBackend:
         backend = EndlessBackend(framing, ceiling)
 
-        class Handler(socketserver.BaseRequestHandler):
-            def handle(self) -> None:
-                stream: socket.socket = self.request
-                # A small send buffer: what the backend counts as sent is what left it.
-                stream.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 64 * 1024)
-                sent = Sent()
-                backend.connections.append(sent)
-                try:
-                    if read_request(stream) is not None:
-                        backend.requests += 1
-                        backend.answer(stream, sent)
-                finally:
-                    stream.close()
-                    sent.ended.set()
+        def handle(stream: socket.socket) -> None:
+            # A small send buffer: what the backend counts as sent is what left it.
+            stream.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 64 * 1024)
+            sent = Sent()
+            backend.connections.append(sent)
+            try:
+                if read_request(stream) is not None:
+                    backend.requests += 1
+                    backend.answer(stream, sent)
+            finally:
+                stream.close()
+                sent.ended.set()
 
-        tcp = socketserver.ThreadingTCPServer(("127.0.0.1", 0), Handler)
-        tcp.daemon_threads = True
-        backend.port = tcp.server_address[1]
-        threading.Thread(target=tcp.serve_forever, daemon=True).start()
-        started.append(tcp)
+        backend.port = tcp_server(handle)
         return backend
 
-    yield start
-    for tcp in started:
-        tcp.shutdown()
-        tcp.server_close()
+    return start

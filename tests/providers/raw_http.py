@@ -5,6 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import socket
+from collections.abc import Callable
+
+#: Serves a function of each accepted connection on a loopback port, which it returns (the
+#: ``tcp_server`` fixture of tests/providers/conftest.py).
+ServeTCP = Callable[[Callable[[socket.socket], None]], int]
 
 
 def _content_length(head: bytes) -> int:

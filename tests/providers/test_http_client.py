@@ -8,12 +8,11 @@ from __future__ import annotations
 
 import asyncio
 import socket
-import socketserver
 import ssl
 import struct
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,7 +23,7 @@ import uvloop
 
 from service.providers.chat_scorer import OpenAIChatScorer
 from service.providers.http_client import Answer, ConnectionFailed, PoolLimits, ScorerClient
-from tests.providers.raw_http import read_request, read_request_async
+from tests.providers.raw_http import ServeTCP, read_request, read_request_async
 
 OK_BODY = b'{"ok": true}'
 OK = b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(OK_BODY), OK_BODY)
@@ -43,6 +42,7 @@ class RawServer:
     tls: ssl.SSLContext | None = None
     connections: int = 0
     heads: list[bytes] = field(default_factory=list)
+    port: int = 0
 
     @property
     def url(self) -> str:
@@ -51,35 +51,25 @@ class RawServer:
 
 
 @pytest.fixture
-def raw_server() -> Iterator[Callable[..., RawServer]]:
-    started: list[socketserver.ThreadingTCPServer] = []
-
+def raw_server(tcp_server: ServeTCP) -> Callable[..., RawServer]:
     def start(reply: Reply, tls: ssl.SSLContext | None = None) -> RawServer:
         server = RawServer(reply, tls)
 
-        class Handler(socketserver.BaseRequestHandler):
-            def handle(self) -> None:
-                server.connections += 1
-                stream = tls.wrap_socket(self.request, server_side=True) if tls else self.request
-                while (head := read_request(stream)) is not None:
-                    server.heads.append(head)
-                    answer, close = server.reply(head)
-                    stream.sendall(answer)
-                    if close:
-                        break
-                stream.close()
+        def handle(connection: socket.socket) -> None:
+            server.connections += 1
+            stream = tls.wrap_socket(connection, server_side=True) if tls else connection
+            while (head := read_request(stream)) is not None:
+                server.heads.append(head)
+                answer, close = server.reply(head)
+                stream.sendall(answer)
+                if close:
+                    break
+            stream.close()
 
-        tcp = socketserver.ThreadingTCPServer(("127.0.0.1", 0), Handler)
-        tcp.daemon_threads = True
-        server.port = tcp.server_address[1]  # type: ignore[attr-defined]
-        threading.Thread(target=tcp.serve_forever, daemon=True).start()
-        started.append(tcp)
+        server.port = tcp_server(handle)
         return server
 
-    yield start
-    for tcp in started:
-        tcp.shutdown()
-        tcp.server_close()
+    return start
 
 
 def post_all(connection: ScorerClient, times: int, loop: str = "asyncio") -> list[Answer]:
