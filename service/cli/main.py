@@ -64,6 +64,7 @@ def _serve(args: argparse.Namespace, settings: Settings) -> int:
             raise ConfigurationError(
                 "earm serve --workers needs EARM_DATABASE_URL (an external Postgres)"
             )
+        server.check_address_free(host, port)
         server.check_start_up(create_app(settings))
         # Each worker builds its app from the environment: hand the bind address on, and
         # share one metrics directory so /metrics adds up every worker.

@@ -211,9 +211,13 @@ def test_debug_log_level_shows_the_start_up_details(
     assert "Running upgrade" in result.stderr
 
 
-def test_serve_on_a_taken_port_is_one_plain_line(run_earm: CommandRunner) -> None:
-    """It was uvicorn's exit from inside the running app: an exception group's tracebacks."""
+@pytest.mark.parametrize("workers", [(), ("--workers", "2")], ids=["one-process", "workers"])
+def test_serve_on_a_taken_port_is_one_plain_line(
+    run_earm: CommandRunner, workers: tuple[str, ...]
+) -> None:
+    """It was uvicorn's exit from inside the running app (an exception group's tracebacks), or
+    with workers its log line after the app's start-up check had started everything."""
     with socket.create_server(("127.0.0.1", 0)) as taken:
         port = taken.getsockname()[1]
-        result = run_earm("serve", "--port", str(port))
+        result = run_earm("serve", "--port", str(port), *workers)
     assert_one_plain_line(result, f"cannot listen on 127.0.0.1:{port}", "--port")
