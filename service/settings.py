@@ -216,7 +216,10 @@ class Settings(BaseSettings):
         "request that makes it due, so a sequential replay is exactly reproducible.")
     refit_process: Literal["child", "thread"] = Field(default="child", description="Where a "
         "full refit runs: child, a process this one starts for refits, so their CPU never "
-        "stalls requests; thread, in this process (its event loop decodes the read and write).")
+        "stalls requests; thread, in this process (its event loop decodes the read and write): "
+        "for where a child process cannot be started (a sandbox that allows no new process, an "
+        "application embedding the app without a __main__ guard) or its own interpreter's "
+        "memory is too much.")
     background_work: bool = Field(
         default=True,
         description="Run the background work (full refits and the HNSW indexer) in this "
