@@ -211,12 +211,12 @@ class Settings(BaseSettings):
     refit_growth: float = Field(default=0.25, ge=0, description="A full refit also waits until "
         "the namespace's queries have grown by this share since the last one (from 200 queries "
         "on at the defaults): refit work per retrieve stays flat; 0: every EARM_REFIT_EVERY.")
-    refit_in_background: bool = Field(default=True, description="Run a due refit after the "
-        "response (a refit takes seconds at a million observations); false runs it inside the "
-        "request that makes it due, so a sequential replay is exactly reproducible.")
     refit_process: Literal["child", "thread"] = Field(default="child", description="Where a "
         "full refit runs: child, a process this one starts for refits, so their CPU never "
-        "stalls requests; thread, in this process (its event loop decodes the read and write).")
+        "stalls requests; thread, in this process (its event loop decodes the read and write): "
+        "for where a child process cannot be started (a sandbox that allows no new process, an "
+        "application embedding the app without a __main__ guard) or its own interpreter's "
+        "memory is too much.")
     background_work: bool = Field(
         default=True,
         description="Run the background work (full refits and the HNSW indexer) in this "
@@ -600,7 +600,6 @@ class Settings(BaseSettings):
             completion=self.completion,
             every=self.refit_every,
             growth=self.refit_growth,
-            in_background=self.refit_in_background,
             process=self.refit_process,
             background_work=self.background_work,
             worker_poll_interval_s=self.worker_poll_interval_s,

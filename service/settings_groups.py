@@ -119,7 +119,6 @@ class LearningSettings:
     completion: CompletionSettings
     every: int
     growth: float
-    in_background: bool
     process: Literal["child", "thread"]
     #: False: this process only counts queries toward a refit (``earm worker`` refits).
     background_work: bool

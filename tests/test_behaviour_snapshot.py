@@ -6,11 +6,11 @@ The workload runs sequentially against an in-process app on the clean test datab
 batches (client vectors and memories the local embedder embeds, an idempotent re-ingest),
 retrieves of every policy with their options (k, order, filters, budget, seed, candidates),
 feedback, listing pages, a delete, /stats and a few refused requests. Refits run inside the
-request that makes them due (``refit_in_background=False``) and the scorer is a loopback
-chat-completions judge whose score is a pure function of the (query, memory) pair, so every
-response and every stored row is reproducible. Its canonical snapshot (see :func:`canonical`
-and :func:`stored_state`) is compared with ``tests/data/behaviour_snapshot.json``; a mismatch
-names the first differing path.
+request that makes them due (``create_app(settings, refit_in_request=True)``) and the scorer
+is a loopback chat-completions judge whose score is a pure function of the (query, memory)
+pair, so every response and every stored row is reproducible. Its canonical snapshot (see
+:func:`canonical` and :func:`stored_state`) is compared with
+``tests/data/behaviour_snapshot.json``; a mismatch names the first differing path.
 
 A change that only moves code must pass unchanged. Re-record only for an intended behaviour
 change, and say in the commit which change it is::
@@ -468,12 +468,11 @@ def test_recorded_workload_replays_to_the_recorded_responses_and_stored_state(
         # the content prior, shape the estimates of this short workload).
         memory_reg=5.0,
         refit_every=5,
-        refit_in_background=False,
         budget_schedule="0:1.0,3:0.6,8:0.3,16:0.15",
         # A timed-out judge call would degrade a response: only a slow machine, not a change.
         scorer_timeout_s=60.0,
     )
-    with TestClient(create_app(settings)) as client:
+    with TestClient(create_app(settings, refit_in_request=True)) as client:
         exchanges = run_workload(client, pair_judge)
     assert not pair_judge.unidentified, f"prompts not placed: {pair_judge.unidentified[:2]}"
     # Through JSON and back, as the golden file is read: tuples become lists.

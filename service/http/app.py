@@ -32,16 +32,21 @@ from service.settings import Settings
 from service.tracing import NO_TRACING, open_tracing
 
 
-def create_app(settings: Settings | None = None) -> FastAPI:
+def create_app(settings: Settings | None = None, *, refit_in_request: bool = False) -> FastAPI:
     """Build the app; without ``settings`` they are read from the environment (``EARM_*``),
-    which is what ``uvicorn --factory service.http.app:create_app`` relies on."""
+    which is what ``uvicorn --factory service.http.app:create_app`` relies on.
+
+    ``refit_in_request``: a full refit a retrieve makes due runs inside that request instead of
+    after the response, so a sequential replay is exactly reproducible and the request times
+    the refit. For tests and benchmarks, never a setting: a served app refits after the
+    response."""
     settings = settings or Settings()
     metrics = Metrics()
     app = FastAPI(
         title="earm",
         version="1",
         summary="Retrieval for long-term agent memory that learns from its own reranking.",
-        lifespan=_lifespan(settings, metrics),
+        lifespan=_lifespan(settings, metrics, refit_in_request),
         # Every route needs a key once key enforcement is on, except deps.PUBLIC_PATHS
         # (docs/security.md).
         dependencies=[Depends(authenticate)],
@@ -74,7 +79,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
 
 def _lifespan(
-    settings: Settings, metrics: Metrics
+    settings: Settings, metrics: Metrics, refit_in_request: bool
 ) -> Callable[[FastAPI], AbstractAsyncContextManager[None]]:
     """The app's resources: opened before it serves, closed once it has stopped."""
 
@@ -83,7 +88,7 @@ def _lifespan(
         tracing = open_tracing(settings.observability)
         app.state.tracing = tracing
         try:
-            async with _components(app, settings, metrics):
+            async with _components(app, settings, metrics, refit_in_request):
                 yield
         finally:
             app.state.tracing = NO_TRACING
@@ -95,7 +100,9 @@ def _lifespan(
 
 
 @asynccontextmanager
-async def _components(app: FastAPI, settings: Settings, metrics: Metrics) -> AsyncIterator[None]:
+async def _components(
+    app: FastAPI, settings: Settings, metrics: Metrics, refit_in_request: bool
+) -> AsyncIterator[None]:
     """The database, providers, pipeline and indexer, on ``app.state.components`` while they
     serve."""
     # In embedded mode, the server is restarted whenever it dies (service.db.engine).
@@ -119,7 +126,7 @@ async def _components(app: FastAPI, settings: Settings, metrics: Metrics) -> Asy
         pipeline = RetrievalPipeline(
             database.sessions, embedder, scorer, settings,
             late_observer=metrics.observe_late_anchors, replicas=database.replicas,
-            refits=refits,
+            refits=refits, refit_in_request=refit_in_request,
         )
         indexer = BackgroundIndexer.from_settings(database.sessions, settings.indexing)
         if settings.background_work:

@@ -76,7 +76,12 @@ def _causes(cause: Cause | None) -> list[Cause]:
 class Learner:
     """Writes what a namespace learns; one per pipeline, so per process (it owns the
     process's background refit tasks). Every write goes through ``writes`` (default: the
-    ``sessions``, with no replicas to note), so this process's replica reads see it."""
+    ``sessions``, with no replicas to note), so this process's replica reads see it.
+
+    A refit a query makes due runs after the response, in a task of this process; with
+    ``refit_in_request`` it runs inside that query's request instead, so a sequential replay
+    is exactly reproducible and the request times the refit (tests and benchmarks ask for it
+    through the app factory; it is no setting of the service)."""
 
     def __init__(
         self,
@@ -85,6 +90,8 @@ class Learner:
         scorer_source: str,
         refits: Refits | None = None,
         writes: Writes | None = None,
+        *,
+        refit_in_request: bool = False,
     ) -> None:
         self.sessions = sessions
         self.writes = writes or Writes(sessions)
@@ -94,6 +101,7 @@ class Learner:
         # ``service.providers.factory.scorer_source``).
         self.scorer_source = scorer_source
         self.refits = refits or InProcessRefits(sessions, settings.completion)
+        self.refit_in_request = refit_in_request
         # namespace -> its running background refit (the reference keeps the task from being
         # garbage-collected; it is dropped when the task ends)
         self._background_refits: dict[str, asyncio.Task[None]] = {}
@@ -128,10 +136,10 @@ class Learner:
         ):
             # (Without background work, the count just recorded is what `earm worker` reads.)
             causes = _causes(current().cause())
-            if self.settings.in_background:
-                self._start_background_refit(retrieve.namespace, causes)
-            else:
+            if self.refit_in_request:
                 await self.refit_logged(retrieve.namespace, causes)
+            else:
+                self._start_background_refit(retrieve.namespace, causes)
         return recorded
 
     async def read_rows(self, namespace: str, memory_ids: np.ndarray) -> StoredRows:

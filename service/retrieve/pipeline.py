@@ -108,7 +108,11 @@ class RetrievalPipeline:
         late_observer: LateObserver | None = None,
         replicas: Replicas | None = None,
         refits: Refits | None = None,
+        *,
+        refit_in_request: bool = False,
     ) -> None:
+        """``refit_in_request``: a refit a retrieve makes due runs inside its request
+        (:class:`~service.retrieve.learning.Learner`), not after the response."""
         self.sessions = sessions
         self.embedder = embedder
         self.scorer = scorer
@@ -121,7 +125,8 @@ class RetrievalPipeline:
         # Where every write of the pipeline begins: this process's replica reads see it.
         self.writes = Writes(sessions, replicas)
         self.learner = Learner(
-            sessions, settings.learning, scorer_source(settings.scoring), refits, self.writes
+            sessions, settings.learning, scorer_source(settings.scoring), refits, self.writes,
+            refit_in_request=refit_in_request,
         )
         # The anchors answered after the deadline, recorded in the background.
         self.late = LateAnchors(self.learner, late_observer)

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from sqlalchemy import create_engine, text
 
@@ -67,13 +68,14 @@ def reranker() -> Iterator[LoopbackServer]:
         yield server
 
 
-def service_settings(database_url: str, reranker: LoopbackServer) -> Settings:
-    return Settings(
+def service_app(database_url: str, reranker: LoopbackServer) -> FastAPI:
+    """The service on ``database_url``: its refits run inside the requests that make them due."""
+    settings = Settings(
         database_url=database_url, embedder="local", scorer="rerank",
         scorer_base_url=f"{reranker.url}/v1", scorer_max_retries=0, scorer_timeout_s=10.0,
-        budget_schedule="0:1.0,3:0.4", refit_every=3, refit_in_background=False, rank=2,
-        _env_file=None,
+        budget_schedule="0:1.0,3:0.4", refit_every=3, rank=2, _env_file=None,
     )
+    return create_app(settings, refit_in_request=True)
 
 
 def populate(client: TestClient) -> None:
@@ -116,7 +118,7 @@ def exported(
 ) -> Iterator[tuple[str, str]]:
     """The source database, with the namespace populated and refitted, and its exported file."""
     source = migrated_database("earm_transfer_source")
-    with TestClient(create_app(service_settings(source, reranker))) as client:
+    with TestClient(service_app(source, reranker)) as client:
         populate(client)
         assert client.get("/stats", params={"namespace": NAMESPACE}).json()["last_refit_at"]
     ran = run_earm(["namespace", "export", NAMESPACE], source)
@@ -148,7 +150,7 @@ def test_an_imported_namespace_answers_the_next_retrieves_as_the_original_does(
     assert imported.stdout == ""
     answers: dict[str, list[dict[str, Any]]] = {}
     for database in (source, target):
-        with TestClient(create_app(service_settings(database, reranker))) as client:
+        with TestClient(service_app(database, reranker)) as client:
             answers[database] = [
                 comparable(retrieve(client, query, **options))
                 for query, options in (

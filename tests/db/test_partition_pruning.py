@@ -134,7 +134,6 @@ def _settings(url: str, judge_url: str, **overrides: Any) -> Settings:
         "scorer_max_retries": 0,
         "scorer_timeout_s": 30.0,
         "score_deadline_ms": 1500.0,
-        "refit_in_background": False,  # the refit a retrieve makes due runs in the request
         "refit_process": "thread",
         "rerank_document_ttl_s": 0,
     }
@@ -303,7 +302,8 @@ def test_every_hot_path_statement_touches_one_partition_of_each_table(
     partition_parents: dict[str, str],
 ) -> None:
     gate, judge_url = judge
-    with TestClient(create_app(_settings(explained_url, judge_url))) as client:
+    settings = _settings(explained_url, judge_url)
+    with TestClient(create_app(settings, refit_in_request=True)) as client:
         # A neighbour in another partition, whose rows the statements must pass by.
         _ok(client.post("/memories", json={"namespace": OTHER, "memories": _memories(30)}), 201)
         _settle(client, OTHER)
@@ -317,8 +317,8 @@ def test_every_hot_path_statement_touches_one_partition_of_each_table(
         explained_url, judge_url, exact_scan_below=0, exact_scan_below_filtered=0
     )
     with (
-        TestClient(create_app(_settings(explained_url, judge_url))) as client,
-        TestClient(create_app(indexed_settings)) as indexed,
+        TestClient(create_app(settings, refit_in_request=True)) as client,
+        TestClient(create_app(indexed_settings, refit_in_request=True)) as indexed,
     ):
         _requests(client, indexed, gate)
         _ok(client.delete(f"/namespaces/{NAMESPACE}"), 200)

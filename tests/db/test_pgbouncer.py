@@ -160,10 +160,9 @@ def service(bouncer: Bouncer) -> Iterator[Service]:
             scorer_base_url=f"{judge_server.url}/v1",
             scorer_timeout_s=20.0,  # a loaded CI machine, not a latency bound
             refit_every=3,
-            refit_in_background=False,
             _env_file=None,
         )
-        with LoopbackServer(create_app(settings)) as server:
+        with LoopbackServer(create_app(settings, refit_in_request=True)) as server:
             yield Service(server.url, settings)
 
 

@@ -73,7 +73,7 @@ def serve(standby: StandbyPair) -> Iterator[Any]:
     nothing yet), stopped after the test."""
     servers: list[LoopbackServer] = []
 
-    def start(**overrides: Any) -> str:
+    def start(refit_in_request: bool = False, **overrides: Any) -> str:
         settings = Settings(
             **{
                 "database_url": standby.url(DATABASE),
@@ -85,7 +85,7 @@ def serve(standby: StandbyPair) -> Iterator[Any]:
             },
             _env_file=None,
         )
-        server = LoopbackServer(create_app(settings)).start()
+        server = LoopbackServer(create_app(settings, refit_in_request=refit_in_request)).start()
         servers.append(server)
         return server.url
 
@@ -216,7 +216,7 @@ def test_a_late_anchor_recorded_after_the_answer_is_read_back(
                 # Room for the unheld prompts on a loaded 2-core machine (as the answer
                 # deadline's own tests give them).
                 score_deadline_ms=2500.0, scorer_timeout_s=30.0, refit_process="thread",
-                refit_in_background=False,
+                refit_in_request=True,
             )
             with httpx.Client(base_url=url, timeout=30) as http:
                 ids = http.post("/memories", json={"namespace": "late", "memories": [

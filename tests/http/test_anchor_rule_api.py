@@ -55,9 +55,11 @@ def reranker() -> Any:
 
 
 def settings_for(judge_settings: Callable[..., Settings], server: Any, **more: Any) -> Settings:
+    """The service's settings over ``server`` (its apps here refit inside the request that
+    makes a refit due, so each test sees the model its requests made)."""
     return judge_settings(
         server.url, scorer="rerank", scorer_base_url=f"{server.url}/v1", embedder="local",
-        refit_in_background=False, **more,
+        **more,
     )
 
 
@@ -65,7 +67,7 @@ def test_two_rounds_score_the_head_then_the_highest_estimates_in_a_second_reques
     judge_settings: Callable[..., Settings], reranker: Any
 ) -> None:
     settings = settings_for(judge_settings, reranker, anchor_rounds=2)
-    with TestClient(create_app(settings)) as client:
+    with TestClient(create_app(settings, refit_in_request=True)) as client:
         ingest(client)
         result = retrieve(client, "Which memories are about topic 3?")
         found = trace(client, result["query_id"])
@@ -89,7 +91,8 @@ def test_two_rounds_score_the_head_then_the_highest_estimates_in_a_second_reques
 def test_by_default_one_round_sends_every_anchor_before_any_is_scored(
     judge_settings: Callable[..., Settings], reranker: Any
 ) -> None:
-    with TestClient(create_app(settings_for(judge_settings, reranker))) as client:
+    settings = settings_for(judge_settings, reranker)
+    with TestClient(create_app(settings, refit_in_request=True)) as client:
         ingest(client)
         result = retrieve(client, "Which memories are about topic 3?")
         found = trace(client, result["query_id"])
@@ -110,7 +113,7 @@ def test_the_response_counts_the_scorer_rounds(
     judge_settings: Callable[..., Settings], reranker: Any
 ) -> None:
     settings = settings_for(judge_settings, reranker, anchor_rounds=2)
-    with TestClient(create_app(settings)) as client:
+    with TestClient(create_app(settings, refit_in_request=True)) as client:
         ingest(client)
         two = retrieve(client, "Which memories are about topic 3?")
         full = retrieve(client, "Which memories are about topic 3?", policy="full", budget=None)
@@ -125,7 +128,7 @@ def test_the_paper_rule_scores_its_anchors_in_one_request_half_of_them_exploring
     judge_settings: Callable[..., Settings], reranker: Any
 ) -> None:
     settings = settings_for(judge_settings, reranker, anchor_policy="paper")
-    with TestClient(create_app(settings)) as client:
+    with TestClient(create_app(settings, refit_in_request=True)) as client:
         ingest(client)
         result = retrieve(client, "Which memories are about topic 3?")
         found = trace(client, result["query_id"])
@@ -139,7 +142,8 @@ def test_the_paper_rule_scores_its_anchors_in_one_request_half_of_them_exploring
 def test_without_a_choice_of_anchors_there_is_one_round_and_no_share(
     judge_settings: Callable[..., Settings], reranker: Any, policy: str
 ) -> None:
-    with TestClient(create_app(settings_for(judge_settings, reranker))) as client:
+    settings = settings_for(judge_settings, reranker)
+    with TestClient(create_app(settings, refit_in_request=True)) as client:
         ingest(client)
         result = retrieve(client, "Which memories are about topic 3?", policy=policy,
                           budget=None)
@@ -157,7 +161,7 @@ def test_an_unscored_candidate_outranks_a_scored_one_only_when_trusted_to_score_
     near-certain trust keeps every unscored candidate (their estimates are guesses near the
     query's mean) behind the scored ones, whose scores alone order the top."""
     settings = settings_for(judge_settings, reranker, trust_probability=trust)
-    with TestClient(create_app(settings)) as client:
+    with TestClient(create_app(settings, refit_in_request=True)) as client:
         ingest(client)
         result = retrieve(client, "Which memories are about topic 3?", k=CANDIDATES,
                           order="relevance")
@@ -179,7 +183,8 @@ def test_the_learned_rule_replays_the_same_anchors_for_a_seed(
     rounds, the shares the same (each depends only on the queries before it)."""
 
     def replay() -> list[tuple[list[list[str]], float | None]]:
-        with TestClient(create_app(settings_for(judge_settings, reranker))) as client:
+        settings = settings_for(judge_settings, reranker)
+        with TestClient(create_app(settings, refit_in_request=True)) as client:
             client.delete("/namespaces/agent-1")
             ingest(client)
             rounds = []
@@ -199,7 +204,7 @@ def test_the_stop_rule_skips_round_two_and_reports_the_calls_it_saved(
     query whose top k round one filled with scores."""
     settings = settings_for(judge_settings, reranker, stop_expected=float(CANDIDATES + 1),
                             anchor_rounds=2)
-    with TestClient(create_app(settings)) as client:
+    with TestClient(create_app(settings, refit_in_request=True)) as client:
         ingest(client)
         result = retrieve(client, "Which memories are about topic 3?", k=5)
     assert (result["scorer_calls"], result["scorer_requests"]) == (10, 1)
@@ -212,7 +217,7 @@ def test_the_stop_rule_never_stops_a_query_whose_top_k_is_not_full_of_scores(
 ) -> None:
     settings = settings_for(judge_settings, reranker, stop_expected=float(CANDIDATES + 1),
                             anchor_rounds=2)
-    with TestClient(create_app(settings)) as client:
+    with TestClient(create_app(settings, refit_in_request=True)) as client:
         ingest(client)
         result = retrieve(client, "Which memories are about topic 3?", k=BUDGET)
     assert (result["scorer_calls"], result["stopped_anchors"]) == (BUDGET, 0)
@@ -221,7 +226,8 @@ def test_the_stop_rule_never_stops_a_query_whose_top_k_is_not_full_of_scores(
 def test_without_the_stop_rule_the_response_has_no_stopped_anchors(
     judge_settings: Callable[..., Settings], reranker: Any
 ) -> None:
-    with TestClient(create_app(settings_for(judge_settings, reranker))) as client:
+    settings = settings_for(judge_settings, reranker)
+    with TestClient(create_app(settings, refit_in_request=True)) as client:
         ingest(client)
         result = retrieve(client, "Which memories are about topic 3?")
     assert "stopped_anchors" not in result

@@ -29,10 +29,9 @@ def app_client(clean_database: str) -> Iterator[TestClient]:
         embedder="none",
         scorer="local",
         auth_cache_ttl_s=0,
-        refit_in_background=False,
         _env_file=None,
     )
-    with TestClient(create_app(settings), follow_redirects=False) as client:
+    with TestClient(create_app(settings, refit_in_request=True), follow_redirects=False) as client:
         yield client
 
 

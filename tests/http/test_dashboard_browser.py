@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from fastapi import FastAPI
 
 from service.client import EarmClient
 from service.http.app import create_app
@@ -132,15 +133,16 @@ def watch(browser: Any, origin: str) -> Watched:
     return watched
 
 
-def service_settings(judge_settings: Callable[..., Settings], judge_url: str) -> Settings:
-    return judge_settings(
+def service_app(judge_settings: Callable[..., Settings], judge_url: str) -> FastAPI:
+    """The service of a replay: its refits run inside the requests that make them due."""
+    settings = judge_settings(
         judge_url,
         embedder="local",
         budget_schedule="0:0.5,8:0.25,20:0.1",
         refit_every=6,
-        refit_in_background=False,
         auth_cache_ttl_s=0,
     )
+    return create_app(settings, refit_in_request=True)
 
 
 #: For every svg.chart: its name and how many of its marks draw something visible.
@@ -175,7 +177,7 @@ def test_after_a_replay_every_page_loads_clean_draws_its_charts_and_links_to_tra
     talk = conversation()
     with (
         LoopbackServer(chat_completions_app(judge(talk))) as judge_server,
-        LoopbackServer(create_app(service_settings(judge_settings, judge_server.url))) as earm,
+        LoopbackServer(service_app(judge_settings, judge_server.url)) as earm,
         EarmClient(earm.url) as client,
     ):
         client.add(NAMESPACE, talk.turns)
@@ -224,7 +226,7 @@ def test_the_login_refuses_a_wrong_key_and_shows_only_the_key_namespaces(
     talk = conversation()
     with (
         LoopbackServer(chat_completions_app(judge(talk))) as judge_server,
-        LoopbackServer(create_app(service_settings(judge_settings, judge_server.url))) as earm,
+        LoopbackServer(service_app(judge_settings, judge_server.url)) as earm,
     ):
         # `earm keys create` runs its own event loop: not on this thread, where Playwright's is.
         with ThreadPoolExecutor(1) as thread:

@@ -44,14 +44,13 @@ def learning_settings(clean_database: str) -> Settings:
         embedder="local",
         scorer="local",
         refit_every=1,
-        refit_in_background=False,
         _env_file=None,
     )
 
 
 @pytest.fixture
 def api(learning_settings: Settings) -> Iterator[TestClient]:
-    with TestClient(create_app(learning_settings)) as test_client:
+    with TestClient(create_app(learning_settings, refit_in_request=True)) as test_client:
         yield test_client
 
 
@@ -149,7 +148,7 @@ def test_the_next_retrieve_of_a_corrected_query_shows_the_feedback_without_scori
     scorer's value; without it, it still takes the feedback (authoritative) and scores the
     rest afresh."""
     settings = learning_settings.model_copy(update={"reuse_observations": reuse})
-    with TestClient(create_app(settings)) as api:
+    with TestClient(create_app(settings, refit_in_request=True)) as api:
         ids = stock(api)
         first = retrieve(api, "where is it?", policy="full", k=N)
         target = ids[4]

@@ -24,11 +24,10 @@ def app_client(clean_database: str) -> Iterator[TestClient]:
         embedder="local",
         scorer="local",
         refit_every=4,
-        refit_in_background=False,
         auth_cache_ttl_s=0,
         _env_file=None,
     )
-    with TestClient(create_app(settings)) as client:
+    with TestClient(create_app(settings, refit_in_request=True)) as client:
         yield client
 
 

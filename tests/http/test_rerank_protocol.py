@@ -74,9 +74,9 @@ def earm(clean_database: str, upstream: tuple[Upstream, str]) -> Iterator[Earm]:
             "scorer": "rerank",
             "scorer_base_url": upstream[1],
             "scorer_max_retries": 0,
-            "refit_in_background": False,
         }
-        server = LoopbackServer(create_app(Settings(**(options | overrides), _env_file=None)))
+        server = LoopbackServer(create_app(Settings(**(options | overrides), _env_file=None),
+                                            refit_in_request=True))
         servers.append(server.start())
         clients.append(httpx.Client(base_url=server.url, timeout=60))
         return clients[-1]

@@ -47,11 +47,11 @@ def start_earm(database_url: str, upstream_url: str, **overrides: Any) -> TestCl
         "scorer": "rerank",
         "scorer_base_url": upstream_url,
         "scorer_max_retries": 0,
-        "refit_in_background": False,
         "budget_schedule": "0:1.0,1:0.0",
         "rerank_document_ttl_s": 0,  # never sweeps: the test does
     }
-    return TestClient(create_app(Settings(**(options | overrides), _env_file=None)))
+    return TestClient(create_app(Settings(**(options | overrides), _env_file=None),
+                                 refit_in_request=True))
 
 
 @pytest.fixture(scope="module")

@@ -63,14 +63,14 @@ def judged_settings(
         # observations (the default suits a noisy judge); the content prior is tested with the
         # default in test_content_prior_lifts_new_memories_that_look_like_judged_relevant_ones.
         memory_reg=1.0,
-        # Refits inside the request, so each test sees the model its queries made due.
-        refit_in_background=False,
     )
 
 
 @pytest.fixture
 def judged_client(judged_settings: Settings) -> Iterator[TestClient]:
-    with TestClient(create_app(judged_settings)) as client:
+    # Refits inside the request (as every app of judged_settings here), so each test sees the
+    # model its queries made due.
+    with TestClient(create_app(judged_settings, refit_in_request=True)) as client:
         yield client
 
 
@@ -243,7 +243,7 @@ def test_content_prior_lifts_new_memories_that_look_like_judged_relevant_ones(
         return response.json()["ids"]
 
     settings = judged_settings.model_copy(update={"memory_reg": Settings().memory_reg})
-    with TestClient(create_app(settings)) as client:
+    with TestClient(create_app(settings, refit_in_request=True)) as client:
         ingest("fact", near(facts, 15))
         ingest("chat", near(chat, 25))
         label_judge.memory_texts = (
@@ -317,10 +317,10 @@ def test_refit_sets_the_running_score_sum_to_the_double_precision_sum_of_stored_
 
 def test_restart_keeps_the_learned_state(judged_settings: Settings, judge) -> None:
     topic = Topic()
-    with TestClient(create_app(judged_settings)) as client:
+    with TestClient(create_app(judged_settings, refit_in_request=True)) as client:
         ids = topic.ingest(client, "agent-1")
         learn_topic(client, judge[0], topic, 6)
-    with TestClient(create_app(judged_settings)) as restarted:
+    with TestClient(create_app(judged_settings, refit_in_request=True)) as restarted:
         topic.label(judge[0], "after restart")
         result = retrieve(
             restarted,
@@ -342,7 +342,7 @@ def test_concurrent_retrieves_get_gap_free_indexes_and_store_every_observation(
     topic = Topic()
     # A generous scorer deadline: this test is about indexes and storage, not timeouts.
     settings = judged_settings.model_copy(update={"scorer_timeout_s": 60.0})
-    with LoopbackServer(create_app(settings)) as service:
+    with LoopbackServer(create_app(settings, refit_in_request=True)) as service:
         with httpx.Client(base_url=service.url) as sync_client:
             response = sync_client.post(
                 "/memories",
@@ -421,7 +421,7 @@ def test_scorer_failures_degrade_and_store_nothing_for_failed_pairs(
                 "scorer_concurrency": N_MEMORIES,
             }
         )
-        with TestClient(create_app(settings)) as client:
+        with TestClient(create_app(settings, refit_in_request=True)) as client:
             result = retrieve(
                 client,
                 query="q",
@@ -460,7 +460,7 @@ def replay(client: TestClient, judge: LabelJudge) -> list[list[tuple]]:
 
 
 def test_sequential_replay_is_deterministic(judged_settings: Settings, judge) -> None:
-    with TestClient(create_app(judged_settings)) as client:
+    with TestClient(create_app(judged_settings, refit_in_request=True)) as client:
         first = replay(client, judge[0])
     engine = create_engine(judged_settings.database_url)
     with engine.begin() as conn:
@@ -471,7 +471,7 @@ def test_sequential_replay_is_deterministic(judged_settings: Settings, judge) ->
             )
         )
     engine.dispose()
-    with TestClient(create_app(judged_settings)) as client:
+    with TestClient(create_app(judged_settings, refit_in_request=True)) as client:
         second = replay(client, judge[0])
     assert first == second
 
@@ -595,10 +595,10 @@ def test_a_zero_length_vector_already_stored_cannot_break_retrieval(clean_databa
     their zero norm."""
     settings = Settings(
         database_url=clean_database, embedder="local", scorer="local", refit_every=2,
-        refit_in_background=False, _env_file=None,
+        _env_file=None,
     )
     rng = np.random.default_rng(3)
-    with TestClient(create_app(settings)) as client:
+    with TestClient(create_app(settings, refit_in_request=True)) as client:
         memories = [
             {"text": f"m{i}", "embedding": unit(rng.normal(size=DIM)).tolist()} for i in range(12)
         ]

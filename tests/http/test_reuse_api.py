@@ -50,8 +50,8 @@ def judge() -> Iterator[tuple[RecordingJudge, str]]:
 def reuse_client(
     judge_settings: Callable[..., Settings], judge: tuple[RecordingJudge, str]
 ) -> Iterator[TestClient]:
-    settings = judge_settings(judge[1], embedder="local", refit_in_background=False)
-    with TestClient(create_app(settings)) as client:
+    settings = judge_settings(judge[1], embedder="local")
+    with TestClient(create_app(settings, refit_in_request=True)) as client:
         response = client.post(
             "/memories",
             json={"namespace": "agent-1", "memories": [{"text": t} for t in MEMORY_TEXTS]},
@@ -189,10 +189,10 @@ def test_with_paraphrase_transfer_a_rephrased_query_judges_its_head_and_explores
     the paraphrase's judgements move the estimates of what it observed."""
     recording = judge[0]
     settings = judge_settings(
-        judge[1], embedder="local", refit_in_background=False, paraphrase_similarity=0.8,
+        judge[1], embedder="local", paraphrase_similarity=0.8,
         anchor_policy="paper",
     )
-    with TestClient(create_app(settings)) as client:
+    with TestClient(create_app(settings, refit_in_request=True)) as client:
         client.post(
             "/memories",
             json={"namespace": "agent-1", "memories": [{"text": t} for t in MEMORY_TEXTS]},
@@ -225,7 +225,7 @@ def explored_after_a_paraphrase(
     rephrasing's candidates it reports as moved by paraphrase evidence. Under the paper's
     anchor rule, whose exploring half is a uniform draw the steering narrows (the learned
     rule's draws are steered the same way: tests/unit/retrieve/test_anchors.py)."""
-    with TestClient(create_app(settings)) as client:
+    with TestClient(create_app(settings, refit_in_request=True)) as client:
         client.post(
             "/memories",
             json={"namespace": "agent-1", "memories": [{"text": t} for t in MEMORY_TEXTS]},
@@ -245,7 +245,7 @@ def test_without_paraphrase_transfer_a_rephrased_query_explores_what_its_paraphr
     judge_settings: Callable[..., Settings], judge: tuple[RecordingJudge, str]
 ) -> None:
     settings = judge_settings(
-        judge[1], embedder="local", refit_in_background=False, paraphrase_transfer=False,
+        judge[1], embedder="local", paraphrase_transfer=False,
         anchor_policy="paper",
     )
     first_scored, explored, paraphrased = explored_after_a_paraphrase(settings, judge[0])
@@ -260,7 +260,7 @@ def test_paraphrase_transfer_looks_only_at_the_latest_window_of_queries(
     """EARM_PARAPHRASE_WINDOW bounds the neighbour scan: a paraphrase asked before the window's
     queries is not found, so nothing steers the rephrased query's exploring half."""
     settings = judge_settings(
-        judge[1], embedder="local", refit_in_background=False, paraphrase_similarity=0.8,
+        judge[1], embedder="local", paraphrase_similarity=0.8,
         paraphrase_window=1, anchor_policy="paper",
     )
     first_scored, explored, paraphrased = explored_after_a_paraphrase(

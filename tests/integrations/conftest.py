@@ -46,8 +46,8 @@ def keyless_service(clean_database: str) -> Iterator[str]:
     script's next request comes within milliseconds, where a person's would find the
     background refit long done (a refit that overlaps feedback leaves the fed-back memory
     without a model row until it is next observed)."""
-    settings = Settings(database_url=clean_database, refit_in_background=False, _env_file=None)
-    with LoopbackServer(create_app(settings)) as server:
+    settings = Settings(database_url=clean_database, _env_file=None)
+    with LoopbackServer(create_app(settings, refit_in_request=True)) as server:
         yield server.url
 
 

@@ -71,10 +71,9 @@ def earm(clean_database: str) -> Iterator[Live]:
             scorer="rerank",
             scorer_base_url=judge.url,
             scorer_max_retries=0,
-            refit_in_background=False,
             _env_file=None,
         )
-        with LoopbackServer(create_app(settings)) as server:
+        with LoopbackServer(create_app(settings, refit_in_request=True)) as server:
             yield Live(server.url, upstream)
 
 

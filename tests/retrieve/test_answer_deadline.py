@@ -54,9 +54,9 @@ def deadline_client(
             # was missed there once).
             "score_deadline_ms": 2500.0,
             "scorer_timeout_s": 30.0,
-            "refit_in_background": False,
         }
-        return TestClient(create_app(judge_settings(gate[1], **(options | overrides))))
+        return TestClient(create_app(judge_settings(gate[1], **(options | overrides)),
+                                     refit_in_request=True))
 
     return make
 

@@ -135,7 +135,7 @@ def test_a_memory_deleted_between_search_and_record_gets_no_observation_and_the_
 
 def pipeline_settings(database_url: str) -> Settings:
     return Settings(database_url=database_url, embedder="none", scorer="local",
-                    refit_every=1000, refit_in_background=False, _env_file=None)
+                    refit_every=1000, _env_file=None)
 
 
 @asynccontextmanager
@@ -146,7 +146,8 @@ async def observed_namespace(
     the database, the pipeline and the memories' ids."""
     settings = pipeline_settings(database_url)
     async with open_database(settings.database) as database:
-        pipeline = RetrievalPipeline(database.sessions, None, LocalScorer(), settings)
+        pipeline = RetrievalPipeline(database.sessions, None, LocalScorer(), settings,
+                                     refit_in_request=True)
         async with database.sessions() as session:
             result = await ingest(
                 session, None, DIM, NAMESPACE,

@@ -1,6 +1,7 @@
 """The refit's advisory lock ends with the refit's transaction, so refits keep running: a
 leaked lock (one left on a pooled connection) would make every later refit of the namespace
-return False forever. And background refits finish before shutdown."""
+return False forever. A due refit runs after the response by default, inside the request with
+``refit_in_request``; background refits finish before shutdown."""
 
 from __future__ import annotations
 
@@ -9,8 +10,10 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
+import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import create_engine, text
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from service.db.engine import open_database
 from service.db.namespaces import namespace_state
@@ -18,13 +21,15 @@ from service.http.app import create_app
 from service.ingest.memories import NewMemory, delete_memory, ingest
 from service.providers.scorers import LocalScorer
 from service.retrieve.pipeline import RetrievalPipeline, RetrieveRequest
+from service.retrieve.refit_process import InProcessRefits
 from service.settings import Settings
 
 
 async def _refits_and_locks(settings: Settings) -> tuple[list[bool], int]:
     rng = np.random.default_rng(0)
     async with open_database(settings.database) as db:
-        pipeline = RetrievalPipeline(db.sessions, None, LocalScorer(), settings)
+        pipeline = RetrievalPipeline(db.sessions, None, LocalScorer(), settings,
+                                     refit_in_request=True)
         async with db.sessions() as session:
             await ingest(
                 session, None, 384, "lock",
@@ -54,7 +59,7 @@ async def _refits_and_locks(settings: Settings) -> tuple[list[bool], int]:
 
 def test_refit_releases_its_lock_so_later_refits_run(clean_database: str) -> None:
     settings = Settings(database_url=clean_database, embedder="none", scorer="local",
-                        refit_every=1, refit_in_background=False, _env_file=None)
+                        refit_every=1, _env_file=None)
     results, held = asyncio.run(_refits_and_locks(settings))
     assert results == [True, True, True]
     assert held == 0
@@ -67,7 +72,6 @@ def test_background_refit_runs_after_the_response_and_shutdown_waits_for_it(
     running it; leaving the app's lifespan waits for it, so nothing is lost at shutdown."""
     settings = Settings(database_url=clean_database, embedder="local", scorer="local",
                         refit_every=1, _env_file=None)
-    assert settings.refit_in_background
     with TestClient(create_app(settings)) as client:
         response = client.post("/memories", json={"namespace": "bg", "memories": [
             {"text": f"memory {i} about topic {i % 3}"} for i in range(12)]})
@@ -86,6 +90,95 @@ def test_background_refit_runs_after_the_response_and_shutdown_waits_for_it(
         engine.dispose()
     assert refitted_at is not None and slope is not None
     assert since_refit == 0  # the last query's refit ran too, after its response
+
+
+class GatedRefits:
+    """Refits in this process that wait until ``opened`` is set; ``asked`` is set once one is
+    asked for."""
+
+    def __init__(self, sessions: async_sessionmaker[AsyncSession], settings: Settings) -> None:
+        self.inner = InProcessRefits(sessions, settings.completion)
+        self.health = self.inner.health
+        self.asked = asyncio.Event()
+        self.opened = asyncio.Event()
+
+    async def refit(self, namespace: str) -> bool:
+        self.asked.set()
+        await self.opened.wait()
+        return await self.inner.refit(namespace)
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+async def _answered_while_the_refit_waits(
+    settings: Settings, refit_in_request: bool
+) -> tuple[bool, int]:
+    """Whether the retrieve that makes a refit due answers while its refit is held, and the
+    namespace's queries since its last refit once the refit has run."""
+    rng = np.random.default_rng(0)
+    async with open_database(settings.database) as db:
+        refits = GatedRefits(db.sessions, settings)
+        pipeline = RetrievalPipeline(db.sessions, None, LocalScorer(), settings, refits=refits,
+                                     refit_in_request=refit_in_request)
+        async with db.sessions() as session:
+            await ingest(session, None, 384, "gated", [
+                NewMemory(text=f"m{i}", embedding=rng.normal(size=384).tolist())
+                for i in range(12)])
+            await session.commit()
+        retrieve = asyncio.create_task(pipeline.retrieve(RetrieveRequest(
+            namespace="gated", query="q", query_embedding=rng.normal(size=384).tolist(),
+            candidates=12, budget=4)))
+        await asyncio.wait_for(refits.asked.wait(), 60)
+        answered, _ = await asyncio.wait({retrieve}, timeout=2.0)
+        refits.opened.set()
+        await retrieve
+        await pipeline.drain()
+        async with db.sessions() as session:
+            state = await namespace_state(session, "gated")
+    return bool(answered), state.queries_since_refit
+
+
+@pytest.mark.parametrize("refit_in_request", [False, True])
+def test_a_due_refit_runs_after_the_response_unless_asked_to_run_inside_the_request(
+    clean_database: str, refit_in_request: bool
+) -> None:
+    """The first retrieve of a namespace makes a refit due (refit_every=1). By default it runs
+    in a task of its own: the retrieve answers while the refit is held. With
+    ``refit_in_request`` the retrieve awaits it: no answer until the refit may run."""
+    settings = Settings(database_url=clean_database, embedder="none", scorer="local",
+                        refit_every=1, _env_file=None)
+    answered, since_refit = asyncio.run(
+        _answered_while_the_refit_waits(settings, refit_in_request)
+    )
+    assert answered is not refit_in_request
+    assert since_refit == 0  # either way the refit ran
+
+
+def test_an_app_built_to_refit_in_the_request_has_refitted_when_the_retrieve_answers(
+    clean_database: str,
+) -> None:
+    """``create_app(settings, refit_in_request=True)``: the refit each retrieve makes due has
+    run by the time the retrieve answers (what replays and benchmarks build the app with)."""
+    settings = Settings(database_url=clean_database, embedder="local", scorer="local",
+                        refit_every=1, _env_file=None)
+    engine = create_engine(clean_database)
+    try:
+        with TestClient(create_app(settings, refit_in_request=True)) as client:
+            response = client.post("/memories", json={"namespace": "inline", "memories": [
+                {"text": f"memory {i} about topic {i % 3}"} for i in range(12)]})
+            assert response.status_code == 201, response.text
+            for i in range(3):
+                response = client.post("/retrieve", json={
+                    "namespace": "inline", "query": f"topic {i}", "candidates": 12, "budget": 6})
+                assert response.status_code == 200, response.text
+                with engine.connect() as connection:
+                    refitted_at, since_refit = connection.execute(text(
+                        "SELECT last_refit_at, queries_since_refit FROM namespaces "
+                        "WHERE name = 'inline'")).one()
+                assert refitted_at is not None and since_refit == 0, (i, since_refit)
+    finally:
+        engine.dispose()
 
 
 def test_deleting_a_memory_while_a_refit_rewrites_the_parameters_does_not_deadlock(

@@ -97,7 +97,7 @@ def test_the_paper_profile_stores_a_plain_model(clean_database: str) -> None:
     content, so every query's slope is 0 and the namespace has no content prior, while its
     factors, weighted as the paper's balanced model weights them, carry signal."""
     stored = asyncio.run(refitted(clean_database, policy="earm", candidates=20, budget=8,
-                                  profile="paper", refit_in_background=False))
+                                  profile="paper"))
     assert len(stored.query_slopes) == 30 and all(s == 0.0 for s in stored.query_slopes)
     assert stored.content_slope is None
     assert stored.mean_factor > 0.01

@@ -43,7 +43,7 @@ _STALE_SQL = text(
 
 def _settings(database_url: str) -> Settings:
     return Settings(database_url=database_url, embedder="none", scorer="local", rank=RANK,
-                    refit_every=10_000, refit_in_background=False, _env_file=None)
+                    refit_every=10_000, _env_file=None)
 
 
 async def _retrieve(pipeline: RetrievalPipeline, rng: np.random.Generator, i: int) -> int:
@@ -96,7 +96,8 @@ async def _refit_with(
 ) -> dict[str, Any]:
     rng = np.random.default_rng(3)
     async with open_database(settings.database) as db:
-        pipeline = RetrievalPipeline(db.sessions, None, LocalScorer(), settings)
+        pipeline = RetrievalPipeline(db.sessions, None, LocalScorer(), settings,
+                                     refit_in_request=True)
         async with db.sessions() as session:
             await ingest(session, None, 384, NAMESPACE, [
                 NewMemory(text=f"memory {i}", embedding=rng.normal(size=384).tolist())

@@ -108,7 +108,8 @@ async def _replay(settings: Settings) -> dict[str, int]:
     centres = rng.normal(size=(4, 384))
     checked = {"requests": 0, "rows": 0, "rows_after_refit": 0}
     async with open_database(settings.database) as db:
-        pipeline = RetrievalPipeline(db.sessions, None, LocalScorer(), settings)
+        pipeline = RetrievalPipeline(db.sessions, None, LocalScorer(), settings,
+                                     refit_in_request=True)
         async with db.sessions() as session:
             await ingest(session, None, 384, NAMESPACE, [
                 NewMemory(
@@ -163,7 +164,7 @@ def test_online_update_from_statistics_equals_the_resolve_from_history(
 ) -> None:
     settings = Settings(
         database_url=clean_database, embedder="none", scorer="local", embedding_dim=384,
-        rank=RANK, refit_every=8, refit_in_background=False, _env_file=None,
+        rank=RANK, refit_every=8, _env_file=None,
     )
     checked = asyncio.run(_replay(settings))
     # Most requests are compared (refits come at 1, 2, 4, 8, 16 and 24 queries), and the

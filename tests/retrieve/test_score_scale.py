@@ -71,8 +71,7 @@ async def _replay(database_url: str, namespace: str, *phases: ScoreFn) -> Replay
         with LoopbackServer(rerank_app(scores)) as server:
             settings = Settings(database_url=database_url, embedder="none", scorer="rerank",
                                 scorer_base_url=server.url, scorer_model=f"phase-{phase}",
-                                background_work=True, refit_in_background=False,
-                                _env_file=None)
+                                background_work=True, _env_file=None)
             scorer = build_scorer(settings.scoring)
             async with open_database(settings.database) as db:
                 if phase == 0:
@@ -83,7 +82,8 @@ async def _replay(database_url: str, namespace: str, *phases: ScoreFn) -> Replay
                                                  + 2 * rng.normal(size=DIM)).tolist())
                             for i in range(MEMORIES)])
                         await session.commit()
-                pipeline = RetrievalPipeline(db.sessions, None, scorer, settings)
+                pipeline = RetrievalPipeline(db.sessions, None, scorer, settings,
+                                             refit_in_request=True)
                 for _ in range(QUERIES // len(phases)):
                     topic = len(top) % TOPICS
                     result = await pipeline.retrieve(RetrieveRequest(

@@ -60,7 +60,8 @@ async def _scenario(settings: Settings) -> dict[str, FoundCandidates | None]:
         await find("top", query)
         await find("filtered", query, filters={"parity": "odd"})
         await find("unknown namespace", query, namespace="never-written")
-        pipeline = RetrievalPipeline(db.sessions, None, build_scorer(settings.scoring), settings)
+        pipeline = RetrievalPipeline(db.sessions, None, build_scorer(settings.scoring), settings,
+                                     refit_in_request=True)
         await pipeline.retrieve(RetrieveRequest(
             namespace=NAMESPACE, query="where is it", query_embedding=query.tolist(),
             candidates=10, budget=4, k=5))
@@ -73,7 +74,7 @@ async def _scenario(settings: Settings) -> dict[str, FoundCandidates | None]:
 
 def test_the_search_step_finds_what_each_retrieve_needs(clean_database: str) -> None:
     settings = Settings(database_url=clean_database, embedder="none", scorer="local",
-                        refit_in_background=False, _env_file=None)
+                        _env_file=None)
     found = asyncio.run(_scenario(settings))
 
     top = found["top"]

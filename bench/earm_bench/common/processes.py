@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from earm_bench.common.rerank_server import RerankServer, ScoreFn
+from earm_bench.common.serve import refit_in_request
 from service.testing import free_port, interrupt, wait_ready
 
 #: Starting a service may include initdb and the migrations of a new embedded Postgres.
@@ -32,10 +33,13 @@ class InProcessService:
 
 
 @contextmanager
-def in_process_service(settings: Any | None = None, **options: Any) -> Iterator[InProcessService]:
+def in_process_service(
+    settings: Any | None = None, *, refit_in_request: bool = False, **options: Any
+) -> Iterator[InProcessService]:
     """The service on a loopback port of this process. Without ``settings``, they are
     ``Settings(**options)`` (and the environment) over an embedded Postgres in a temporary
-    directory unless ``options`` name a ``database_url``."""
+    directory unless ``options`` name a ``database_url``. ``refit_in_request``: a refit a
+    retrieve makes due runs inside that request (``create_app``'s option)."""
     from service.http.app import create_app
     from service.settings import Settings
     from service.testing import LoopbackServer
@@ -43,7 +47,7 @@ def in_process_service(settings: Any | None = None, **options: Any) -> Iterator[
     with tempfile.TemporaryDirectory(prefix="earm-bench-") as tmp:
         if settings is None:
             settings = Settings(**({"data_dir": Path(tmp) / "pgdata"} | options))
-        app = create_app(settings)
+        app = create_app(settings, refit_in_request=refit_in_request)
         server = LoopbackServer(app).start(STARTUP_TIMEOUT_S)
         try:
             yield InProcessService(server.url, app.state.components.database.url, settings)
@@ -162,16 +166,17 @@ class ServiceProcess(ChildProcess):
 
 @contextmanager
 def child_process(
-    arguments: Sequence[str], settings: Mapping[str, str], workdir: Path, name: str
+    arguments: Sequence[str], settings: Mapping[str, str], workdir: Path, name: str,
+    module: str = "service",
 ) -> Iterator[ChildProcess]:
-    """``earm <arguments>`` in a child process whose EARM_* environment is exactly
-    ``settings``; it runs in ``workdir`` (so no stray .env is read), logs to
-    ``workdir/<name>.log`` and is interrupted on exit."""
+    """``earm <arguments>`` (``python -m <module> <arguments>``) in a child process whose
+    EARM_* environment is exactly ``settings``; it runs in ``workdir`` (so no stray .env is
+    read), logs to ``workdir/<name>.log`` and is interrupted on exit."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("EARM_")} | dict(settings)
     log_path = workdir / f"{name}.log"
     with open(log_path, "wb") as log:
         process = subprocess.Popen(
-            [sys.executable, "-m", "service", *arguments],
+            [sys.executable, "-m", module, *arguments],
             cwd=workdir,
             env=env,
             stdout=log,
@@ -190,9 +195,16 @@ def service_process(
 ) -> Iterator[ServiceProcess]:
     """``earm serve`` as :func:`child_process` starts it, once it is ready (``ready=False``: at
     once, so that it starts while the caller works; :func:`until_ready` before its first
-    request)."""
+    request). With the bench's ``EARM_BENCH_REFIT_IN_REQUEST=true`` in ``settings``, the
+    bench's own entry point (:mod:`earm_bench.common.serve`) instead: the same service, its due
+    refits inside the request."""
     port = free_port()
-    with child_process(("serve", "--port", str(port)), settings, workdir, name) as child:
+    arguments: tuple[str, ...] = ("--port", str(port))
+    if refit_in_request(settings):
+        module = "earm_bench.common.serve"
+    else:
+        module, arguments = "service", ("serve", *arguments)
+    with child_process(arguments, settings, workdir, name, module) as child:
         service = ServiceProcess(child.process, child.log_path, child.settings,
                                  f"http://127.0.0.1:{port}")
         if ready:

@@ -18,6 +18,7 @@ from earm_bench.common.processes import (
     rerank_judge_process,
     service_process,
 )
+from earm_bench.common.serve import REFIT_IN_REQUEST
 from earm_bench.common.stats import percentiles
 from earm_bench.load.config import LoadConfig
 from earm_bench.load.dashboard import dashboard_pages
@@ -64,9 +65,9 @@ def service_settings(
         "EARM_DB_POOL_SIZE": str(config.db_pool_size),
         "EARM_MAX_CANDIDATES": str(max(1000, config.candidates)),
         "EARM_LOG_LEVEL": "WARNING",
-        # In the request that makes it due, so that request times the refit (the service's
-        # default runs it in the background, after the response).
-        "EARM_REFIT_IN_BACKGROUND": "false",
+        # The bench's own switch (earm_bench.common.serve): a refit runs in the request that
+        # makes it due, so that request times it (the service runs it after the response).
+        REFIT_IN_REQUEST: "true",
     }
 
 

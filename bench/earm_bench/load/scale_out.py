@@ -26,6 +26,7 @@ from earm_bench.common.processes import (
     child_process,
     service_process,
 )
+from earm_bench.common.serve import REFIT_IN_REQUEST
 from earm_bench.load.database import last_refit_at, make_refit_due
 from earm_bench.load.session import LoadRun, drive
 
@@ -120,12 +121,13 @@ async def scale_out(
     ``--api-processes`` without it and ``--workers`` workers; ``settings`` are the run's
     service's (its whole EARM_* environment), the processes' logs go under ``workdir``."""
     config = run.config
-    logged = dict(settings) | {"EARM_LOG_LEVEL": "INFO"}
+    # Every API process is `earm serve` as deployed: its refits run after the response (the
+    # run's service refits in the request: earm_bench.common.serve).
+    logged = dict(settings) | {"EARM_LOG_LEVEL": "INFO", REFIT_IN_REQUEST: "false"}
     rows = []
     with ExitStack() as stack:
         one = stack.enter_context(service_process(
-            logged | {"EARM_REFIT_IN_BACKGROUND": "true"}, _directory(workdir, "one-process"),
-            "api-0",
+            logged, _directory(workdir, "one-process"), "api-0",
         ))
         rows.append(await _measure(run, "1 API process, its own background work", [one], []))
     with ExitStack() as stack:

@@ -37,9 +37,6 @@ def service_for(
         "max_candidates": max(config.candidates, 1000),
         # top-b asks for all of its B candidates back (k = B): the pairs it scored
         "max_k": max(100, config.candidates),
-        # Refits inside the request that makes them due: the replay is then exactly
-        # reproducible (a background refit lands after a timing-dependent number of queries).
-        "refit_in_background": False,
         "reuse_observations": not set(policies) <= STATELESS_POLICIES,
         **judge.service_settings(),
     }
@@ -47,13 +44,17 @@ def service_for(
         options["profile"] = config.profile
     with _database(config, options) as database_url:
         logger.info("starting the service")
-        with in_process_service(**options, database_url=database_url) as service:
+        # Refits inside the request that makes them due: the replay is then exactly
+        # reproducible (a background refit lands after a timing-dependent number of queries).
+        with in_process_service(
+            **options, database_url=database_url, refit_in_request=True
+        ) as service:
             logger.info("service listening on %s", service.url)
             described = service.settings.model_dump(
                 mode="json",
                 exclude={"scorer_api_key", "embedder_api_key", "data_dir", "database_url"},
             )
-            yield service.url, described | {"external": False}
+            yield service.url, described | {"external": False, "refit_in_request": True}
 
 
 def _warn_external(config: LocomoConfig, policies: Sequence[str]) -> None:
