@@ -23,6 +23,7 @@ from contextlib import suppress
 
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from service.cpu import one_blas_thread
 from service.db.engine import open_database
 from service.db.namespaces import namespaces_due_for_refit
 from service.errors import ConfigurationError
@@ -83,6 +84,7 @@ async def run_worker(settings: Settings) -> None:
     belongs to the one `earm serve` that starts it."""
     if not settings.database_url:
         raise ConfigurationError("earm worker needs EARM_DATABASE_URL (the API's Postgres)")
+    one_blas_thread()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):

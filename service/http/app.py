@@ -9,6 +9,7 @@ from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from fastapi import Depends, FastAPI
 
 from service.auth import Authenticator
+from service.cpu import one_blas_thread
 from service.db.engine import open_database, supervised
 from service.http.dashboard import mount_dashboard
 from service.http.deps import Components, authenticate
@@ -41,6 +42,9 @@ def create_app(settings: Settings | None = None, *, refit_in_request: bool = Fal
     the refit. For tests and benchmarks, never a setting: a served app refits after the
     response."""
     settings = settings or Settings()
+    # Here, in the thread that builds the app, not in the lifespan: OpenBLAS ignores a limit
+    # set from another thread (the lifespan's, under a test client) once this one set its own.
+    one_blas_thread()
     metrics = Metrics()
     app = FastAPI(
         title="earm",

@@ -172,9 +172,11 @@ def _fork_server() -> multiprocessing.context.BaseContext:
 
 
 def _configure_child(log_level: str) -> None:
+    from service.cpu import one_blas_thread
     from service.logs import configure_logging
 
     configure_logging(log_level)  # the same JSON lines on the same stderr as the parent
+    one_blas_thread()
     # A terminal's Ctrl-C signals its whole process group, this child too: the service decides
     # when to stop (and the child dies with it), not a KeyboardInterrupt in the child's wait.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
