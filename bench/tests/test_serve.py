@@ -11,7 +11,7 @@ import httpx
 import pytest
 from sqlalchemy import create_engine, text
 
-from earm_bench.common.processes import service_process
+from earm_bench.common.processes import entry_point, service_process
 from earm_bench.common.serve import REFIT_IN_REQUEST, refit_in_request
 
 
@@ -23,27 +23,28 @@ def test_the_switch_is_true_or_false_and_off_unless_set() -> None:
         refit_in_request({REFIT_IN_REQUEST: "yes"})
 
 
-@pytest.mark.parametrize("switch", ["true", None])
-def test_a_service_process_runs_the_bench_entry_point_only_with_the_switch(
-    migrated_database: Callable[[str], str], tmp_path: Path, switch: str | None
+def test_a_service_process_is_earm_serve_unless_the_switch_is_set() -> None:
+    assert entry_point({}, 8123) == ("service", ("serve", "--port", "8123"))
+    assert entry_point({REFIT_IN_REQUEST: "false"}, 8123)[0] == "service"
+    assert entry_point({REFIT_IN_REQUEST: "true"}, 8123) == (
+        "earm_bench.common.serve", ("--port", "8123"))
+
+
+def test_a_service_process_with_the_switch_has_refitted_when_each_retrieve_answers(
+    migrated_database: Callable[[str], str], tmp_path: Path
 ) -> None:
-    """With the switch, each retrieve (refit_every=1 makes every one due) answers after its
-    refit: the namespace has no query since its last refit whenever a retrieve has answered."""
-    url = migrated_database(f"earm_bench_serve_{switch or 'unset'}")
+    """refit_every=1 makes every retrieve's refit due: with the switch the namespace has no
+    query since its last refit whenever a retrieve has answered."""
+    url = migrated_database("earm_bench_serve")
     settings = {"EARM_DATABASE_URL": url, "EARM_EMBEDDER": "local", "EARM_SCORER": "local",
-                "EARM_REFIT_EVERY": "1"}
-    if switch is not None:
-        settings[REFIT_IN_REQUEST] = switch
+                "EARM_REFIT_EVERY": "1", REFIT_IN_REQUEST: "true"}
     engine = create_engine(url)
     try:
         with (
             service_process(settings, tmp_path) as service,
             httpx.Client(base_url=service.url, timeout=60) as client,
         ):
-            module = service.process.args[2]  # [python, -m, module, ...]
-            assert module == ("earm_bench.common.serve" if switch else "service")
-            if not switch:
-                return
+            assert service.process.args[2] == "earm_bench.common.serve"  # [python, -m, module]
             response = client.post("/memories", json={"namespace": "bench", "memories": [
                 {"text": f"memory {i} about topic {i % 3}"} for i in range(12)]})
             assert response.status_code == 201, response.text

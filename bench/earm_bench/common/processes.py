@@ -199,17 +199,21 @@ def service_process(
     bench's own entry point (:mod:`earm_bench.common.serve`) instead: the same service, its due
     refits inside the request."""
     port = free_port()
-    arguments: tuple[str, ...] = ("--port", str(port))
-    if refit_in_request(settings):
-        module = "earm_bench.common.serve"
-    else:
-        module, arguments = "service", ("serve", *arguments)
+    module, arguments = entry_point(settings, port)
     with child_process(arguments, settings, workdir, name, module) as child:
         service = ServiceProcess(child.process, child.log_path, child.settings,
                                  f"http://127.0.0.1:{port}")
         if ready:
             until_ready(service)
         yield service
+
+
+def entry_point(settings: Mapping[str, str], port: int) -> tuple[str, tuple[str, ...]]:
+    """The module a service process runs (``python -m``) and its arguments: ``earm serve``,
+    or the bench's own entry point where ``settings`` ask for refits inside the request."""
+    if refit_in_request(settings):
+        return "earm_bench.common.serve", ("--port", str(port))
+    return "service", ("serve", "--port", str(port))
 
 
 def until_ready(service: ServiceProcess) -> None:
