@@ -58,6 +58,11 @@ def _brief(window: dict[str, Any]) -> dict[str, Any]:
     return {"client_ms": window["client_ms"], "phases_ms": tails(window["phases_ms"]),
             "refits_landed": window["refits_landed"], "window_s": window["window_s"],
             "refit_s": split["refit_s"], "write_s": split["write_s"],
+            "lock_waiters": split["lock_waiters"],
+            "rows_without_statistics": split["rows_without_statistics"],
+            "since_write": {part: {"client_ms": figures["client_ms"],
+                                   "phases_ms": tails(figures["phases_ms"])}
+                            for part, figures in split["since_write"].items()},
             **{part: {"client_ms": split[part]["client_ms"],
                       "phases_ms": tails(split[part]["phases_ms"])}
                for part in ("during_write", "during_read_or_fit", "outside_refits")}}
@@ -129,8 +134,8 @@ def _raw(samples: Samples, watch: RefitWatch) -> dict[str, Any]:
     return {"retrieves": [[round(start - zero, 3), round(end - zero, 3), timing]
                           for (start, end), timing in zip(samples.spans, samples.timings,
                                                           strict=True)],
-            "polls": [[round(at - zero, 3), state, waiting]
-                      for at, state, waiting in watch.polls]}
+            "polls": [[round(at - zero, 3), state, waiting, stale]
+                      for at, state, waiting, stale in watch.polls]}
 
 
 def main() -> None:
