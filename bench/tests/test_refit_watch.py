@@ -24,7 +24,7 @@ def test_each_retrieve_goes_with_the_refit_state_it_overlapped() -> None:
     # A refit fits from 1.0 to 2.0 s, writes at 2.1 and 2.2, and is gone from 2.3 on.
     states = {**{round(1.0 + i * POLL_S, 1): FIT for i in range(11)}, 2.1: WRITE, 2.2: WRITE}
     watch = RefitWatch([(t / 10, states.get(round(t / 10, 1)), 1 if t == 22 else 0,
-                         5 if t >= 23 else 0) for t in range(40)])
+                         5 if t >= 23 else 0, 2 if t == 24 else 0) for t in range(40)])
     assert watch.intervals(WRITE) == [(2.1 - POLL_S, 2.2 + POLL_S)]
     assert watch.intervals() == [(1.0 - POLL_S, 2.2 + POLL_S)]
     split = watch.split(_samples([(0.0, 0.5), (1.3, 1.6), (2.15, 2.5), (3.0, 3.5)]))
@@ -35,6 +35,7 @@ def test_each_retrieve_goes_with_the_refit_state_it_overlapped() -> None:
     assert split["lock_waiters"]["write"] == {"polls": 2, "max": 1, "mean": 0.5}
     assert split["refit_s"] == [1.2] and split["write_s"] == [0.1]
     assert split["rows_without_statistics"] == {"max": 5, "at_end": 5}
+    assert split["history_readers"]["no_refit"]["max"] == 2
     by_since = {name: part["client_ms"]["n"] for name, part in split["since_write"].items()}
     assert by_since == {"before_any_write": 3, "from_0_to_3_s_after_a_write": 1,
                         "from_3_to_10_s": 0, "from_10_s_on": 0}

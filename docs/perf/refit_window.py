@@ -58,7 +58,7 @@ def _brief(window: dict[str, Any]) -> dict[str, Any]:
     return {"client_ms": window["client_ms"], "phases_ms": tails(window["phases_ms"]),
             "refits_landed": window["refits_landed"], "window_s": window["window_s"],
             "refit_s": split["refit_s"], "write_s": split["write_s"],
-            "lock_waiters": split["lock_waiters"],
+            "lock_waiters": split["lock_waiters"], "history_readers": split["history_readers"],
             "rows_without_statistics": split["rows_without_statistics"],
             "since_write": {part: {"client_ms": figures["client_ms"],
                                    "phases_ms": tails(figures["phases_ms"])}
@@ -134,8 +134,7 @@ def _raw(samples: Samples, watch: RefitWatch) -> dict[str, Any]:
     return {"retrieves": [[round(start - zero, 3), round(end - zero, 3), timing]
                           for (start, end), timing in zip(samples.spans, samples.timings,
                                                           strict=True)],
-            "polls": [[round(at - zero, 3), state, waiting, stale]
-                      for at, state, waiting, stale in watch.polls]}
+            "polls": [[round(poll[0] - zero, 3), *poll[1:]] for poll in watch.polls]}
 
 
 def main() -> None:

@@ -5,9 +5,9 @@ queries' parameters, then the write under the namespace's lock; ``service.retrie
 A poll every :data:`POLL_S` of ``pg_locks`` tells the two apart; each retrieve of the window
 is then put with the refits' writes, the rest of the refits, or neither, by its start and end,
 and by how long after the end of the latest write it started (:data:`SINCE_WRITE_S`). Each poll
-also counts the backends waiting for a lock and the namespace's memory rows without statistics
+also counts the backends waiting for a lock, the namespace's memory rows without statistics
 (a refit writes those of the memories observed while it ran without; the next retrieve that
-observes one rebuilds it from the memory's history).
+observes one rebuilds it from the memory's history) and the backends reading such histories.
 """
 
 from __future__ import annotations
@@ -24,8 +24,9 @@ from earm_bench.load.session import LoadRun, Samples
 POLL_S = 0.1
 # The refit lock's key is hashtextextended('earm-refit:' || namespace, 0)
 # (service.db.namespaces); an int8 advisory key is classid (high half) and objid (low half).
-# With it, the backends waiting for a lock (a record queued on the namespace's row) and the
-# namespace's memory rows without statistics.
+# With it, the backends waiting for a lock (a record queued on the namespace's row), the
+# namespace's memory rows without statistics, and the backends reading the histories of such
+# rows (service.db.memory_rows: the only statement with this condition).
 _HOLDER_SQL = """
     SELECT (SELECT a.backend_xid IS NOT NULL
             FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
@@ -34,7 +35,9 @@ _HOLDER_SQL = """
                   = hashtextextended('earm-refit:' || %s, 0)
             LIMIT 1),
            (SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'),
-           (SELECT count(*) FROM memory_factors WHERE namespace = %s AND statistics IS NULL)
+           (SELECT count(*) FROM memory_factors WHERE namespace = %s AND statistics IS NULL),
+           (SELECT count(*) FROM pg_stat_activity WHERE state = 'active'
+              AND pid <> pg_backend_pid() AND query LIKE '%%f.statistics IS NOT NULL%%')
 """
 #: What a refit's transaction was doing at a poll: reading and fitting, or writing.
 FIT, WRITE = "fit", "write"
@@ -45,9 +48,9 @@ SINCE_WRITE_S = (3.0, 10.0)
 @dataclass
 class RefitWatch:
     """The polls of one window: ``(perf_counter, state, lock waiters, rows without
-    statistics)``, state None when no refit ran."""
+    statistics, history readers)``, state None when no refit ran."""
 
-    polls: list[tuple[float, str | None, int, int]] = field(default_factory=list)
+    polls: list[tuple[float, str | None, int, int, int]] = field(default_factory=list)
 
     def intervals(self, state: str | None = None) -> list[tuple[float, float]]:
         """Spans of consecutive polls in ``state`` (any refit's state when None), widened by
@@ -55,7 +58,7 @@ class RefitWatch:
         spans: list[tuple[float, float]] = []
         start: float | None = None
         last = 0.0
-        for at, seen, _, _ in self.polls:
+        for at, seen, *_ in self.polls:
             inside = seen is not None and (state is None or seen == state)
             if inside and start is None:
                 start = at
@@ -84,8 +87,9 @@ class RefitWatch:
                                                                 strict=True)],
             "outside_refits": [not r for r in during_refit],
         }
-        def waiters(state: str | None) -> dict[str, Any]:
-            counts = [n for _, seen, n, _ in self.polls if seen == state]
+        def waiters(state: str | None, readers: bool = False) -> dict[str, Any]:
+            counts = [reading if readers else waiting
+                      for _, seen, waiting, _, reading in self.polls if seen == state]
             return {"polls": len(counts), "max": max(counts, default=None),
                     "mean": round(sum(counts) / len(counts), 2) if counts else None}
 
@@ -99,12 +103,14 @@ class RefitWatch:
             f"from_{low:g}_to_{high:g}_s": [s is not None and low <= s < high for s in since],
             f"from_{high:g}_s_on": [s is not None and s >= high for s in since],
         }
-        stale = [n for *_, n in self.polls]
+        stale = [poll[3] for poll in self.polls]
         return {
             "rows_without_statistics": {"max": max(stale, default=None),
                                         "at_end": stale[-1] if stale else None},
             "lock_waiters": {"write": waiters(WRITE), "read_or_fit": waiters(FIT),
                              "no_refit": waiters(None)},
+            "history_readers": {"write": waiters(WRITE, True), "read_or_fit": waiters(FIT, True),
+                                "no_refit": waiters(None, True)},
             "refit_s": [round(end - start - 2 * POLL_S, 1) for start, end in refits],
             "write_s": [round(end - start - 2 * POLL_S, 1) for start, end in writes],
             "poll_s": POLL_S,
@@ -126,10 +132,10 @@ async def watching(run: LoadRun) -> AsyncIterator[RefitWatch]:
     async def poll() -> None:
         while True:
             cursor = await conn.execute(_HOLDER_SQL, (run.namespace, run.namespace))
-            writing, waiting, stale = await cursor.fetchone()
+            writing, waiting, stale, reading = await cursor.fetchone()
             watch.polls.append((time.perf_counter(),
                                 None if writing is None else WRITE if writing else FIT, waiting,
-                                stale))
+                                stale, reading))
             await asyncio.sleep(POLL_S)
 
     task = asyncio.create_task(poll())
