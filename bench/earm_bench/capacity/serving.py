@@ -253,8 +253,9 @@ async def refit_window(cap: Capacity, client: httpx.AsyncClient,
     """``earm`` to ``large`` at concurrency 8 (the chat judge) until ``window_refits`` refits
     of it have landed: due at the start, and again as soon as each one lands. With each
     phase's percentiles, and the same split by what ran beside each retrieve (a refit's write,
-    the rest of a refit, none: :mod:`~earm_bench.capacity.refit_watch`). ``raw``: where to
-    put the window's samples and polls too."""
+    the rest of a refit, none) and by the time since a refit's write ended
+    (:mod:`~earm_bench.capacity.refit_watch`). ``raw``: where to put the window's samples and
+    polls too."""
     large, config = cap.runs["large"], cap.config
     await drive(large, cap.numbers(WARM_UP), 1, "earm", "warm-up", clients=[client])
     since, landed, chunks = await last_refit_at(large), 0, []
