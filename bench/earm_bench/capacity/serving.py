@@ -15,6 +15,7 @@ from typing import Any
 import httpx
 
 from earm_bench.capacity.config import CapacityConfig
+from earm_bench.capacity.refit_watch import RefitWatch, watching
 from earm_bench.common.cpu import CpuReading
 from earm_bench.common.processes import ChildProcess, child_process, service_process
 from earm_bench.load import LoadConfig, World
@@ -186,6 +187,7 @@ def merge(parts: Sequence[Samples]) -> Samples:
         merged.scorer_calls += part.scorer_calls
         merged.scorer_requests += part.scorer_requests
         merged.scorer_rounds += part.scorer_rounds
+        merged.spans += part.spans
         merged.degraded += part.degraded
         merged.errors += part.errors
     return merged
@@ -246,34 +248,45 @@ async def semantic_tail(cap: Capacity) -> dict[str, Any]:
 
 
 async def refit_window(cap: Capacity, client: httpx.AsyncClient,
-                       processes: Sequence[ChildProcess]) -> dict[str, Any]:
+                       processes: Sequence[ChildProcess],
+                       raw: list[tuple[Samples, RefitWatch]] | None = None) -> dict[str, Any]:
     """``earm`` to ``large`` at concurrency 8 (the chat judge) until ``window_refits`` refits
-    of it have landed: due at the start, and again as soon as each one lands."""
+    of it have landed: due at the start, and again as soon as each one lands. With each
+    phase's percentiles, and the same split by what ran beside each retrieve (a refit's write,
+    the rest of a refit, none) and by the time since a refit's write ended
+    (:mod:`~earm_bench.capacity.refit_watch`). ``raw``: where to put the window's samples and
+    polls too."""
     large, config = cap.runs["large"], cap.config
     await drive(large, cap.numbers(WARM_UP), 1, "earm", "warm-up", clients=[client])
     since, landed, chunks = await last_refit_at(large), 0, []
     await make_refit_due(large)
     began = time.perf_counter()
-    while landed < config.window_refits and time.perf_counter() - began < config.window_timeout_s:
-        chunks.append(await drive(large, cap.numbers(config.window_chunk), 8, "earm", "window",
-                                  clients=[client]))
-        latest = await last_refit_at(large)
-        if latest != since:
-            since, landed = latest, landed + 1
-            await make_refit_due(large)
-        if any(p.process.poll() is not None for p in processes):
-            raise RuntimeError("a process of the refit window exited (see its log)")
+    async with watching(large) as watch:
+        while (landed < config.window_refits
+               and time.perf_counter() - began < config.window_timeout_s):
+            chunks.append(await drive(large, cap.numbers(config.window_chunk), 8, "earm",
+                                      "window", clients=[client]))
+            latest = await last_refit_at(large)
+            if latest != since:
+                since, landed = latest, landed + 1
+                await make_refit_due(large)
+            if any(p.process.poll() is not None for p in processes):
+                raise RuntimeError("a process of the refit window exited (see its log)")
     samples = merge(chunks)
     samples.wall_s = time.perf_counter() - began
-    return {**samples.summary(), "refits_landed": landed,
+    if raw is not None:
+        raw.append((samples, watch))
+    return {**samples.summary(), "phases_ms": samples.phase_tails(),
+            "by_refit": watch.split(samples), "refits_landed": landed,
             "window_s": round(samples.wall_s, 1)}
 
 
-async def worker_window(cap: Capacity) -> dict[str, Any]:
+async def worker_window(cap: Capacity,
+                        raw: list[tuple[Samples, RefitWatch]] | None = None) -> dict[str, Any]:
     """:func:`refit_window` against ``earm serve --no-background-work`` and an ``earm
     worker`` on the same database (the shipped service stopped by then)."""
     settings = cap.settings | {"EARM_BACKGROUND_WORK": "false"}
     with child_process(("worker",), cap.settings, cap.workdir, "worker") as worker, \
             service_process(settings, cap.workdir, "api") as api:
         async with httpx.AsyncClient(base_url=api.url, timeout=900) as client:
-            return await refit_window(cap, client, [worker, api])
+            return await refit_window(cap, client, [worker, api], raw)

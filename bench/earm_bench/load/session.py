@@ -41,12 +41,41 @@ class Samples:
     degraded: int = 0
     errors: int = 0
     wall_s: float = 0.0
+    #: Each answered retrieve's start and end (``time.perf_counter``), in ``client_ms``'s order.
+    spans: list[tuple[float, float]] = field(default_factory=list)
 
     def timing(self, name: str) -> list[float]:
         return [t.get(name, 0.0) for t in self.timings]
 
     def overhead(self) -> list[float]:
         return [t["total_ms"] - t.get("score_ms", 0.0) for t in self.timings]
+
+    def outside(self) -> list[float]:
+        """The client's time outside the pipeline's ``total_ms``: HTTP, (de)serialisation and
+        the wait for the serving process's event loop."""
+        return [c - t["total_ms"] for c, t in zip(self.client_ms, self.timings, strict=True)]
+
+    def subset(self, keep: Sequence[bool]) -> Samples:
+        """The answered retrieves where ``keep`` (one flag per retrieve) is true."""
+        picked = Samples(wall_s=self.wall_s)
+        for flag, client, timing, calls, requests, rounds, span in zip(
+                keep, self.client_ms, self.timings, self.scorer_calls, self.scorer_requests,
+                self.scorer_rounds, self.spans, strict=True):
+            if flag:
+                picked.client_ms.append(client)
+                picked.timings.append(timing)
+                picked.scorer_calls.append(calls)
+                picked.scorer_requests.append(requests)
+                picked.scorer_rounds.append(rounds)
+                picked.spans.append(span)
+        return picked
+
+    def phase_tails(self) -> dict[str, dict[str, Any]]:
+        """Each phase's percentiles, the overhead (total − score) and the time outside the
+        pipeline (client − total)."""
+        return {**{name: percentiles(self.timing(name)) for name in PHASES},
+                "overhead_ms": percentiles(self.overhead()),
+                "outside_ms": percentiles(self.outside())}
 
     def summary(self) -> dict[str, Any]:
         ok = len(self.timings)
@@ -134,7 +163,9 @@ async def retrieve(run: LoadRun, number: int, policy: str, samples: Samples,
         samples.errors += 1
         logger.warning("retrieve failed: %s", exc)
         return
-    samples.client_ms.append((time.perf_counter() - started) * 1000)
+    ended = time.perf_counter()
+    samples.client_ms.append((ended - started) * 1000)
+    samples.spans.append((started, ended))
     samples.timings.append(result["timings"])
     samples.scorer_calls.append(result["scorer_calls"])
     samples.scorer_requests.append(result["scorer_requests"])
