@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import psycopg
 from numpy.typing import NDArray
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -31,10 +32,10 @@ from service.db.statements import execute, fetch_all, pipeline
 _MEMORY_CONTENT_SQL = content_sql("m.embedding", "n.content_weights")
 
 
-def _row_observations_sql(which_memories: str = "") -> str:
-    """Every observation of the namespace's memories ``%(ids)s`` (narrowed by the SQL condition
-    on ``m`` in ``which_memories``), each with its query's parameters and its content-prior
-    offset (0 before the namespace's first refit)."""
+def _row_observations_sql(which_memories: str = "", which_scores: str = "") -> str:
+    """Every observation of the namespace's memories ``%(ids)s`` (narrowed by the SQL conditions
+    on ``m`` in ``which_memories`` and on ``s`` in ``which_scores``), each with its query's
+    parameters and its content-prior offset (0 before the namespace's first refit)."""
     return f"""
     WITH m AS MATERIALIZED (
         SELECT m.id, {_MEMORY_CONTENT_SQL} AS content
@@ -46,7 +47,7 @@ def _row_observations_sql(which_memories: str = "") -> str:
     FROM scores s JOIN query_factors q ON q.namespace = s.namespace AND q.query_id = s.query_id
     JOIN m ON m.id = s.memory_id JOIN namespaces n ON n.name = s.namespace
     WHERE s.namespace = %(namespace)s AND s.memory_id = ANY(ARRAY(SELECT id FROM m))
-      AND s.retired_at IS NULL
+      AND s.retired_at IS NULL {which_scores}
     ORDER BY s.memory_id, s.query_id
 """
 
@@ -57,6 +58,12 @@ _ROW_OBSERVATIONS_SQL = _row_observations_sql()
 _HISTORY_WITHOUT_STATISTICS_SQL = _row_observations_sql(
     "AND NOT EXISTS (SELECT FROM memory_factors f "
     "WHERE f.namespace = %(namespace)s AND f.memory_id = m.id AND f.statistics IS NOT NULL)"
+)
+# Only the observations (%(query_ids)s[i], %(memory_ids)s[i]): what a refit's write adds to the
+# statistics it fitted, of observations recorded while it ran (model_state.replace_model).
+_PAIR_OBSERVATIONS_SQL = _row_observations_sql(
+    which_scores="AND (s.query_id, s.memory_id) IN "
+    "(SELECT * FROM unnest(%(query_ids)s::bigint[], %(memory_ids)s::bigint[]))"
 )
 # The memories that still exist, each with its stored statistics (or NULL) and its row's version.
 _ROW_STATISTICS_SQL = f"""
@@ -145,6 +152,28 @@ async def memory_row_observations(
         {"namespace": namespace, "ids": [int(m) for m in memory_ids]},
     )
     return _row_observations(rows, rank)
+
+
+async def pair_observations(
+    conn: psycopg.AsyncConnection[Any],
+    namespace: str,
+    query_ids: np.ndarray,
+    memory_ids: np.ndarray,
+    rank: int,
+) -> RowObservations:
+    """The live observations (``query_ids[i]``, ``memory_ids[i]``) whose query has parameters,
+    read as :func:`memory_row_observations` reads a memory's history: with the parameters and
+    the content prior stored now, in the caller's transaction. O(the pairs)."""
+    cursor = await conn.execute(
+        _PAIR_OBSERVATIONS_SQL,
+        {
+            "namespace": namespace,
+            "ids": array_literal(np.unique(memory_ids)),
+            "query_ids": array_literal(query_ids),
+            "memory_ids": array_literal(memory_ids),
+        },
+    )
+    return _row_observations(await cursor.fetchall(), rank)
 
 
 async def store_row_statistics(

@@ -16,6 +16,7 @@ import psycopg
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from service.completion import ContentPrior
+from service.completion.statistics import RowStatistics
 from service.db.codecs import (
     Float8Rows,
     array_literal,
@@ -326,7 +327,10 @@ async def replace_model(
 
     Under the namespace's lock, what changed since the read is read from the scores recorded
     since its horizon (an index scan: as many as the refit's duration let in), never from all
-    the namespace's observations, so the lock's hold does not grow with them."""
+    the namespace's observations, so the lock's hold does not grow with them. The rows of
+    memories observed since the read hold those observations too: their terms, read with the
+    parameters and the content prior this write stores, are added to the refit's statistics,
+    so every row written holds what a rebuild from its history would."""
     keys = await asyncio.to_thread(read.keys)
     conn = await driver_connection(session)
     if len(model.query_ids):
@@ -338,16 +342,50 @@ async def replace_model(
     since = await _since_horizon(conn, namespace, read.horizon, keys, model.query_ids)
     deleted_or_edited = await _deleted_or_edited(conn, namespace, model.memory_ids, read.horizon)
     changed = np.union1d(deleted_or_edited, since.memory_ids[since.feedback])
-    # Rows whose memory gained observations since the read (recorded while the refit ran) do
-    # not hold them in their statistics: they are written without, and the next retrieve
-    # observing them rebuilds them from their history. A query without parameters before the
-    # refit (observations loaded in bulk) counts only from now on.
-    stale = since.memory_ids[~since.read & since.has_parameters]
-    await _replace_memory_rows(conn, namespace, model, changed, stale)
+    # The query rows and the content prior first: the observations recorded since the read are
+    # then read below with the parameters and the prior they have after this write.
     if len(model.query_ids):
         await _replace_query_rows(conn, namespace)
     score_sum, score_count = await _live_scores(conn, namespace, read, keys, since, changed)
     await _reset_after_refit(session, namespace, model, refitted_at, score_sum, score_count)
+    added = await _added_since(conn, namespace, model, since, changed)
+    await _replace_memory_rows(conn, namespace, model, changed, added)
+
+
+async def _added_since(
+    conn: psycopg.AsyncConnection[Any],
+    namespace: str,
+    model: RefittedModel,
+    since: _SinceHorizon,
+    changed: np.ndarray,
+) -> _AddedSince:
+    """What the observations recorded since the read (while the refit ran) add to the
+    statistics and counts of the refit's rows: read as a rebuild from history reads them, with
+    the queries' parameters and the content prior as this write stores them, so each row's
+    statistics are its rebuild's. A query without parameters before the refit (observations
+    loaded in bulk) has none after it either: a rebuild leaves its observations out, and so
+    do the rows' statistics here, until a refit gives it some. Run even when nothing was
+    recorded since (no pairs, nothing read), so every refit's write plans this statement."""
+    # Imported here: memory_rows builds its statements from this module's.
+    from service.db import memory_rows
+
+    pairs = ~since.read & since.has_parameters & np.isin(since.memory_ids, model.memory_ids)
+    pairs &= ~np.isin(since.memory_ids, changed)  # those get no row
+    rank = np.asarray(model.memory_factors).shape[1]
+    observations = await memory_rows.pair_observations(
+        conn, namespace, since.query_ids[pairs], since.memory_ids[pairs], rank
+    )
+    memory_ids = np.unique(observations.memory_ids)
+    return _AddedSince(memory_ids, observations.statistics(memory_ids))
+
+
+@dataclass(frozen=True)
+class _AddedSince:
+    """The statistics of the observations recorded since a refit's read, per memory (ids
+    ascending)."""
+
+    memory_ids: np.ndarray
+    statistics: RowStatistics
 
 
 @dataclass(frozen=True)
@@ -437,11 +475,6 @@ async def _live_scores(
 
 _EMPTY_NAMESPACE_ROWS_SQL = "DELETE FROM memory_factors WHERE namespace = %(namespace)s"
 _COPY_MEMORY_ROWS = f"COPY {_FACTOR_ROWS} FROM STDIN (FORMAT BINARY)"
-# The same, statistics left NULL.
-_COPY_MEMORY_ROWS_WITHOUT_STATISTICS = (
-    "COPY memory_factors (memory_id, namespace, bias, factors, observation_count) "
-    "FROM STDIN (FORMAT BINARY)"
-)
 
 
 async def _replace_memory_rows(
@@ -449,29 +482,29 @@ async def _replace_memory_rows(
     namespace: str,
     model: RefittedModel,
     changed: np.ndarray,
-    stale: np.ndarray,
+    added: _AddedSince,
 ) -> None:
     """Every row of the namespace replaced by the refit's, but for the ``changed`` memories'
-    (their rows would be fitted on observations deleted, retired or replaced since); the
-    ``stale`` memories' rows without their statistics."""
+    (their rows would be fitted on observations deleted, retired or replaced since); with what
+    the observations recorded since the read ``added`` to the statistics and counts."""
     await conn.execute(_EMPTY_NAMESPACE_ROWS_SQL, {"namespace": namespace})
-    existing = np.isin(model.memory_ids, changed, invert=True)
-    without = np.isin(model.memory_ids, stale)
-    for rows, statement in (
-        (existing & ~without, _COPY_MEMORY_ROWS),
-        (existing & without, _COPY_MEMORY_ROWS_WITHOUT_STATISTICS),
-    ):
-        if not rows.any():
-            continue
-        columns = [
-            ("int8", model.memory_ids[rows]), ("text", namespace),
-            ("float8", model.memory_bias[rows]),
-            ("real[]", np.asarray(model.memory_factors)[rows]),
-            ("int4", model.observation_count[rows]),
-        ]
-        if statement is _COPY_MEMORY_ROWS:
-            columns.append(("float8[]", np.asarray(model.statistics)[rows]))
-        await copy_in(conn, statement, binary_copy(columns, int(rows.sum())))
+    rows = np.isin(model.memory_ids, changed, invert=True)
+    if not rows.any():
+        return
+    statistics = np.array(model.statistics, dtype=np.float64)
+    counts = np.array(model.observation_count, dtype=np.int64)
+    if len(added.memory_ids):
+        at = np.searchsorted(model.memory_ids, added.memory_ids)  # all among the refit's
+        statistics[at] += added.statistics.packed()
+        counts[at] += added.statistics.counts
+    columns = [
+        ("int8", model.memory_ids[rows]), ("text", namespace),
+        ("float8", model.memory_bias[rows]),
+        ("real[]", np.asarray(model.memory_factors)[rows]),
+        ("int4", counts[rows]),
+        ("float8[]", statistics[rows]),
+    ]
+    await copy_in(conn, _COPY_MEMORY_ROWS, binary_copy(columns, int(rows.sum())))
 
 
 # The query side of a refit goes through a temporary table, filled before the lock (a table of

@@ -363,6 +363,7 @@ def _assert_covered(texts: list[str]) -> None:
         "late record": "clock_timestamp() FROM q, t",
         "refit read": "COPY (SELECT memory_id, query_id",
         "refit write": "FROM earm_refit_queries",
+        "refit write, recorded since": "(s.query_id, s.memory_id) IN",
         "feedback": "INSERT INTO score_history",
         "by id": "FROM memory_locator WHERE id",
         "trace": "FROM query_locator WHERE id",

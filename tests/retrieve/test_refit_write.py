@@ -32,6 +32,9 @@ _FROM_SCRATCH_SQL = text(
     "SELECT coalesce(sum(score::text::float8 ORDER BY query_id, memory_id), 0), count(*) "
     "FROM scores WHERE namespace = :ns AND retired_at IS NULL"
 )
+_PAIRS_SQL = text(
+    "SELECT query_id, memory_id FROM scores WHERE namespace = :ns AND retired_at IS NULL"
+)
 # The rows whose statistics do not hold every live observation of a query with parameters.
 _STALE_SQL = text(
     "SELECT f.memory_id FROM memory_factors f WHERE f.namespace = :ns AND f.observation_count <> "
@@ -85,6 +88,36 @@ async def _edit(db: Database, pipeline: RetrievalPipeline, query_id: int) -> Non
         await session.commit()
 
 
+async def _late_scores(db: Database, pipeline: RetrievalPipeline, query_id: int) -> None:
+    """Scores of a query the refit fitted, recorded after its read (as the late anchors of an
+    answer deadline are), of memories it had not observed (which other queries had)."""
+    async with db.sessions() as session:
+        unobserved = list(await session.scalars(text(
+            "SELECT DISTINCT memory_id FROM scores WHERE namespace = :ns AND memory_id NOT IN "
+            "(SELECT memory_id FROM scores WHERE namespace = :ns AND query_id = :q) "
+            "ORDER BY 1 LIMIT 5"
+        ), {"ns": NAMESPACE, "q": query_id}))
+        # As the query's scorer gave its other scores: a refit may rescale that source's.
+        scored_by = await session.scalar(text(
+            "SELECT min(scored_by) FROM scores WHERE namespace = :ns AND query_id = :q"
+        ), {"ns": NAMESPACE, "q": query_id})
+        for i, memory_id in enumerate(unobserved):
+            await session.execute(text(
+                "INSERT INTO scores (query_id, memory_id, namespace, score, raw_score, "
+                "similarity, source, scored_by, created_at) VALUES (:q, :m, :ns, :score, "
+                ":score, :similarity, 'scorer', :scored_by, clock_timestamp())"
+            ), {"q": query_id, "m": memory_id, "ns": NAMESPACE, "score": 0.2 + 0.15 * i,
+                "similarity": 0.1 + 0.05 * i, "scored_by": scored_by})
+        await session.commit()
+
+
+async def _record_and_late_scores(
+    db: Database, pipeline: RetrievalPipeline, query_id: int
+) -> None:
+    await _record(db, pipeline, query_id)
+    await _late_scores(db, pipeline, query_id)
+
+
 async def _observed_memory(session: AsyncSession) -> int:
     return int(await session.scalar(text(
         "SELECT min(memory_id) FROM scores WHERE namespace = :ns AND retired_at IS NULL"
@@ -107,9 +140,16 @@ async def _refit_with(
         query_ids = [await _retrieve(pipeline, rng, i) for i in range(12)]
         replace_model = model_state.replace_model
 
+        observed_since: list[int] = []
+
         async def after_the_read(*args: Any, **kwargs: Any) -> None:
             # Between the refit's read and its write: past its horizon, before its lock.
+            async with db.sessions() as session:
+                before = set((await session.execute(_PAIRS_SQL, {"ns": NAMESPACE})).all())
             await meanwhile(db, pipeline, query_ids[-1])
+            async with db.sessions() as session:
+                after = set((await session.execute(_PAIRS_SQL, {"ns": NAMESPACE})).all())
+            observed_since.extend(sorted({int(m) for _, m in after - before}))
             await replace_model(*args, **kwargs)
 
         monkeypatch.setattr(model_state, "replace_model", after_the_read)
@@ -131,6 +171,7 @@ async def _refit_with(
             rebuilt = history.statistics(np.array([r[0] for r in kept], dtype=np.int64))
     return {
         "stored": tuple(stored), "scratch": tuple(scratch), "stale": stale,
+        "observed_since": sorted(set(observed_since) & {int(r[0]) for r in rows}),
         "dropped": [int(r[0]) for r in rows if r[1] is None],
         "kept": RowStatistics.unpack([r[1] for r in kept], RANK) if kept else None,
         "rebuilt": rebuilt,
@@ -138,8 +179,8 @@ async def _refit_with(
 
 
 @pytest.mark.parametrize(
-    "meanwhile", [_nothing, _record, _feedback, _delete, _edit],
-    ids=["nothing", "record", "feedback", "delete", "edit"],
+    "meanwhile", [_nothing, _record, _late_scores, _feedback, _delete, _edit],
+    ids=["nothing", "record", "late-scores", "feedback", "delete", "edit"],
 )
 def test_a_refit_stores_what_a_recomputation_from_scratch_gives(
     clean_database: str, meanwhile: Meanwhile, monkeypatch: pytest.MonkeyPatch
@@ -152,18 +193,32 @@ def test_a_refit_stores_what_a_recomputation_from_scratch_gives(
         assert score_sum == scratch_sum  # the read's sum in key order: to the last bit
     else:
         assert score_sum == pytest.approx(scratch_sum, rel=1e-12)
-    # A row is left without statistics exactly when they miss live observations, and the
-    # statistics it keeps equal a rebuild from its history.
-    assert found["dropped"] == found["stale"]
+    # No row is left without statistics or misses a live observation, and each row's equal a
+    # rebuild from its history.
+    assert found["dropped"] == []
+    assert found["stale"] == []
     if found["kept"] is not None:
         np.testing.assert_allclose(found["kept"].gram, found["rebuilt"].gram, atol=1e-9)
         np.testing.assert_allclose(found["kept"].moment, found["rebuilt"].moment, atol=1e-9)
         np.testing.assert_array_equal(found["kept"].counts, found["rebuilt"].counts)
 
 
-def test_a_score_recorded_after_the_horizon_is_counted_and_its_rows_rebuilt(
-    clean_database: str, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize(
+    "meanwhile", [_record, _late_scores, _record_and_late_scores],
+    ids=["record", "late-scores", "both"],
+)
+def test_rows_observed_while_the_refit_ran_keep_the_statistics_of_a_rebuild(
+    clean_database: str, meanwhile: Meanwhile, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    found = asyncio.run(_refit_with(_settings(clean_database), _record, monkeypatch))
-    assert found["dropped"], "the retrieve recorded meanwhile observed memories with rows"
+    """Memories observed between the refit's read and its write (by a query recorded then, or
+    by late scores of a query the refit fitted) get rows holding those observations too: equal
+    to a rebuild from their history with the parameters and prior the write stored, and none
+    left for the next retrieve to rebuild."""
+    found = asyncio.run(_refit_with(_settings(clean_database), meanwhile, monkeypatch))
+    assert found["observed_since"], "memories with rows were observed while the refit ran"
+    assert found["dropped"] == []
+    assert found["stale"] == []
     assert found["stored"][1] == found["scratch"][1]
+    np.testing.assert_allclose(found["kept"].gram, found["rebuilt"].gram, atol=1e-9)
+    np.testing.assert_allclose(found["kept"].moment, found["rebuilt"].moment, atol=1e-9)
+    np.testing.assert_array_equal(found["kept"].counts, found["rebuilt"].counts)
