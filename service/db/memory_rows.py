@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 import numpy as np
@@ -59,10 +60,13 @@ _HISTORY_WITHOUT_STATISTICS_SQL = _row_observations_sql(
     "AND NOT EXISTS (SELECT FROM memory_factors f "
     "WHERE f.namespace = %(namespace)s AND f.memory_id = m.id AND f.statistics IS NOT NULL)"
 )
-# Only the observations (%(query_ids)s[i], %(memory_ids)s[i]): what a refit's write adds to the
-# statistics it fitted, of observations recorded while it ran (model_state.replace_model).
+# Only the observations (%(query_ids)s[i], %(memory_ids)s[i]), recorded since %(since)s: what a
+# refit's write adds to the statistics it fitted, of observations recorded while it ran
+# (model_state.replace_model). The time leads the plan to the index of the scores by time (as
+# many as the refit's duration let in); by the memories' ids it read their whole histories
+# (1.5 s under the lock at 1M observations, docs/perf/refit_lock.py).
 _PAIR_OBSERVATIONS_SQL = _row_observations_sql(
-    which_scores="AND (s.query_id, s.memory_id) IN "
+    which_scores="AND s.created_at >= %(since)s AND (s.query_id, s.memory_id) IN "
     "(SELECT * FROM unnest(%(query_ids)s::bigint[], %(memory_ids)s::bigint[]))"
 )
 # The memories that still exist, each with its stored statistics (or NULL) and its row's version.
@@ -159,15 +163,18 @@ async def pair_observations(
     namespace: str,
     query_ids: np.ndarray,
     memory_ids: np.ndarray,
+    since: datetime,
     rank: int,
 ) -> RowObservations:
-    """The live observations (``query_ids[i]``, ``memory_ids[i]``) whose query has parameters,
-    read as :func:`memory_row_observations` reads a memory's history: with the parameters and
-    the content prior stored now, in the caller's transaction. O(the pairs)."""
+    """The live observations (``query_ids[i]``, ``memory_ids[i]``), recorded ``since`` then,
+    whose query has parameters, read as :func:`memory_row_observations` reads a memory's
+    history: with the parameters and the content prior stored now, in the caller's
+    transaction. O(the scores recorded since)."""
     cursor = await conn.execute(
         _PAIR_OBSERVATIONS_SQL,
         {
             "namespace": namespace,
+            "since": since,
             "ids": array_literal(np.unique(memory_ids)),
             "query_ids": array_literal(query_ids),
             "memory_ids": array_literal(memory_ids),

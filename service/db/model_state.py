@@ -348,7 +348,7 @@ async def replace_model(
         await _replace_query_rows(conn, namespace)
     score_sum, score_count = await _live_scores(conn, namespace, read, keys, since, changed)
     await _reset_after_refit(session, namespace, model, refitted_at, score_sum, score_count)
-    added = await _added_since(conn, namespace, model, since, changed)
+    added = await _added_since(conn, namespace, model, since, read.horizon, changed)
     await _replace_memory_rows(conn, namespace, model, changed, added)
 
 
@@ -357,6 +357,7 @@ async def _added_since(
     namespace: str,
     model: RefittedModel,
     since: _SinceHorizon,
+    horizon: datetime,
     changed: np.ndarray,
 ) -> _AddedSince:
     """What the observations recorded since the read (while the refit ran) add to the
@@ -373,7 +374,7 @@ async def _added_since(
     pairs &= ~np.isin(since.memory_ids, changed)  # those get no row
     rank = np.asarray(model.memory_factors).shape[1]
     observations = await memory_rows.pair_observations(
-        conn, namespace, since.query_ids[pairs], since.memory_ids[pairs], rank
+        conn, namespace, since.query_ids[pairs], since.memory_ids[pairs], horizon, rank
     )
     memory_ids = np.unique(observations.memory_ids)
     return _AddedSince(memory_ids, observations.statistics(memory_ids))
