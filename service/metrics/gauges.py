@@ -51,7 +51,8 @@ def scorer_backend_gauges(scorer: str, state: ScorerBackendState) -> list[Metric
     window = GaugeMetricFamily(
         "earm_scorer_concurrency_window",
         "Scorer requests let in flight at once now: halves when the backend sheds load (429, "
-        "503, no answer), grows back by one per window of answers.",
+        "503, no answer), is cut to twice what a backend that queues silently works on, grows "
+        "back by one per window of answers.",
         labels=["scorer"],
     )
     window.add_metric([scorer], float(state.window))

@@ -31,6 +31,7 @@ trusts (``SSL_CERT_FILE`` honoured).
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import functools
 import json
 from collections.abc import Mapping
@@ -88,6 +89,13 @@ class Answer:
     status: int
     headers: Mapping[str, str]
     content: bytes
+    #: Seconds from the request being written to its answer's first bytes read off the socket:
+    #: the backend's time and the network's, without the client's waits for a connection or a
+    #: connect slot, nor its own work on other answers before it reads this one's body.
+    backend_s: float = 0.0
+    #: The client's requests at the backend (written, no answer begun) when this one was
+    #: written, itself included.
+    at_backend: int = 0
 
     def json(self) -> Any:
         """The body as JSON (``ValueError`` when it is not)."""
@@ -116,13 +124,64 @@ class PoolLimits:
     keepalive_s: float = 4.0
 
 
+class _Sending:
+    """One request's timing: when it was written and when its answer's first bytes came, and
+    the client's requests at the backend then (its :attr:`ScorerClient.at_backend`)."""
+
+    __slots__ = ("answered_at", "at_backend", "client", "sent_at")
+
+    def __init__(self, client: ScorerClient) -> None:
+        self.client = client
+        self.sent_at: float | None = None
+        self.answered_at: float | None = None
+        self.at_backend = 0
+
+    def sent(self, now: float) -> None:
+        self.sent_at = now
+        self.client.at_backend += 1
+        self.at_backend = self.client.at_backend
+
+    def answered(self, now: float) -> None:
+        if self.sent_at is not None and self.answered_at is None:
+            self.answered_at = now
+            self.client.at_backend -= 1
+
+    def ended(self) -> None:
+        """The exchange is over, answered or not: no longer at the backend."""
+        if self.sent_at is not None and self.answered_at is None:
+            self.answered_at = self.sent_at
+            self.client.at_backend -= 1
+
+
+#: The exchange under way in the current task, which its connection's handler times.
+_SENDING: contextvars.ContextVar[_Sending | None] = contextvars.ContextVar(
+    "earm_scorer_sending", default=None)
+
+
 class _AnsweringHandler(ResponseHandler):
     """aiohttp's protocol of a connection, holding its connector's permit to be opened until
-    the backend's first bytes on it, its end, or :meth:`give_back_permit`."""
+    the backend's first bytes on it, its end, or :meth:`give_back_permit`; and timing each
+    request on it from its writing to its answer's first bytes (:class:`_Sending`).
+
+    aiohttp calls ``set_response_params`` on the connection in the request's own task just
+    before it writes the request (an internal: the timing test in
+    tests/providers/test_http_client.py fails if a release changes it). The first bytes are
+    timed as they come off the socket, before the event loop gets to the task that reads them:
+    a client busy with other answers would otherwise see its own backlog as the backend's."""
 
     permit: asyncio.Semaphore | None = None
+    sending: _Sending | None = None
+
+    def set_response_params(self, **params: Any) -> None:
+        self.sending = _SENDING.get()
+        if self.sending is not None:
+            self.sending.sent(self._loop.time())
+        super().set_response_params(**params)
 
     def data_received(self, data: bytes) -> None:
+        if self.sending is not None:
+            self.sending.answered(self._loop.time())
+            self.sending = None
         self.give_back_permit()
         super().data_received(data)
 
@@ -187,7 +246,9 @@ class ScorerClient:
     """``POST url`` through one pooled aiohttp session, opened at the first request (it belongs
     to the event loop that runs it). Cookies the backend sets are sent back with every later
     request: a provider's load balancer pins a client to a node this way (session affinity).
-    No timeout of its own: the scorer's deadline bounds each call."""
+    No timeout of its own: the scorer's deadline bounds each call. Each answer says how long
+    the backend took from the request being written, and how many of the client's requests
+    were at the backend then (:class:`Answer`)."""
 
     def __init__(self, url: str, limits: PoolLimits,
                  max_answer_bytes: int = MAX_ANSWER_BYTES) -> None:
@@ -195,6 +256,7 @@ class ScorerClient:
         self.limits = limits
         self.max_answer_bytes = max_answer_bytes
         self._session: aiohttp.ClientSession | None = None
+        self.at_backend = 0  # requests written, no answer begun and not failed
 
     async def post(self, body: bytes, headers: Mapping[str, str]) -> Answer:
         """The backend's answer to ``body``; :class:`ConnectionFailed` without one."""
@@ -216,9 +278,19 @@ class ScorerClient:
 
     async def _exchange(self, session: aiohttp.ClientSession, body: bytes,
                         headers: Mapping[str, str]) -> Answer:
-        async with session.post(self.url, data=body, headers=headers) as response:
-            content = await self._read(response)
+        sending = _Sending(self)
+        token = _SENDING.set(sending)
+        try:
+            async with session.post(self.url, data=body, headers=headers) as response:
+                content = await self._read(response)
+        finally:
+            _SENDING.reset(token)
+            sending.ended()
+        sent_at, answered_at = sending.sent_at, sending.answered_at
+        if sent_at is None or answered_at is None:  # not written through a timed connection
             return Answer(response.status, response.headers, content)
+        return Answer(response.status, response.headers, content, answered_at - sent_at,
+                      sending.at_backend)
 
     async def _read(self, response: aiohttp.ClientResponse) -> bytes:
         """The body up to the cap; past it the connection is closed."""

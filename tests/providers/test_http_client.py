@@ -2,7 +2,8 @@
 send: bodies by length, chunked and until the connection closes; keep-alive and its end; answers
 that are not HTTP; TLS verified against the CA the environment names; a proxy in the
 environment; cookies set by the backend; answers that never end, which the client cuts off at
-its size cap; and a backend whose listen backlog is small, which the pool's bounds spare."""
+its size cap; a backend whose listen backlog is small, which the pool's bounds spare; and the
+backend's time of an answer, from its request sent."""
 
 from __future__ import annotations
 
@@ -356,3 +357,23 @@ def test_a_scoring_call_of_200_requests_spares_a_small_backlog_and_reuses_its_co
     assert (loop.retransmits, judge.retransmits) == (0, 0), f"{elapsed:.2f} s"
     assert 1 < loop.most <= limits.connecting
     assert judge.accepted <= limits.connections  # the second call reused the first's connections
+
+
+def test_an_answer_times_the_backend_from_its_request_sent_not_from_a_wait_for_a_connection(
+        ) -> None:
+    judge = BacklogJudge(delay_s=0.05)
+    client = ScorerClient(judge.url + "/v1/chat/completions", PoolLimits(connections=1))
+
+    async def two_at_once() -> list[Answer]:
+        try:
+            return await asyncio.gather(*(client.post(b"{}", {}) for _ in range(2)))
+        finally:
+            await client.aclose()
+
+    started = time.perf_counter()
+    first, second = asyncio.run(two_at_once())
+    elapsed = time.perf_counter() - started
+    assert elapsed >= 0.1  # one connection: the second request waited for the first's answer
+    for answer in (first, second):
+        assert 0.05 <= answer.backend_s < 0.09, (first.backend_s, second.backend_s)
+        assert answer.at_backend == 1  # sent alone

@@ -39,10 +39,12 @@ must set something says so in its ``setting`` column; nothing else is set.
   each pause that closes the pool's idle connections: score p50 ≤ 2 × the deep backlog's.
 - **T10**: ``full`` against the chat judge working on 4 calls at once (each for its latency,
   the rest queued without a word): the most calls it had at once, waiting or worked on, ≤ 2 ×
-  4. The scorer's client bounds them only by its 64 connections
-  (``EARM_SCORER_MAX_CONNECTIONS``) and an AIMD window that halves on a 429, a 503 or no
-  answer, not on latency; the note has the retrieve's score p50 in backend latencies against
-  the backend's own floor (200 / 4).
+  4. The scorer's client bounds them by its 64 connections (``EARM_SCORER_MAX_CONNECTIONS``)
+  and an AIMD window that halves on a 429, a 503 or no answer and is cut to twice what a
+  backend that queues works on, once its answers' latency rises with the requests at it (a
+  retrieve's first requests leave before that: the note has the most at once of each
+  retrieve); the note has the retrieve's score p50 in backend latencies against the
+  backend's own floor (200 / 4).
 
 The report (markdown on stdout, JSON with ``--out``) has each row's figure, bound, ratio and
 verdict, the phases' own figures, the config, the command and the load average at start and

@@ -62,20 +62,25 @@ async def _cold_retrieves(cap: Capacity, client: httpx.AsyncClient, name: str,
 async def limited_backend(cap: Capacity) -> dict[str, Any]:
     """T10: ``full`` against the chat judge working on :data:`WORKS_ON` calls at once (each for
     its latency, the rest queued), through the shipped service: the most calls the judge had
-    at once, waiting or worked on, and the retrieves' own figures."""
+    at once, waiting or worked on, over the retrieves and in each (the first's are sent before
+    any answer tells the scorer the judge queues), and the retrieves' own figures."""
     from service.settings import Settings
 
     cap.judge.limit = WORKS_ON
-    cap.judge.reset_most_at_once()
+    parts: list[Samples] = []
+    each: list[int] = []
     try:
-        samples = await drive(cap.serving, cap.numbers(cap.config.limited_retrieves), 1, "full",
-                              f"backend working on {WORKS_ON}")
-        most = cap.judge.most_at_once
+        for number in cap.numbers(cap.config.limited_retrieves):
+            cap.judge.reset_most_at_once()
+            parts.append(await drive(cap.serving, [number], 1, "full",
+                                     f"backend working on {WORKS_ON}"))
+            each.append(cap.judge.most_at_once)
     finally:
         cap.judge.limit = 0
     fields = Settings.model_fields
-    return {"works_on": WORKS_ON, "most_at_once": most, "backend_ms": cap.judge.latency_ms,
+    return {"works_on": WORKS_ON, "most_at_once": max(each), "most_at_once_each": each,
+            "backend_ms": cap.judge.latency_ms,
             "anchors": min(CANDIDATES, cap.config.serving_memories),
             "client_bound": {"scorer_max_connections": fields["scorer_max_connections"].default,
                              "scorer_concurrency": fields["scorer_concurrency"].default},
-            **samples.summary()}
+            **merge(parts).summary()}
