@@ -160,6 +160,16 @@ class Settings(BaseSettings):
     scorer_concurrency: int = Field(default=256, ge=1, le=1024)
     scorer_max_connections: int = Field(default=64, ge=1, le=1024)
     scorer_max_connecting: int = Field(default=4, ge=1, le=1024)
+    # Off by default: it halved-and-held a parallel /rerank backend whose few concurrent
+    # requests each cost it a little serialized CPU (T1's 200-anchor rerank cell, 209 ms
+    # against 64 ms; docs/performance.md T10).
+    scorer_queue_signal: bool = Field(
+        default=False,
+        description="Cut the scorer's window to twice what its backend works on at once when "
+        "the backend's latency rises with the requests at it (a backend that queues silently: "
+        "llama.cpp slots, OLLAMA_NUM_PARALLEL). Off by default: it also cuts a parallel "
+        "backend whose requests each cost it a little serialized CPU.",
+    )
     # A backend that refused this many connects in a row is taken as down: its requests fail at
     # once (unavailable), but for one probe every scorer_breaker_delay_s, until one is answered.
     scorer_breaker_threshold: int = Field(default=5, ge=1)
@@ -569,6 +579,7 @@ class Settings(BaseSettings):
             concurrency=self.scorer_concurrency,
             max_connections=self.scorer_max_connections,
             max_connecting=self.scorer_max_connecting,
+            queue_signal=self.scorer_queue_signal,
             breaker_threshold=self.scorer_breaker_threshold,
             breaker_delay_s=self.scorer_breaker_delay_s,
             timeout_s=self.scorer_timeout_s,

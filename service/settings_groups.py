@@ -83,6 +83,8 @@ class ScorerSettings:
     concurrency: int
     max_connections: int
     max_connecting: int
+    #: Whether a latency rising with the requests at the backend cuts the window.
+    queue_signal: bool
     breaker_threshold: int
     breaker_delay_s: float
     timeout_s: float

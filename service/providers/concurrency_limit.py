@@ -144,7 +144,7 @@ class AIMDLimit:
     latencies may cut it (:class:`QueueEstimate`); :attr:`queue_bound` is what they allow."""
 
     def __init__(self, ceiling: int, backoff_ratio: float = 0.5,
-                 queue_signal: bool = True) -> None:
+                 queue_signal: bool = False) -> None:
         if ceiling < 1:
             raise ValueError("ceiling must be >= 1")
         self.ceiling = ceiling

@@ -114,7 +114,8 @@ def build_scorer(
 
 
 def _pool_limits(settings: ScorerSettings) -> PoolLimits:
-    return PoolLimits(settings.max_connections, settings.max_connecting)
+    return PoolLimits(settings.max_connections, settings.max_connecting,
+                      queue_signal=settings.queue_signal)
 
 
 def _breaker(settings: ScorerSettings) -> Breaker:

@@ -116,12 +116,15 @@ class PoolLimits:
     for a server's accept loop to take the connection, short enough that a cold pool reaches a
     retrieve's 35 anchors in under 0.2 s); an idle one
     closed after ``keepalive_s`` (below the common 5 s server keep-alive, so a request is rarely
-    sent on one the server is closing)."""
+    sent on one the server is closing). With ``queue_signal`` a latency rising with the
+    requests at the backend cuts the scorer's window too
+    (:class:`~service.providers.concurrency_limit.QueueEstimate`)."""
 
     connections: int = 64
     connecting: int = 4
     unanswered_s: float = 0.02
     keepalive_s: float = 4.0
+    queue_signal: bool = False
 
 
 class _Sending:

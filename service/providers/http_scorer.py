@@ -173,7 +173,7 @@ class HTTPScorer:
         }
         pool = pool or PoolLimits()
         self._client = ScorerClient(url, pool, max_answer_bytes)
-        self.limit = AIMDLimit(min(concurrency, pool.connections))
+        self.limit = AIMDLimit(min(concurrency, pool.connections), queue_signal=pool.queue_signal)
         self.breaker = breaker or Breaker(threshold=5, delay_s=5.0)
         # Event-loop time before which no request is sent: the backend's last 429 asked for it.
         self._backoff_until = 0.0

@@ -17,6 +17,7 @@ import pytest
 
 from service.providers.chat_scorer import OpenAIChatScorer
 from service.providers.concurrency_limit import AIMDLimit, QueueEstimate
+from service.providers.http_client import PoolLimits
 from service.testing import HTTPFault, LoopbackServer, chat_completions_app
 from tests.providers.raw_http import _content_length
 
@@ -203,11 +204,14 @@ class LeanJudge:
             writer.close()
 
 
-def score_calls(judge: LeanJudge, memories: list[str], calls: int) -> list[tuple[int, int]]:
+def score_calls(judge: LeanJudge, memories: list[str], calls: int,
+                queue_signal: bool = True) -> list[tuple[int, int]]:
     """The most calls ``judge`` had at once in each of ``calls`` scoring calls of ``memories``
-    by one chat scorer (the shipped pool: a window of at most 64), and the window after it."""
+    by one chat scorer (the shipped pool: a window of at most 64; the queue signal on unless
+    ``queue_signal`` is false), and the window after it."""
     scorer = OpenAIChatScorer(base_url=judge.url + "/v1", model="judge", max_retries=0,
-                              timeout_s=60.0)
+                              timeout_s=60.0,
+                              pool=PoolLimits(queue_signal=True) if queue_signal else PoolLimits())
     pairs = len(memories)
 
     async def run() -> list[tuple[int, int]]:
@@ -232,6 +236,14 @@ def test_a_backend_that_queues_silently_gets_twice_what_it_works_on_after_a_firs
     # more on a busy machine (a request sent as a slot frees counts one more than it waits on).
     for most, window in seen[1:]:
         assert most <= 9 and 4 <= window <= 9, seen
+
+
+def test_without_the_queue_signal_a_backend_that_queues_silently_gets_the_whole_window() -> None:
+    """EARM_SCORER_QUEUE_SIGNAL=false, the default: nothing but a 429, a 503 or no answer
+    lowers the window."""
+    judge = LeanJudge(lambda body: 0.02, slots=4)
+    seen = score_calls(judge, [f"m{i}" for i in range(120)], calls=2, queue_signal=False)
+    assert [window for _, window in seen] == [64, 64] and seen[1][0] == 64, seen
 
 
 @pytest.mark.parametrize("varies", ["at random", "with the prompt"])

@@ -172,8 +172,7 @@ def _limited(report: dict[str, Any]) -> Iterator[Row]:
                f"(full): most calls at the backend at once", cell["most_at_once"], 2 * works_on,
         setting=f"the shipped scorer client: ≤ {bound['scorer_max_connections']} connections "
                 f"(EARM_SCORER_MAX_CONNECTIONS), an AIMD window that halves on 429, 503 or no "
-                f"answer and is cut to twice what a backend that queues works on (its latency "
-                f"rising with the requests at it)",
+                f"answer; the queue signal off (EARM_SCORER_QUEUE_SIGNAL=false, the default)",
         note=f"2 × the {works_on} it works on (one waiting behind each), waiting or worked on; "
              f"by retrieve {', '.join(map(str, cell.get('most_at_once_each', [])))} (the "
              f"first's leave before an answer tells the judge queues); "
