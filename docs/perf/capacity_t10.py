@@ -2,7 +2,9 @@
 scorer rows alone to read: T10 (the backend working on 4 calls at once) over ``retrieves``
 retrieves, with the most calls it had at once in each; and T1's and T9's chat cells (an
 unqueued judge: what a queue signal must leave alone). Every row runs (about two minutes); the
-other rows' verdicts at these sizes say little.
+other rows' verdicts at these sizes say little. The service runs at the shipped defaults, so
+the queue signal (``EARM_SCORER_QUEUE_SIGNAL``) is off; docs/performance.md's figures with it
+are of commit 64ea42b, where it was on by default.
 
     PYTHONPATH=.:bench python docs/perf/capacity_t10.py [retrieves [chat_ms [score_requests]]]
 """
