@@ -1,7 +1,7 @@
 """How many requests a scorer keeps in flight to its backend: a window that adapts to what the
 backend bears, additive increase and multiplicative decrease (AIMD), in the manner of Netflix's
-concurrency-limits and of TCP's congestion window, and a cut to what a backend that queues
-works on.
+concurrency-limits and of TCP's congestion window, and, with the queue signal on
+(``EARM_SCORER_QUEUE_SIGNAL``; off by default), a cut to what a backend that queues works on.
 
 The window grows by one per window of successes up to its ceiling,
 and halves when the backend says it is overloaded: a 429 or 503, or a request that got no
@@ -19,7 +19,9 @@ each was sent (:class:`QueueEstimate`): behind a queue each request more adds a 
 over the backend's slots (Little's law: its answers per second stop growing), so the latency
 rises in line with them; a latency that varies with the prompt does not.
 
-The rule: over the last answers (twice the ceiling), fit latency against the requests at the
+The rule (off by default: a parallel ``/rerank`` backend whose few requests each cost it a
+little serialized CPU was cut to one request at a time, docs/performance.md T10): over the
+last answers (twice the ceiling), fit latency against the requests at the
 backend. If it rises significantly (by a millisecond a request or more, and by three standard
 errors), the backend queues, and works on about as many calls as Vegas's estimate says: an
 answer's requests at the backend x the least latency / its latency (the 75th percentile over

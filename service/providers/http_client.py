@@ -91,10 +91,11 @@ class Answer:
     content: bytes
     #: Seconds from the request being written to its answer's first bytes read off the socket:
     #: the backend's time and the network's, without the client's waits for a connection or a
-    #: connect slot, nor its own work on other answers before it reads this one's body.
+    #: connect slot, nor its own work on other answers before it reads this one's body (0
+    #: unless the pool's ``queue_signal`` is on).
     backend_s: float = 0.0
     #: The client's requests at the backend (written, no answer begun) when this one was
-    #: written, itself included.
+    #: written, itself included (0 unless the pool's ``queue_signal`` is on).
     at_backend: int = 0
 
     def json(self) -> Any:
@@ -249,9 +250,9 @@ class ScorerClient:
     """``POST url`` through one pooled aiohttp session, opened at the first request (it belongs
     to the event loop that runs it). Cookies the backend sets are sent back with every later
     request: a provider's load balancer pins a client to a node this way (session affinity).
-    No timeout of its own: the scorer's deadline bounds each call. Each answer says how long
-    the backend took from the request being written, and how many of the client's requests
-    were at the backend then (:class:`Answer`)."""
+    No timeout of its own: the scorer's deadline bounds each call. With ``queue_signal``, each
+    answer says how long the backend took from the request being written, and how many of the
+    client's requests were at the backend then (:class:`Answer`)."""
 
     def __init__(self, url: str, limits: PoolLimits,
                  max_answer_bytes: int = MAX_ANSWER_BYTES) -> None:
@@ -281,19 +282,20 @@ class ScorerClient:
 
     async def _exchange(self, session: aiohttp.ClientSession, body: bytes,
                         headers: Mapping[str, str]) -> Answer:
-        sending = _Sending(self)
+        # Timed only for the queue signal, the one reader of an answer's timing.
+        sending = _Sending(self) if self.limits.queue_signal else None
         token = _SENDING.set(sending)
         try:
             async with session.post(self.url, data=body, headers=headers) as response:
                 content = await self._read(response)
         finally:
             _SENDING.reset(token)
-            sending.ended()
-        sent_at, answered_at = sending.sent_at, sending.answered_at
-        if sent_at is None or answered_at is None:  # not written through a timed connection
+            if sending is not None:
+                sending.ended()
+        if sending is None or sending.sent_at is None or sending.answered_at is None:
             return Answer(response.status, response.headers, content)
-        return Answer(response.status, response.headers, content, answered_at - sent_at,
-                      sending.at_backend)
+        return Answer(response.status, response.headers, content,
+                      sending.answered_at - sending.sent_at, sending.at_backend)
 
     async def _read(self, response: aiohttp.ClientResponse) -> bytes:
         """The body up to the cap; past it the connection is closed."""

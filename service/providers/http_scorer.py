@@ -119,10 +119,11 @@ class HTTPScorer:
     its requests. Requests in flight per scorer instance (so concurrent /retrieve requests share
     the provider's limit instead of multiplying it) are at most :attr:`limit`'s window, which
     starts at ``concurrency`` (or the pool's connections, if fewer), halves when the backend
-    sheds load (429, 503, no answer), is cut to twice what a backend that queues works on (its
-    latency rising with the requests at it) and grows back by one per window of answers. A
-    backend that refused connects ``breaker.threshold`` times in a row is taken as down: its
-    requests fail ``unavailable`` at once, but for a probe every ``breaker.delay_s``.
+    sheds load (429, 503, no answer), with the pool's ``queue_signal`` is cut to twice what a
+    backend that queues works on (its latency rising with the requests at it), and grows back
+    by one per window of answers. A backend that refused connects ``breaker.threshold`` times
+    in a row is taken as down: its requests fail ``unavailable`` at once, but for a probe every
+    ``breaker.delay_s``.
 
     One :meth:`score` call has ``timeout_s`` in total (waiting for a slot, attempts and backoff
     of all its requests): a hung or slow endpoint costs a retrieve at most about ``timeout_s``,

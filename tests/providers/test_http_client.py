@@ -362,7 +362,8 @@ def test_a_scoring_call_of_200_requests_spares_a_small_backlog_and_reuses_its_co
 def test_an_answer_times_the_backend_from_its_request_sent_not_from_a_wait_for_a_connection(
         ) -> None:
     judge = BacklogJudge(delay_s=0.05)
-    client = ScorerClient(judge.url + "/v1/chat/completions", PoolLimits(connections=1))
+    client = ScorerClient(judge.url + "/v1/chat/completions",
+                          PoolLimits(connections=1, queue_signal=True))
 
     async def two_at_once() -> list[Answer]:
         try:
