@@ -23,7 +23,9 @@ sys.dont_write_bytecode = False
 os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 
 #: The markers of the slow tiers (registered in pyproject.toml).
-SLOW_TIERS = frozenset({"browser", "pooler", "replica", "fuzz", "bench", "processes"})
+SLOW_TIERS = frozenset(
+    {"browser", "pooler", "replica", "fuzz", "bench", "processes", "citus"}
+)
 #: A benchmark's test that needs a database (every database fixture below starts from
 #: `postgres_server`) is a smoke run of the benchmark; the others test its parts and stay in
 #: the fast tier.

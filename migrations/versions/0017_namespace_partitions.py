@@ -43,6 +43,8 @@ from collections.abc import Sequence
 
 from alembic import context, op
 
+from service.db import citus
+
 revision: str = "0017"
 down_revision: str | None = "0016"
 branch_labels: str | Sequence[str] | None = None
@@ -54,8 +56,13 @@ MODULUS = 16
 
 def _modulus() -> int:
     """:data:`MODULUS`, unless the caller asks for another count (``earm bench tenancy`` builds
-    a one-partition baseline: every namespace under one HNSW graph, as before this revision)."""
-    return int(context.config.attributes.get("partitions") or MODULUS)
+    a one-partition baseline: every namespace under one HNSW graph, as before this revision),
+    or the database is Citus's, whose shards split the namespaces already
+    (``service.db.citus.PARTITIONS``)."""
+    asked = context.config.attributes.get("partitions")
+    if asked:
+        return int(asked)
+    return citus.PARTITIONS if citus.is_citus(op.get_bind()) else MODULUS
 
 #: The tables that hold a namespace's data, parents before children (the copy order).
 TABLES = (

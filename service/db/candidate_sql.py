@@ -127,16 +127,24 @@ GIVEN_CANDIDATES_SQL = _with_model_rows(
 )
 
 
-#: plan_cache_mode: the candidate query is prepared (psycopg prepares a statement from its
-#: 5th execution on a connection), and Postgres may then switch to a generic plan, which does
-#: not know the query vector or the limit and is slower (measured 18 vs 10 ms at 100k
-#: memories). A custom plan costs ~0.2 ms of planning. The settings are transaction-local and
-#: meant for the candidate query alone, so the pipeline sets them right before it: under them
-#: the planner, knowing the namespace, read the paraphrase window of a namespace that is most of
-#: the table by a sequential scan of `queries`, dead row versions included (2x the buffers of
-#: the index scan it otherwise takes; docs/performance.md).
-SEARCH_SETTINGS_SQL = (
-    "SELECT set_config('hnsw.ef_search', %(ef)s, true), "
-    "set_config('hnsw.iterative_scan', 'relaxed_order', true), "
-    "set_config('plan_cache_mode', 'force_custom_plan', true)"
-)
+def search_settings(ef_search: int) -> tuple[str, ...]:
+    """The settings of the candidate statement, each a ``SET LOCAL`` of its own, sent right
+    before it: transaction-local and meant for it alone.
+
+    ``SET LOCAL`` rather than ``set_config(…, true)``: on Citus only the former reaches the
+    workers that run the statement (with ``citus.propagate_set_commands = 'local'``, which
+    ``earm migrate`` sets there), and the HNSW scan is theirs. ``ef_search`` is an integer
+    written into the text (``SET`` takes no parameters).
+
+    plan_cache_mode: the candidate query is prepared (psycopg prepares a statement from its
+    5th execution on a connection), and Postgres may then switch to a generic plan, which does
+    not know the query vector or the limit and is slower (measured 18 vs 10 ms at 100k
+    memories). A custom plan costs ~0.2 ms of planning. Under these settings the planner,
+    knowing the namespace, read the paraphrase window of a namespace that is most of the table
+    by a sequential scan of `queries`, dead row versions included (2x the buffers of the index
+    scan it otherwise takes; docs/performance.md): hence right before the candidate query."""
+    return (
+        f"SET LOCAL hnsw.ef_search = {int(ef_search)}",
+        "SET LOCAL hnsw.iterative_scan = relaxed_order",
+        "SET LOCAL plan_cache_mode = force_custom_plan",
+    )

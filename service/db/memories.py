@@ -213,12 +213,14 @@ async def update_memory(
     ]
     if "embedding" in values:
         assignments.append(psycopg.sql.SQL("indexed = false"))
-    if content_changed:
-        # clock_timestamp(), not now(): the time of this statement, under the namespace's
-        # lock, which a refit's horizon (model_state.refit_horizon) is ordered against.
-        assignments.append(psycopg.sql.SQL("content_changed_at = clock_timestamp()"))
     parameters = {column: _SETTABLE_COLUMNS[column](value) for column, value in values.items()}
     conn = await driver_connection(session)
+    if content_changed:
+        # The time now, under the namespace's lock, which a refit's horizon
+        # (model_state.refit_horizon) is ordered against; read in a statement of its own, as
+        # the horizon is (Citus runs no volatile function in an UPDATE of a distributed table).
+        assignments.append(psycopg.sql.SQL("content_changed_at = %(changed_at)s"))
+        parameters["changed_at"] = await fetch_value(session, "SELECT clock_timestamp()")
     cursor = await conn.execute(
         _UPDATE_TEMPLATE.format(psycopg.sql.SQL(", ").join(assignments)),
         parameters | {"namespace": namespace, "id": memory_id},
@@ -315,12 +317,16 @@ async def unindexed_backlog(session: AsyncSession, namespace: str, limit: int) -
     return int(counted)
 
 
-# Across namespaces (every partition's ix_memories_unindexed, merged): background work, not a
-# request's. The rows are named by their whole key, so each is updated in its partition.
+# A batch indexes one namespace's backlog, the first namespace (by name) that has one: the
+# rows are locked by a statement that names the namespace, which reads one partition here and
+# one shard on Citus (which cannot lock rows of a statement that spans shards). Finding that
+# namespace reads every partition's small ix_memories_unindexed: background work, not a
+# request's.
+_BACKLOG_NAMESPACE_SQL = "SELECT min(namespace) FROM memories WHERE NOT indexed"
 _INDEX_BATCH_SQL = """
     UPDATE memories SET indexed = true
-    WHERE (namespace, id) IN (
-        SELECT namespace, id FROM memories WHERE NOT indexed
+    WHERE namespace = %(namespace)s AND id IN (
+        SELECT id FROM memories WHERE namespace = %(namespace)s AND NOT indexed
         ORDER BY namespace, id LIMIT %(batch_size)s
         -- NO KEY: the lock an UPDATE of a non-key column takes anyway. A plain FOR UPDATE
         -- would also block the foreign-key checks (FOR KEY SHARE) of concurrent writers of
@@ -331,6 +337,12 @@ _INDEX_BATCH_SQL = """
 
 
 async def mark_indexed(session: AsyncSession, batch_size: int) -> int:
-    """Flag up to ``batch_size`` unindexed memories (by namespace, oldest first) as indexed,
-    which inserts them into the partial HNSW index; returns how many."""
-    return await execute(session, _INDEX_BATCH_SQL, {"batch_size": batch_size})
+    """Flag up to ``batch_size`` unindexed memories of one namespace (the first by name with
+    any; oldest first) as indexed, which inserts them into the partial HNSW index; returns how
+    many (0 when another indexer holds that namespace's backlog, or there is none)."""
+    namespace = await fetch_value(session, _BACKLOG_NAMESPACE_SQL, {})
+    if namespace is None:
+        return 0
+    return await execute(
+        session, _INDEX_BATCH_SQL, {"namespace": namespace, "batch_size": batch_size}
+    )

@@ -77,10 +77,16 @@ _ROW_STATISTICS_SQL = f"""
     WHERE m.namespace = %(namespace)s AND m.id = ANY(%(ids)s::bigint[]) ORDER BY m.id
 """
 
+# The text literals are cast in a CTE, not in the SET list: Citus runs an UPDATE on the shard
+# only when its SET list calls no function on a column (a cast from text is one), and it runs
+# a CTE first and sends its rows along.
 _STORE_STATISTICS_SQL = """
-    UPDATE memory_factors f SET statistics = t.p::float8[], observation_count = t.n
-    FROM unnest(%(ids)s::bigint[], %(packed)s::text[], %(counts)s::int[]) AS t(id, p, n)
-    WHERE f.namespace = %(namespace)s AND f.memory_id = t.id
+    WITH t AS MATERIALIZED (
+        SELECT id, p::float8[] AS p, n
+        FROM unnest(%(ids)s::bigint[], %(packed)s::text[], %(counts)s::int[]) AS u(id, p, n)
+    )
+    UPDATE memory_factors f SET statistics = t.p, observation_count = t.n
+    FROM t WHERE f.namespace = %(namespace)s AND f.memory_id = t.id
 """
 
 

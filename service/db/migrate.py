@@ -8,7 +8,12 @@ from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
+from sqlalchemy import create_engine
 from sqlalchemy.engine import Connection
+from sqlalchemy.pool import NullPool
+
+from service.db import citus
+from service.db.engine import sqlalchemy_url
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 ALEMBIC_INI = PROJECT_ROOT / "alembic.ini"
@@ -32,7 +37,16 @@ def alembic_config(
 
 
 def upgrade_to_head(url: str, embedding_dim: int, partitions: int | None = None) -> None:
+    """Migrate the schema to head; on a Citus database, then distribute it
+    (:mod:`service.db.citus`)."""
     command.upgrade(alembic_config(url, embedding_dim, partitions), "head")
+    engine = create_engine(sqlalchemy_url(url), poolclass=NullPool, isolation_level="AUTOCOMMIT")
+    try:
+        with engine.connect() as connection:
+            if citus.is_citus(connection):
+                citus.distribute(connection)
+    finally:
+        engine.dispose()
 
 
 def head_revision() -> str | None:

@@ -29,7 +29,6 @@ from service.db.engine import driver_connection
 from service.db.namespaces import namespace_state
 from service.db.scales import ScaleUpdate, store_scales
 from service.db.statements import execute, fetch_value
-from service.errors import NotFound
 
 
 def content_sql(embedding: str, weights: str) -> str:
@@ -203,20 +202,15 @@ async def update_query_factors(
     )
 
 
-_REFIT_HORIZON_SQL = (
-    "SELECT clock_timestamp() FROM namespaces WHERE name = %(namespace)s FOR NO KEY UPDATE"
-)
-
-
 async def refit_horizon(session: AsyncSession, namespace: str) -> datetime:
     """The time a refit's read of the observations starts from: taken under the namespace's
     lock, so every edit that retired observations before it has committed (the read sees its
     retirement) and every later one is stamped later (``memories.content_changed_at``).
+    Read in a statement of its own after the lock's, as every stamp is: on Citus such a
+    statement runs on the coordinator, so stamps and horizons read one clock.
     The caller commits before reading."""
-    horizon = await fetch_value(session, _REFIT_HORIZON_SQL, {"namespace": namespace})
-    if horizon is None:
-        raise NotFound(f"namespace {namespace!r} does not exist")
-    return cast(datetime, horizon)
+    await namespace_state(session, namespace, for_update=True)
+    return cast(datetime, await fetch_value(session, "SELECT clock_timestamp()"))
 
 
 _DELETED_OR_EDITED_SQL = """
@@ -519,15 +513,21 @@ _CREATE_REFIT_QUERIES_SQL = (
 _COPY_REFIT_QUERIES = (
     "COPY earm_refit_queries (id, bias, slope, factors) FROM STDIN (FORMAT BINARY)"
 )
+# The temporary table is read in a CTE, never joined to query_factors directly: Citus
+# cannot join a distributed table with a local one in one modification, but it runs the CTE
+# first and sends its rows with the statement to the namespace's shard.
 _UPDATE_FROM_REFIT_QUERIES_SQL = """
+    WITH t AS MATERIALIZED (SELECT * FROM earm_refit_queries)
     UPDATE query_factors f SET bias = t.bias, slope = t.slope, factors = t.factors
-    FROM earm_refit_queries t WHERE f.namespace = %(namespace)s AND f.query_id = t.id
+    FROM t WHERE f.namespace = %(namespace)s AND f.query_id = t.id
 """
 _INSERT_FROM_REFIT_QUERIES_SQL = f"""
+    WITH present AS MATERIALIZED (
+        SELECT query_id FROM query_factors WHERE namespace = %(namespace)s
+    )
     INSERT INTO {_QUERY_ROWS}
     SELECT %(namespace)s::text, id, bias, slope, factors FROM earm_refit_queries t
-    WHERE NOT EXISTS (SELECT FROM query_factors f
-                      WHERE f.namespace = %(namespace)s AND f.query_id = t.id)
+    WHERE NOT EXISTS (SELECT FROM present p WHERE p.query_id = t.id)
 """
 
 

@@ -20,7 +20,7 @@ from service.db.candidate_sql import (
     CANDIDATES_SQL,
     EXACT_CANDIDATES_SQL,
     GIVEN_CANDIDATES_SQL,
-    SEARCH_SETTINGS_SQL,
+    search_settings,
 )
 from service.db.codecs import cosine_similarities, factor_matrix
 from service.db.engine import driver_connection
@@ -195,8 +195,8 @@ async def search(
     conn = await driver_connection(session)
     params = _search_parameters(query)
     filtered = query.filters is not None
-    # Up to six statements, each sent with (at most) every parameter.
-    async with pipeline(conn, [("", params)] * 6):
+    # Up to eight statements, each sent with (at most) every parameter.
+    async with pipeline(conn, [("", params)] * 8):
         state_cursor = await conn.execute(STATE_SQL, params)
         family_cursor = (
             await conn.execute(_FAMILY_SQL, params) if query.family_key is not None else None
@@ -210,7 +210,8 @@ async def search(
         if query.memory_ids is not None:
             candidates_cursor = await conn.execute(GIVEN_CANDIDATES_SQL, params)
         else:
-            await conn.execute(SEARCH_SETTINGS_SQL, params)
+            for setting in search_settings(params["ef"]):
+                await conn.execute(setting)
             candidates_cursor = await conn.execute(CANDIDATES_SQL[filtered], params)
         await conn.commit()
     state = state_from_row(await state_cursor.fetchone(), query.namespace)
@@ -236,7 +237,7 @@ def _search_parameters(query: CandidateSearch) -> dict[str, Any]:
         "query": np.asarray(query.embedding, dtype=np.float32),
         "limit": query.limit,
         "exact_below": query.exact_below,
-        "ef": str(min(1000, max(40, query.limit))),
+        "ef": min(1000, max(40, query.limit)),
         "family": query.family_key,
         "feedback_only": query.family_feedback_only,
         "neighbours": neighbours.limit if neighbours else 0,

@@ -16,7 +16,7 @@ from pgvector.psycopg import register_vector
 from psycopg.types.json import Jsonb
 from sqlalchemy.ext.asyncio import async_sessionmaker
 
-from service.db.candidate_sql import CANDIDATES_SQL, SEARCH_SETTINGS_SQL
+from service.db.candidate_sql import CANDIDATES_SQL, search_settings
 from service.db.engine import create_engine
 from service.db.search import CandidateSearch, search
 
@@ -144,10 +144,11 @@ def _executed_scans(url: str, namespace: str, exact_below: int,
     """The indexes and tables the candidate statement actually scanned (loops > 0), by the
     names the schema gives them (a plan names the partition's, ``parents`` the schema's)."""
     params = {"namespace": namespace, "query": _queries(1)[0], "limit": 50,
-              "exact_below": exact_below, "ef": "50"}
+              "exact_below": exact_below}
     with psycopg.connect(_libpq(url)) as conn:
         register_vector(conn)
-        conn.execute(SEARCH_SETTINGS_SQL, params)
+        for setting in search_settings(50):
+            conn.execute(setting)
         plan = conn.execute(
             "EXPLAIN (ANALYZE, FORMAT JSON) " + CANDIDATES_SQL[False].replace("%(query)b",
                                                                              "%(query)s"),

