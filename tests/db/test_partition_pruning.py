@@ -14,7 +14,8 @@ plan node per partition, so the test also reads the per-partition write counters
 workload: every row inserted, updated or deleted is in the namespace's partitions.
 
 Excluded, because they are background work across namespaces, not a request's: the indexer's
-batch (``service.db.memories._INDEX_BATCH_SQL``, every partition's backlog) and the rerank
+search for a namespace with a backlog (``service.db.memories._BACKLOG_NAMESPACE_SQL``, every
+partition's; its batch then names the namespace and is checked like the rest) and the rerank
 documents' expiry sweep (off here). Statements over every namespace (``GET /stats`` without a
 namespace, the dashboard's namespace list, ``/metrics``) are not run.
 """
@@ -38,7 +39,7 @@ from psycopg.types.json import Jsonb
 from sqlalchemy import event
 from sqlalchemy.pool import Pool
 
-from service.db.memories import _INDEX_BATCH_SQL
+from service.db.memories import _BACKLOG_NAMESPACE_SQL
 from service.http.app import create_app
 from service.settings import Settings
 from service.testing import GatedReply, LoopbackServer, chat_completions_app
@@ -65,7 +66,7 @@ AUTO_EXPLAIN = {
     "auto_explain.log_level": "notice",
     "auto_explain.log_parameter_max_length": "0",
 }
-BACKGROUND = (_INDEX_BATCH_SQL,)
+BACKGROUND = (_BACKLOG_NAMESPACE_SQL,)
 
 
 def _shape(statement: str) -> str:

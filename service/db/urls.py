@@ -1,0 +1,13 @@
+"""Database URLs as the processes are given them and as SQLAlchemy takes them."""
+
+from __future__ import annotations
+
+from sqlalchemy.engine import make_url
+
+
+def sqlalchemy_url(url: str) -> str:
+    """Accept plain libpq-style URLs (``postgresql://``) and pin the psycopg 3 driver."""
+    parsed = make_url(url)
+    if parsed.drivername in ("postgresql", "postgres", "postgresql+psycopg2"):
+        parsed = parsed.set(drivername="postgresql+psycopg")
+    return parsed.render_as_string(hide_password=False)
