@@ -105,11 +105,13 @@ def _migrate(args: argparse.Namespace, settings: Settings) -> int:
         embedded = EmbeddedPostgres(settings.data_dir)
         url = embedded.start()
     try:
-        migrate.upgrade_to_head(url, settings.embedding_dim)
+        distributed = migrate.upgrade_to_head(url, settings.embedding_dim)
     finally:
         if embedded is not None:
             embedded.stop()
     print(f"schema at {migrate.head_revision()}")
+    if distributed:
+        print(f"distributed on Citus: {', '.join(distributed)}")
     return 0
 
 
@@ -138,7 +140,9 @@ def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
     worker.set_defaults(func=_worker)
 
     migrate = commands.add_parser(
-        "migrate", help="bring the database schema to the current version (Alembic upgrade head)"
+        "migrate",
+        help="bring the database schema to the current version (Alembic upgrade head); on a "
+        "Citus database, distribute it across the workers (docs/sharding.md)",
     )
     migrate.set_defaults(func=_migrate)
 

@@ -36,15 +36,15 @@ def alembic_config(
     return config
 
 
-def upgrade_to_head(url: str, embedding_dim: int, partitions: int | None = None) -> None:
+def upgrade_to_head(url: str, embedding_dim: int, partitions: int | None = None) -> list[str]:
     """Migrate the schema to head; on a Citus database, then distribute it
-    (:mod:`service.db.citus`)."""
+    (:mod:`service.db.citus`). Returns the tables distributed now (none but on Citus, the
+    first time)."""
     command.upgrade(alembic_config(url, embedding_dim, partitions), "head")
     engine = create_engine(sqlalchemy_url(url), poolclass=NullPool, isolation_level="AUTOCOMMIT")
     try:
         with engine.connect() as connection:
-            if citus.is_citus(connection):
-                citus.distribute(connection)
+            return citus.distribute(connection) if citus.is_citus(connection) else []
     finally:
         engine.dispose()
 

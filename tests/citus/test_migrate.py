@@ -3,9 +3,12 @@ a populated single-node schema distributed in place with nothing lost."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import psycopg
 from fastapi.testclient import TestClient
-from sqlalchemy import create_engine
 
 from service.db import citus, migrate
 from service.http.app import create_app
@@ -45,14 +48,29 @@ def test_migrate_distributes_a_namespaces_tables_together_and_keys_everywhere(
     assert "alembic_version" not in placement
 
 
-def test_migrating_again_changes_nothing(database_url: str) -> None:
-    before = _placement(database_url)
-    migrate.upgrade_to_head(database_url, DIM)
-    engine = create_engine(database_url, isolation_level="AUTOCOMMIT")
-    with engine.connect() as connection:
-        assert citus.distribute(connection) == []
-    engine.dispose()
-    assert _placement(database_url) == before
+def _earm_migrate(url: str) -> str:
+    environment = {k: v for k, v in os.environ.items() if not k.startswith("EARM_")}
+    done = subprocess.run(
+        [sys.executable, "-m", "service", "migrate"],
+        env=environment | {"EARM_DATABASE_URL": url, "EARM_EMBEDDER": "none"},
+        capture_output=True, text=True, timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def test_earm_migrate_distributes_a_new_citus_database_once(
+    citus_cluster: CitusCluster,
+) -> None:
+    url = citus_cluster.database("earm_citus_cli")
+    first = _earm_migrate(url)
+    assert "distributed on Citus: api_keys, auth_settings, namespaces, memories" in first
+    placed = _placement(url)
+    assert {*citus.REFERENCE_TABLES, "namespaces", *citus.NAMESPACE_TABLES,
+            *citus.LOCATOR_TABLES} <= set(placed)
+    again = _earm_migrate(url)
+    assert "distributed" not in again
+    assert _placement(url) == placed
 
 
 def _populate(client: TestClient, namespace: str) -> None:
