@@ -275,15 +275,23 @@ def co_sharded_name(url: str, namespace: str) -> str:
     raise AssertionError(f"no name shares the shard of {namespace!r}")
 
 
+#: Steers the planner of the worker onto the HNSW index, which it would not take for a shard
+#: this small (a sort of the namespace's rows is cheaper there). SET LOCAL as the search's own
+#: settings, so they reach the worker by the same propagation.
+TO_THE_INDEX = ("SET LOCAL enable_seqscan = off", "SET LOCAL enable_bitmapscan = off",
+                "SET LOCAL enable_sort = off")
+
+
 def test_the_searchs_settings_are_in_effect_on_the_worker_that_runs_its_candidate_statement(
     api: TestClient, clean_database: str, citus_cluster: CitusCluster
 ) -> None:
     """A small namespace beside a large one in one shard, whose memories lie away from the
-    query: at the worker's defaults (ef_search 40, no iterative scan) the shared HNSW index
-    yields the large namespace's 40 nearest and none of the small one's, and the search falls
-    back to an exact scan. With the search's SET LOCALs in effect there (propagated by
-    citus.propagate_set_commands = 'local', which `earm migrate` sets), the iterative scan
-    walks on until it has ``limit`` of the small namespace's rows: complete, no fallback."""
+    query, searched through the shared HNSW index: at the worker's defaults (ef_search 40, no
+    iterative scan) the index yields the large namespace's 40 nearest and none of the small
+    one's (the search would fall back to an exact scan). With the search's SET LOCALs in
+    effect on the worker (propagated by citus.propagate_set_commands = 'local', which `earm
+    migrate` sets), the iterative scan walks on until it has ``limit`` of the small
+    namespace's rows: complete, no fallback."""
     rng = np.random.default_rng(0)
     query = rng.normal(size=DIM)
     small = co_sharded_name(clean_database, "large")
@@ -298,13 +306,14 @@ def test_the_searchs_settings_are_in_effect_on_the_worker_that_runs_its_candidat
     params = {"namespace": small, "query": query.astype(np.float32), "limit": limit,
               "exact_below": 0, "filters": Jsonb({})}
 
-    async def search() -> tuple[list[tuple[Any, ...]], tuple[Any, ...] | None]:
-        settings = Settings(database_url=clean_database, embedder="none", _env_file=None)
-        async with open_database(settings.database) as db, db.sessions() as session:
+    async def search(settings: tuple[str, ...]) -> tuple[list[tuple[Any, ...]], tuple[Any, ...]]:
+        """The filtered candidate statement after ``settings``, and what the worker of the
+        namespace's shard says of its port and settings in the same transaction."""
+        database = Settings(database_url=clean_database, embedder="none", _env_file=None)
+        async with open_database(database.database) as db, db.sessions() as session:
             conn = await driver_connection(session)
-            for setting in search_settings(64):
+            for setting in settings:
                 await conn.execute(setting)
-            # A statement of the namespace's shard: answered by its worker, in this transaction.
             cursor = await conn.execute(
                 "SELECT inet_server_port(), current_setting('hnsw.ef_search', true), "
                 "current_setting('hnsw.iterative_scan', true) "
@@ -312,11 +321,14 @@ def test_the_searchs_settings_are_in_effect_on_the_worker_that_runs_its_candidat
             on_worker = await cursor.fetchone()
             candidates = await (await conn.execute(CANDIDATES_SQL[True], params)).fetchall()
             await conn.rollback()
+        assert on_worker is not None
         return candidates, on_worker
 
-    candidates, on_worker = asyncio.run(search())
-    assert on_worker is not None
-    port, ef_search, iterative_scan = on_worker
+    at_defaults, _ = asyncio.run(search(TO_THE_INDEX))
+    assert len(at_defaults) < limit  # the index alone falls short: the case the settings fix
+    candidates, (port, ef_search, iterative_scan) = asyncio.run(
+        search(TO_THE_INDEX + search_settings(64))
+    )
     assert port in {worker.port for worker in citus_cluster.workers}
     assert (ef_search, iterative_scan) == ("64", "relaxed_order")
     assert len(candidates) == limit
