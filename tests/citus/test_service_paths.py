@@ -2,7 +2,7 @@
 a Citus database that `earm migrate` distributed (this folder's conftest makes the product's
 fixtures Citus's), with the outcomes the single-node tests pin: ingests and their conflicts,
 edits, deletions and feedback found by id through the locators, retrieves of every policy by
-the exact scan and through the HNSW index, the rerank protocol, a namespace erased from every
+the exact scan and by the index branch, the rerank protocol, a namespace erased from every
 table, /stats and the dashboard; and the search's settings in effect on the worker that runs
 its candidate statement."""
 
@@ -144,9 +144,11 @@ def test_ingest_conflicts_edits_feedback_deletion_and_traces_reach_their_rows_by
 def test_every_policy_answers_alike_through_the_exact_scan_and_through_the_hnsw_index(
     clean_database: str,
 ) -> None:
-    """Two namespaces of the same memories asked the same questions, one scanned exactly and
-    one searched through the HNSW index of its indexed memories (EARM_EXACT_SCAN_BELOW=1):
-    every policy, filtered or not, answers the same memories with the same scores."""
+    """Two namespaces of the same memories asked the same questions, one by the exact scan and
+    one, its memories indexed, by the index branch of the candidate statement
+    (EARM_EXACT_SCAN_BELOW=1): every policy, filtered or not, answers the same memories with
+    the same scores. (At this size the worker's planner answers the index branch with a sort
+    of the namespace's rows; the HNSW scan itself is the settings test's, below.)"""
     answers: dict[str, list[dict[str, Any]]] = {}
     for namespace, exact_below in (("exact-scan", 20_000), ("hnsw-index", 1)):
         with serve(clean_database, exact_scan_below=exact_below,
