@@ -4,6 +4,7 @@ The embedded Postgres and its databases are the root conftest.py's (shared with 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -13,6 +14,7 @@ from sqlalchemy import create_engine, text
 from service.http.app import create_app
 from service.settings import Settings
 from tests.browser import CHROMIUM, CHROMIUM_ARGS
+from tests.worker_processes import Processes
 
 #: Every table of the schema, each after the tables whose rows reference it.
 TABLES = (
@@ -59,6 +61,16 @@ def judge_settings(clean_database: str) -> Callable[..., Settings]:
         return Settings(**(options | overrides), _env_file=None)
 
     return make
+
+
+@pytest.fixture
+def processes(clean_database: str, tmp_path: Path) -> Iterator[Processes]:
+    """`earm serve` and `earm worker` processes of the test, on its database; stopped after."""
+    started = Processes(clean_database, tmp_path)
+    try:
+        yield started
+    finally:
+        started.stop_all()
 
 
 @pytest.fixture

@@ -25,6 +25,7 @@ from service.cli import main as earm
 from service.http.app import create_app
 from service.settings import Settings
 from service.testing import LoopbackServer, rerank_app
+from tests.cli.transfer import comparable
 
 NAMESPACE = "agent-7"
 MEMORIES = 40
@@ -129,14 +130,6 @@ def exported(
 @pytest.fixture(scope="module")
 def target(migrated_database: Callable[[str], str]) -> str:
     return migrated_database("earm_transfer_target")
-
-
-def comparable(answer: dict[str, Any]) -> dict[str, Any]:
-    """A retrieve's answer without what differs between deployments: ids and timings."""
-    memories = [{k: v for k, v in m.items() if k != "id"} for m in answer["memories"]]
-    return {k: v for k, v in answer.items() if k not in ("query_id", "timings")} | {
-        "memories": memories
-    }
 
 
 def test_an_imported_namespace_answers_the_next_retrieves_as_the_original_does(

@@ -15,8 +15,8 @@ from sqlalchemy import create_engine, text
 
 from service.db.memories import UNINDEXED_BACKLOG_SQL
 from service.http.app import create_app
-from service.ingest.indexer import index_all
 from service.settings import Settings
+from tests.app_work import index_everything
 
 DIM = 384
 LIMIT = 5
@@ -41,13 +41,6 @@ def stored_count(client: TestClient, namespace: str) -> int:
     response = client.get("/memories", params={"namespace": namespace, "limit": 500})
     assert response.status_code == 200, response.text
     return len(response.json()["memories"])
-
-
-def index_everything(client: TestClient) -> int:
-    """What the background indexer (or an `earm worker`) does, on the app's own sessions."""
-    assert client.portal is not None
-    sessions = client.app.state.components.database.sessions  # type: ignore[attr-defined]
-    return client.portal.call(index_all, sessions, 100)
 
 
 def serve(clean_database: str, **overrides: object) -> TestClient:
