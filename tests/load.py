@@ -11,6 +11,7 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -127,7 +128,8 @@ class Ledger:
 
 class Load:
     """Concurrent clients (threads with httpx): ingesters and retrievers, each going round
-    ``namespaces``."""
+    ``namespaces``. Each load's memories have external ids of their own: a namespace's count
+    grows by what the clients were told."""
 
     def __init__(
         self, url: str, ledger: Ledger, ingesters: int = 3, retrievers: int = 4,
@@ -136,6 +138,7 @@ class Load:
         self.url = url
         self.ledger = ledger
         self.namespaces = tuple(namespaces)
+        self.run = uuid.uuid4().hex[:8]
         self.stop = threading.Event()
         self.threads = [
             threading.Thread(target=self._ingest, args=(i,), daemon=True) for i in range(ingesters)
@@ -177,7 +180,7 @@ class Load:
                 if self.stop.is_set():
                     return
                 namespace = self.namespaces[batch % len(self.namespaces)]
-                external = [f"w{worker}-b{batch}-{i}" for i in range(3)]
+                external = [f"{self.run}-w{worker}-b{batch}-{i}" for i in range(3)]
                 response = self._post(
                     client,
                     "/memories",
