@@ -13,7 +13,6 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.pool import NullPool
 
 from service.db import citus
-from service.db.engine import sqlalchemy_url
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 ALEMBIC_INI = PROJECT_ROOT / "alembic.ini"
@@ -39,6 +38,11 @@ def alembic_config(
 def upgrade_to_head(url: str, embedding_dim: int, partitions: int | None = None) -> None:
     """Migrate the schema to head; on a Citus database, then distribute it
     (:mod:`service.db.citus`)."""
+    # Imported here: service.db.engine imports this module (it migrates the embedded server
+    # as it starts), so a process whose first import is the engine's (`earm serve`) would
+    # otherwise find it half-initialised.
+    from service.db.engine import sqlalchemy_url
+
     command.upgrade(alembic_config(url, embedding_dim, partitions), "head")
     engine = create_engine(sqlalchemy_url(url), poolclass=NullPool, isolation_level="AUTOCOMMIT")
     try:
