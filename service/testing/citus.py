@@ -76,6 +76,16 @@ def build_citus(timeout_s: float = 600.0) -> str | None:
     return None
 
 
+def ensure_built(timeout_s: float = 600.0) -> str | None:
+    """:func:`build_citus`, once for every process that asks at the same time (the others wait
+    for the one that builds); None when Citus is there, else why it cannot be."""
+    import fcntl
+
+    with open(pg_config().parent.parent / ".earm-citus-build.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return build_citus(timeout_s)
+
+
 def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))

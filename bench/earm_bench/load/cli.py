@@ -67,6 +67,10 @@ def _add_data_and_service_flags(parser: argparse.ArgumentParser, defaults: LoadC
     parser.add_argument("--seed", type=int, default=defaults.seed)
     parser.add_argument("--database-url", default=None,
                         help="Postgres with pgvector (default: embedded, temporary)")
+    parser.add_argument("--citus", action="store_true",
+                        help="run on a Citus cluster instead: a coordinator and two workers "
+                             "on loopback, on this machine (service.testing.citus), the "
+                             "database distributed by `earm migrate`")
 
 
 def _add_scale_out_flags(parser: argparse.ArgumentParser, defaults: LoadConfig) -> None:

@@ -11,7 +11,7 @@ from typing import Any
 
 import httpx
 
-from earm_bench.common.database import migrated_database
+from earm_bench.common.database import citus_database, migrated_database
 from earm_bench.common.processes import (
     ServiceProcess,
     judge_process,
@@ -196,8 +196,9 @@ def run_load(config: LoadConfig) -> dict[str, Any]:
         # The judge is forked first, before this process has threads or connections.
         with judge_process(judge.reply) as judge_url, rerank_judge_process(
             judge.rerank, judge.latency_s
-        ) as rerank_url, migrated_database(
-            config.database_url, config.dim, tmp
+        ) as rerank_url, (
+            citus_database(config.dim) if config.citus
+            else migrated_database(config.database_url, config.dim, tmp)
         ) as database_url:
             settings = service_settings(config, database_url, judge_url)
             with service_process(settings, tmp) as service:
