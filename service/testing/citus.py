@@ -28,6 +28,9 @@ from service.testing.standby import _bin
 #: Where a Citus source directory (its ``build.sh`` and source archive) is looked for, when
 #: ``EARM_CITUS_SOURCE`` does not name one: beside the repository.
 DEFAULT_SOURCE = Path(__file__).resolve().parents[2].parent / "shared" / "citus"
+#: The Citus release the clusters run (what ``build.sh`` builds; the image of
+#: docker-compose.citus.yml builds the same).
+CITUS_VERSION = "14.0.1"
 #: The command that makes the cluster possible, for skip and error messages.
 BUILD_COMMAND = "bash ../shared/citus/build.sh (or EARM_CITUS_SOURCE=DIR with DIR/build.sh)"
 #: Settings of every node: Citus loaded, logical WAL (shard moves), a throwaway's durability.
