@@ -203,11 +203,10 @@ def environment(database_url: str) -> dict[str, Any]:
             conn, "SELECT pg_get_indexdef('ix_memories_embedding_hnsw'::regclass)"
         )
         info["shared_buffers"] = _value(conn, "SHOW shared_buffers")
-        # None on a plain PostgreSQL; on Citus, its version and the workers behind it.
-        info["citus"] = _value(
-            conn, "SELECT (SELECT extversion FROM pg_extension WHERE extname = 'citus')"
-        )
-        if info["citus"]:
+        # None on a plain PostgreSQL; on Citus, its release and the workers behind it.
+        info["citus"] = None
+        if _value(conn, "SELECT EXISTS (SELECT FROM pg_extension WHERE extname = 'citus')"):
+            info["citus"] = _value(conn, "SELECT citus_version()")
             info["citus_workers"] = _value(
                 conn, "SELECT count(*) FROM pg_dist_node WHERE groupid <> 0 AND isactive"
             )

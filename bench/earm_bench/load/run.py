@@ -154,7 +154,9 @@ async def observation_tier(
                             "refit_s": round(refit_s, 2)}
     if "retrieve" not in report:  # the first tier
         report["retrieve"], report["floor"], report["floor_replayed"] = await latency_matrix(run)
-        report["slow_judge"] = [*await slow_judge(run), await rerank_backend(run, *rerank_judge)]
+        report["slow_judge"] = [
+            *await slow_judge(run), await rerank_backend(run, *rerank_judge)
+        ] if run.config.slow_requests else []
     samples = await drive(run, run.query_numbers(run.config.completion_requests), 1, "earm",
                           f"earm @ {current} observations")
     tier["earm"] = samples.summary()
