@@ -36,7 +36,7 @@ def main(paths: list[str]) -> None:
           "load avg (1 min) at start → end |")
     print("|---:|---|---:|---|---|---|---:|---|")
     differences: dict[Cell, list[tuple[float, float, float]]] = {}
-    for number, (single, cluster) in enumerate(rounds):
+    for number, (single, cluster) in enumerate(rounds, 1):
         for key, one in cells(single).items():
             figures = {"1 node": row(one), "Citus": row(cells(cluster)[key])}
             for node, report in (("1 node", single), ("Citus", cluster)):
