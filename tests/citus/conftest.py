@@ -9,7 +9,6 @@ Citus database that ``earm migrate``'s code distributed."""
 
 from __future__ import annotations
 
-import fcntl
 import shutil
 import tempfile
 from collections.abc import Callable, Iterator
@@ -18,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from service.db import migrate
-from service.testing.citus import CitusCluster, build_citus, pg_config, start_cluster
+from service.testing.citus import CitusCluster, ensure_built, start_cluster
 
 DIM = 384
 
@@ -33,10 +32,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 @pytest.fixture(scope="session")
 def citus_cluster() -> Iterator[CitusCluster]:
-    # One build for every worker of the session: the others wait for it here.
-    with open(pg_config().parent.parent / ".earm-citus-build.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        why_not = build_citus()
+    # One build for every worker of the session: the others wait for it.
+    why_not = ensure_built()
     if why_not is not None:
         pytest.skip(why_not)
     # Not under pytest's temporary root: the servers run as the embedded server's user, who

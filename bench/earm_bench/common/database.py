@@ -37,3 +37,35 @@ def migrated_database(
         yield url
     finally:
         server.stop()
+
+
+#: Where a ``--citus`` run's cluster lives: the database the benchmark's service is given.
+CITUS_DATABASE = "earm_bench"
+
+
+@contextmanager
+def citus_database(dim: int) -> Iterator[str]:
+    """The coordinator's URL of a Citus database at the schema head, distributed by ``earm
+    migrate``'s code: a coordinator and two workers started on loopback
+    (:func:`service.testing.citus.start_cluster`, Citus built into the embedded PostgreSQL
+    first when it is not there), stopped and removed on exit."""
+    import shutil
+    import tempfile
+
+    from service.db import migrate
+    from service.testing.citus import ensure_built, start_cluster
+
+    why_not = ensure_built()
+    if why_not is not None:
+        raise RuntimeError(why_not)
+    # Not under a private temporary directory: the nodes run as the embedded server's user
+    # when we are root, and must reach their data directories.
+    directory = Path(tempfile.mkdtemp(prefix="earm-bench-citus-"))
+    cluster = start_cluster(directory)
+    try:
+        url = cluster.database(CITUS_DATABASE)
+        migrate.upgrade_to_head(url, dim)
+        yield url
+    finally:
+        cluster.stop()
+        shutil.rmtree(directory, ignore_errors=True)

@@ -39,7 +39,8 @@ def _add_size_flags(parser: argparse.ArgumentParser, defaults: LoadConfig) -> No
     parser.add_argument("--completion-requests", type=int, default=defaults.completion_requests,
                         help="sequential earm retrieves per observation tier (default 30)")
     parser.add_argument("--slow-requests", type=int, default=defaults.slow_requests,
-                        help="retrieves per slow-judge cell (default 24)")
+                        help="retrieves per slow-judge cell (default 24; 0 leaves the slow "
+                             "judge and the rerank backend out)")
     parser.add_argument("--dashboard-requests", type=int, default=defaults.dashboard_requests,
                         help="fetches of each dashboard page per observation tier (default 10)")
     parser.add_argument("--latency-ms", type=float, default=defaults.latency_ms,
@@ -67,6 +68,10 @@ def _add_data_and_service_flags(parser: argparse.ArgumentParser, defaults: LoadC
     parser.add_argument("--seed", type=int, default=defaults.seed)
     parser.add_argument("--database-url", default=None,
                         help="Postgres with pgvector (default: embedded, temporary)")
+    parser.add_argument("--citus", action="store_true",
+                        help="run on a Citus cluster instead: a coordinator and two workers "
+                             "on loopback, on this machine (service.testing.citus), the "
+                             "database distributed by `earm migrate`")
 
 
 def _add_scale_out_flags(parser: argparse.ArgumentParser, defaults: LoadConfig) -> None:

@@ -42,6 +42,7 @@ class LoadConfig:
     scale_out_requests: int = 128
     seed: int = 0
     database_url: str | None = None
+    citus: bool = False
     out: Path | None = None
     plot: Path | None = None
     plot_with: tuple[Path, ...] = ()
@@ -62,6 +63,10 @@ class LoadConfig:
             raise ValueError("--obs-per-query exceeds the memories of one topic")
         if min(self.concurrency, default=0) < 1 or self.requests < 1:
             raise ValueError("--concurrency and --requests must be positive")
+        if self.slow_requests < 0:
+            raise ValueError("--slow-requests must be 0 (no slow judge) or more")
+        if self.citus and self.database_url:
+            raise ValueError("--citus starts a cluster of its own: drop --database-url")
         if min(self.api_processes, self.workers, self.scale_out_concurrency,
                self.scale_out_requests) < 1:
             raise ValueError("--api-processes, --workers, --scale-out-concurrency and "

@@ -121,31 +121,42 @@ SIZED_TABLES = ("memories", "queries", "scores", "memory_factors")
 
 async def database_sizes(run: LoadRun) -> dict[str, Any]:
     """Bytes on disk of the tables that grow (with their indexes), the HNSW index alone, and
-    the rows they hold (all namespaces: the run's are most of them)."""
+    the rows they hold (all namespaces: the run's are most of them). On Citus, the bytes are
+    those of every shard, on the workers (Citus's size functions)."""
     from psycopg import sql
 
     conn = await run.connect()
     try:
+        citus = await is_citus(conn)
+        total = sql.SQL("citus_total_relation_size" if citus else "pg_total_relation_size")
+        main_fork = sql.SQL("citus_relation_size" if citus else "pg_relation_size")
+        # Summed over the leaves of the partition tree (a partitioned table holds no rows
+        # itself), in statements of their own: Citus does not push a size subquery down beside
+        # a count of a distributed table.
+        parts = sql.SQL(
+            "SELECT sum({}(relid))::bigint FROM pg_partition_tree(%s::regclass) WHERE isleaf"
+        )
         sizes: dict[str, Any] = {}
         for name in SIZED_TABLES:
-            # Summed over the table's partitions (a partitioned table holds no rows itself).
-            cursor = await conn.execute(
-                sql.SQL(
-                    "SELECT (SELECT sum(pg_total_relation_size(relid))::bigint "
-                    "FROM pg_partition_tree(%s::regclass)), count(*) FROM {}"
-                ).format(sql.Identifier(name)),
-                (name,),
-            )
-            sizes[name] = dict(zip(("bytes", "rows"), await cursor.fetchone(), strict=True))
-        cursor = await conn.execute(
-            "SELECT (SELECT sum(pg_relation_size(relid))::bigint "
-            "FROM pg_partition_tree('ix_memories_embedding_hnsw'::regclass)), "
-            "(SELECT count(*) FROM memories WHERE indexed)"
-        )
-        sizes["hnsw_index"] = dict(zip(("bytes", "rows"), await cursor.fetchone(), strict=True))
+            size = await conn.execute(parts.format(total), (name,))
+            rows = await conn.execute(sql.SQL("SELECT count(*) FROM {}").format(
+                sql.Identifier(name)))
+            sizes[name] = {"bytes": (await size.fetchone())[0], "rows": (await rows.fetchone())[0]}
+        size = await conn.execute(parts.format(main_fork), ("ix_memories_embedding_hnsw",))
+        rows = await conn.execute("SELECT count(*) FROM memories WHERE indexed")
+        sizes["hnsw_index"] = {"bytes": (await size.fetchone())[0],
+                               "rows": (await rows.fetchone())[0]}
     finally:
         await conn.close()
     return sizes
+
+
+async def is_citus(conn: Any) -> bool:
+    """Whether the database has the citus extension."""
+    cursor = await conn.execute(
+        "SELECT EXISTS (SELECT FROM pg_extension WHERE extname = 'citus')"
+    )
+    return bool((await cursor.fetchone())[0])
 
 
 async def last_refit_at(run: LoadRun) -> Any:
@@ -192,6 +203,13 @@ def environment(database_url: str) -> dict[str, Any]:
             conn, "SELECT pg_get_indexdef('ix_memories_embedding_hnsw'::regclass)"
         )
         info["shared_buffers"] = _value(conn, "SHOW shared_buffers")
+        # None on a plain PostgreSQL; on Citus, its release and the workers behind it.
+        info["citus"] = None
+        if _value(conn, "SELECT EXISTS (SELECT FROM pg_extension WHERE extname = 'citus')"):
+            info["citus"] = _value(conn, "SELECT citus_version()")
+            info["citus_workers"] = _value(
+                conn, "SELECT count(*) FROM pg_dist_node WHERE groupid <> 0 AND isactive"
+            )
     return info
 
 

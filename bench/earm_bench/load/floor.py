@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from earm_bench.common.stats import percentiles
+from earm_bench.load.database import is_citus
 from earm_bench.load.session import LoadRun
 
 _TOP_N_SQL = (
@@ -30,15 +31,23 @@ async def _top_n(run: LoadRun, conn: Any, number: int) -> int:
 
 async def floor(run: LoadRun, numbers: Sequence[int], concurrency: int) -> dict[str, Any]:
     """The raw pgvector query for the same query vectors: one round trip each, binary
-    vectors, the service's ef_search and iterative-scan settings set once per connection."""
+    vectors, the service's ef_search and iterative-scan settings set once per connection.
+    On Citus the settings must reach the workers, which run the HNSW scan: a plain ``SET``
+    stays on the coordinator, a ``SET LOCAL`` in a transaction block is passed on (with
+    ``citus.propagate_set_commands = 'local'``, which ``earm migrate`` sets), so each
+    connection's queries run in one read-only transaction that sets them."""
     ef_search = min(1000, max(40, run.config.candidates))
     latencies: list[float] = []
     returned: list[int] = []
     queue = list(numbers)
 
     async def worker(conn: Any) -> None:
-        await conn.execute(f"SET hnsw.ef_search = {ef_search}")
-        await conn.execute("SET hnsw.iterative_scan = relaxed_order")
+        scope = "SET"
+        if await is_citus(conn):
+            await conn.execute("BEGIN READ ONLY")
+            scope = "SET LOCAL"
+        await conn.execute(f"{scope} hnsw.ef_search = {ef_search}")
+        await conn.execute(f"{scope} hnsw.iterative_scan = relaxed_order")
         for number in range(-3, 0):  # warm the new backend up (catalogs, plan), untimed
             await _top_n(run, conn, 2**31 + number)
         while queue:

@@ -29,6 +29,10 @@ def _header(report: Report) -> list[str]:
         f"PostgreSQL {env['postgres']}, pgvector {env['pgvector']}, "
         f"shared_buffers {env['shared_buffers']}. Index: `{env['hnsw_index']}`. "
         f"Run took {report['duration_s']:.0f} s.",
+        *(["", f"On Citus ({env['citus'].split(' on ')[0]}): the service talks to the "
+               f"coordinator, which routes each statement to {env['citus_workers']} workers; "
+               "every node is a server of this machine, sharing its CPUs."]
+          if env.get("citus") else []),
     ]
 
 
@@ -98,6 +102,8 @@ def _floor(report: Report) -> list[str]:
 
 
 def _slow_judge(report: Report) -> list[str]:
+    if not report["slow_judge"]:  # --slow-requests 0
+        return []
     config = report["config"]
     head = ("policy", "scorer", "budget", "conc.", "req", "scorer calls", "scorer requests",
             "total", "score", "overhead", "client")

@@ -11,7 +11,7 @@ from typing import Any
 
 import httpx
 
-from earm_bench.common.database import migrated_database
+from earm_bench.common.database import citus_database, migrated_database
 from earm_bench.common.processes import (
     ServiceProcess,
     judge_process,
@@ -154,7 +154,9 @@ async def observation_tier(
                             "refit_s": round(refit_s, 2)}
     if "retrieve" not in report:  # the first tier
         report["retrieve"], report["floor"], report["floor_replayed"] = await latency_matrix(run)
-        report["slow_judge"] = [*await slow_judge(run), await rerank_backend(run, *rerank_judge)]
+        report["slow_judge"] = [
+            *await slow_judge(run), await rerank_backend(run, *rerank_judge)
+        ] if run.config.slow_requests else []
     samples = await drive(run, run.query_numbers(run.config.completion_requests), 1, "earm",
                           f"earm @ {current} observations")
     tier["earm"] = samples.summary()
@@ -196,8 +198,9 @@ def run_load(config: LoadConfig) -> dict[str, Any]:
         # The judge is forked first, before this process has threads or connections.
         with judge_process(judge.reply) as judge_url, rerank_judge_process(
             judge.rerank, judge.latency_s
-        ) as rerank_url, migrated_database(
-            config.database_url, config.dim, tmp
+        ) as rerank_url, (
+            citus_database(config.dim) if config.citus
+            else migrated_database(config.database_url, config.dim, tmp)
         ) as database_url:
             settings = service_settings(config, database_url, judge_url)
             with service_process(settings, tmp) as service:
