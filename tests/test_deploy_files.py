@@ -284,8 +284,9 @@ def test_the_citus_profile_runs_a_coordinator_and_two_workers_set_as_the_tests_n
         settings = dict(option.split("=", 1) for option in command[2::2])
         # What a node of the tests' clusters runs with, but what only a throwaway may
         # (fsync off) or what the container sets itself (listening, logging).
-        assert settings == {name: NODE_SETTINGS[name] for name in
-                            ("shared_preload_libraries", "wal_level", "max_connections")}
+        assert settings == {name: NODE_SETTINGS[name] for name in (
+            "shared_preload_libraries", "wal_level", "output_plugin_libraries", "max_connections"
+        )}
     assert len({services[name]["volumes"][0] for name in nodes}) == 3, "a volume each"
     # Every node makes Citus and pgvector in its database when it is first started, as the
     # tests' helper does on each node; the coordinator then registers itself and the workers
