@@ -7,8 +7,8 @@ from logging.config import fileConfig
 from alembic import context
 from sqlalchemy import create_engine, pool
 
-from service.db.engine import sqlalchemy_url
 from service.db.models import Base
+from service.db.urls import sqlalchemy_url
 from service.settings import Settings
 
 config = context.config

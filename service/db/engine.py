@@ -33,6 +33,7 @@ from sqlalchemy.ext.asyncio import (
 from service.db import migrate
 from service.db.codecs import Float8Rows, Float8RowsDumper
 from service.db.replicas import ReadObserver, Replicas
+from service.db.urls import sqlalchemy_url
 from service.db.writes import Writes
 from service.errors import SchemaOutOfDate
 from service.settings_groups import DatabaseSettings
@@ -43,14 +44,6 @@ if TYPE_CHECKING:
     from sqlalchemy.pool import ConnectionPoolEntry
 
 log = logging.getLogger(__name__)
-
-
-def sqlalchemy_url(url: str) -> str:
-    """Accept plain libpq-style URLs (``postgresql://``) and pin the psycopg 3 driver."""
-    parsed = make_url(url)
-    if parsed.drivername in ("postgresql", "postgres", "postgresql+psycopg2"):
-        parsed = parsed.set(drivername="postgresql+psycopg")
-    return parsed.render_as_string(hide_password=False)
 
 
 class EmbeddedPostgres:

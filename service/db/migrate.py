@@ -13,7 +13,7 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.pool import NullPool
 
 from service.db import citus
-from service.db.engine import sqlalchemy_url
+from service.db.urls import sqlalchemy_url
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 ALEMBIC_INI = PROJECT_ROOT / "alembic.ini"

@@ -12,8 +12,8 @@ from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from sqlalchemy import create_engine
 
-from service.db.engine import sqlalchemy_url
 from service.db.models import Base
+from service.db.urls import sqlalchemy_url
 
 _PARTITION = re.compile(r"_p\d+$")
 

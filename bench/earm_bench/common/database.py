@@ -22,7 +22,8 @@ def migrated_database(
     in ``tmp`` (stopped on exit), migrated with ``partitions`` per table (None: the schema's
     16; an existing database keeps its own)."""
     from service.db import migrate
-    from service.db.engine import EmbeddedPostgres, sqlalchemy_url
+    from service.db.engine import EmbeddedPostgres
+    from service.db.urls import sqlalchemy_url
 
     if database_url:
         url = sqlalchemy_url(database_url)

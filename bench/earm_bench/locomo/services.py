@@ -97,7 +97,7 @@ def fresh_database(server_url: str, embedding_dim: int) -> Iterator[str]:
     from sqlalchemy.engine import make_url
 
     from service.db import migrate
-    from service.db.engine import sqlalchemy_url
+    from service.db.urls import sqlalchemy_url
 
     server = make_url(sqlalchemy_url(server_url))
     name = f"earm_locomo_{secrets.token_hex(4)}"
