@@ -7,10 +7,11 @@ answer), its record and online update, the refit a retrieve makes due, feedback,
 routes (``GET/PATCH/DELETE /memories/{id}``, ``GET /queries/{id}``), the rerank protocol, and
 the namespace's listing, stats and erasure.
 
-The plans are the server's own, of the statements as the code sends them: the database loads
-``auto_explain`` in every session (:func:`explain_every_statement`) and has it send each
-statement's ``EXPLAIN ANALYZE`` to the client as a notice, which a handler on every pooled
-connection of the app collects while :meth:`Workload.run` runs.
+What is read is the server's own report on the statements as the code sends them: the test
+sets its database up to send it to the client as messages (:func:`set_for_every_session`; on
+a single node :data:`AUTO_EXPLAIN`, each statement's ``EXPLAIN ANALYZE``), and a
+:class:`Collector` (:class:`Plans` for auto_explain) puts a handler on every pooled connection
+of the app while :meth:`Workload.run` runs.
 
 Three namespaces: :data:`NAMESPACE` (the requests'), :data:`NEIGHBOUR` (in its partition on a
 single node and in its shard on Citus at the tests' 4 shards, large enough for the HNSW index)
@@ -81,18 +82,10 @@ def is_background(statement: str) -> bool:
     return shape(statement) in {shape(background) for background in BACKGROUND}
 
 
-def nodes(plan: dict[str, Any]) -> Iterator[dict[str, Any]]:
-    """A plan's nodes, the root first (depth first)."""
-    yield plan
-    for child in plan.get("Plans", []):
-        yield from nodes(child)
-
-
-def explain_every_statement(
-    conn: psycopg.Connection[Any], database: str, settings: Mapping[str, str] = AUTO_EXPLAIN
+def set_for_every_session(
+    conn: psycopg.Connection[Any], database: str, settings: Mapping[str, str]
 ) -> None:
-    """Have every later session of ``database`` send its statements' plans (``settings``:
-    :data:`AUTO_EXPLAIN`, or what a test puts in its place)."""
+    """``settings`` in every later session of ``database``."""
     for setting, value in settings.items():
         conn.execute(f'ALTER DATABASE "{database}" SET {setting} = {value!r}')
 

@@ -67,8 +67,7 @@ _STATEMENT = re.compile(r"(?:statement|execute [^:]*): (?P<text>.*)", re.DOTALL)
 _PORT = re.compile(r":(\d+) connectionId")
 _SHARD_NAME = re.compile(r"\b\w+_\d{6,}\b")
 _SHARDS_SQL = """
-    SELECT s.shard_name, s.shardid, s.table_name::text, s.colocation_id, s.nodeport,
-           d.shardminvalue
+    SELECT s.shard_name, s.table_name::text, s.colocation_id, d.shardminvalue, s.nodeport
     FROM citus_shards s JOIN pg_dist_shard d USING (shardid)
 """
 
@@ -118,7 +117,7 @@ def reported_url(citus_database: Callable[[str], str], citus_cluster: CitusClust
     url = citus_database(name)
     with psycopg.connect(citus_cluster.coordinator.libpq(name), autocommit=True) as conn:
         conn.execute("SET citus.enable_ddl_propagation = off")  # the coordinator's sessions
-        hot_path.explain_every_statement(conn, name, REPORTED)
+        hot_path.set_for_every_session(conn, name, REPORTED)
     return url
 
 
@@ -126,7 +125,7 @@ def _shards(cluster: CitusCluster, database: str) -> dict[str, Shard]:
     with psycopg.connect(cluster.coordinator.libpq(database)) as conn:
         return {
             name: Shard(table, (colocation, str(low)), port)
-            for name, _, table, colocation, port, low in conn.execute(_SHARDS_SQL)
+            for name, table, colocation, low, port in conn.execute(_SHARDS_SQL)
         }
 
 
@@ -161,6 +160,34 @@ def _tasks(statement: Statement, shards: dict[str, Shard]) -> list[set[Shard]]:
     return [task for task in tasks if task]
 
 
+def _documented(
+    statements: list[Statement], shards: dict[str, Shard], group: tuple[int, str]
+) -> set[str]:
+    """Asserts every task of ``statements`` is on one shard, the namespace's if it is of a
+    namespace table, and every statement of several tasks is of :data:`SEVERAL_TASKS`;
+    returns which of those ran."""
+    several: set[str] = set()
+    undocumented: list[str] = []
+    for statement in statements:
+        tasks = _tasks(statement, shards)
+        for task in tasks:
+            assert len({shard.group for shard in task}) == 1, (
+                f"a task of several shards: {task}\n{statement.text}"
+            )
+            assert all(s.group == group for s in task if s.group[0] == group[0]), (
+                f"a task off the namespace's shard: {task}\n{statement.text}"
+            )
+        if len(tasks) > 1:
+            text = hot_path.shape(statement.text)
+            named = {name for name, marker in SEVERAL_TASKS.items()
+                     if hot_path.shape(marker) in text}
+            several |= named
+            if not named:
+                undocumented.append(f"{len(tasks)} tasks: {text}")
+    assert not undocumented, "\n".join(undocumented)
+    return several
+
+
 def test_every_hot_path_statement_is_one_task_on_its_namespace_shard(
     reported_url: str, citus_cluster: CitusCluster,
 ) -> None:
@@ -173,41 +200,24 @@ def test_every_hot_path_statement_is_one_task_on_its_namespace_shard(
     after = hot_path.settled(lambda: _writes(citus_cluster, database))
     shards = _shards(citus_cluster, database)
     group = _group_of(citus_cluster, database, NAMESPACE)
-    namespace_colocation = group[0]
-    port = {shard.port for shard in shards.values() if shard.group == group}
+    worker = {shard.port for shard in shards.values() if shard.group == group}
     assert _group_of(citus_cluster, database, NEIGHBOUR) == group, "the neighbour shares it"
-    assert {s.port for s in shards.values() if s.group == _group_of(
-        citus_cluster, database, OTHER)}.isdisjoint(port), "a namespace on the other worker"
+    elsewhere = _group_of(citus_cluster, database, OTHER)
+    assert {s.port for s in shards.values() if s.group == elsewhere}.isdisjoint(worker), (
+        "a namespace on the other worker was passed by"
+    )
 
     checked = [s for s in collected.statements
                if _tasks(s, shards) and not hot_path.is_background(s.text)]
-    several: set[str] = set()
-    undocumented: list[str] = []
-    for statement in checked:
-        tasks = _tasks(statement, shards)
-        for task in tasks:
-            assert len({shard.group for shard in task}) == 1, (
-                f"a task of several shards: {task}\n{statement.text}"
-            )
-            assert all(shard.group == group for shard in task
-                       if shard.group[0] == namespace_colocation), (
-                f"a task off the namespace's shard: {task}\n{statement.text}"
-            )
-        if len(tasks) > 1:
-            text = hot_path.shape(statement.text)
-            named = {name for name, marker in SEVERAL_TASKS.items()
-                     if hot_path.shape(marker) in text}
-            several |= named
-            if not named:
-                undocumented.append(f"{len(tasks)} tasks: {text}")
-    assert not undocumented, "\n".join(undocumented)
+    several = _documented(checked, shards, group)
     assert several == set(SEVERAL_TASKS), f"not seen: {set(SEVERAL_TASKS) - several}"
     hot_path.assert_covered([hot_path.shape(s.text) for s in checked])
 
+    # Every row of a namespace table the workload wrote: in the namespace's shard group.
     written = {shards[name] for name, count in after.items()
                if name in shards and count != before.get(name, 0)}
-    namespace_tables = {s for s in written if s.group[0] == namespace_colocation}
+    namespace_tables = {s for s in written if s.group[0] == group[0]}
     assert namespace_tables and {s.group for s in namespace_tables} == {group}, (
         f"the workload wrote to {sorted(map(str, namespace_tables))}"
     )
-    assert {s.port for s in namespace_tables} == port, "on the namespace's worker"
+    assert {s.port for s in namespace_tables} == worker, "on the namespace's worker"

@@ -14,7 +14,7 @@ partition's small ``ix_memories_unindexed``).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import psycopg
@@ -23,7 +23,7 @@ import pytest
 from service.db.citus import NAMESPACE_TABLES
 from service.testing.standby import libpq
 from tests import hot_path
-from tests.hot_path import NEIGHBOUR, nodes
+from tests.hot_path import NEIGHBOUR
 
 _WRITES_SQL = (
     "SELECT relname, n_tup_ins + n_tup_upd + n_tup_del FROM pg_stat_user_tables "
@@ -36,15 +36,21 @@ def explained_url(migrated_database: Callable[[str], str]) -> str:
     name = "earm_test_pruning"
     url = migrated_database(name)
     with psycopg.connect(libpq(url), autocommit=True) as conn:
-        hot_path.explain_every_statement(conn, name)
+        hot_path.set_for_every_session(conn, name, hot_path.AUTO_EXPLAIN)
     return url
+
+
+def _nodes(plan: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    yield plan
+    for child in plan.get("Plans", []):
+        yield from _nodes(child)
 
 
 def _touched(plan: dict[str, Any], parents: dict[str, str]) -> set[tuple[str, str]]:
     """(table, partition) of every partition a node of the plan ran on."""
     return {
         (parents[node["Relation Name"]], node["Relation Name"])
-        for node in nodes(plan)
+        for node in _nodes(plan)
         if node.get("Relation Name", "") in parents and node.get("Actual Loops", 0) > 0
     }
 
@@ -100,7 +106,7 @@ def test_every_hot_path_statement_touches_one_partition_of_each_table(
         ), f"{sorted(found)} touched by:\n{text}"
     hot_path.assert_covered([hot_path.shape(text) for text in touched])
     graphs = [
-        node for plan in checked for node in nodes(plan["Plan"])
+        node for plan in checked for node in _nodes(plan["Plan"])
         if partition_parents.get(node.get("Index Name", "")) == "ix_memories_embedding_hnsw"
         and node.get("Actual Loops", 0) > 0
     ]
