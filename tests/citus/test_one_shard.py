@@ -45,21 +45,24 @@ REPORTED = {
     "log_parameter_max_length": "0",
     "citus.log_remote_commands": "on",
 }
-#: Statements of more than one task, each task one shard: why, and what it costs (what
-#: docs/sharding.md says of them), by a marker of their text.
+#: Statements of more than one task, each task one shard, by a marker of their text; what
+#: they cost at the tests' 4 shards on 2 workers (docs/sharding.md has it). A step's result
+#: (a data-modifying CTE's rows) goes back to the coordinator and out again, to every worker,
+#: as an intermediate result; a worker that receives one joins the transaction, whose commit
+#: is then two-phase on both workers.
 SEVERAL_TASKS = {
-    # Each pulls the rows through the coordinator (INSERT … SELECT from unnest): the rows to
-    # the namespace's shard, then their locators, one task per shard of their ids.
+    # The rows pulled through the coordinator (INSERT … SELECT from unnest) into the
+    # namespace's shard, then their locators: one task per shard their ids hash to (up to
+    # every shard), the ids an intermediate result.
     "ingest": "INSERT INTO memory_locator (id, namespace) SELECT id",
-    # Data-modifying CTEs: each is a step of its own, its result sent back as an
-    # intermediate result; the query's locator is one task on the shard of its id.
+    # Steps of the namespace's shard (4 to 6) and the new query's locator on its id's shard.
     "record": "INSERT INTO query_locator",
-    "late record": "clock_timestamp() FROM q, t",
-    "online update": "WITH same_model AS (",
-    "feedback": "), old AS ( SELECT s.memory_id, s.score",
-    # The memories deleted, then their locators on the shards of the ids given.
+    "late record": "clock_timestamp() FROM q, t",  # 4 steps
+    "online update": "WITH same_model AS (",  # 2 steps
+    "feedback": "), old AS ( SELECT s.memory_id, s.score",  # 3 steps, then 1 more statement
+    # The memory, then its locator on the shard of its id.
     "delete": "DELETE FROM memory_locator WHERE id = ANY(",
-    # The erasure's locators: the erased ids are known only once erased, one task per shard.
+    # The erasure's locators: the erased ids are known only once erased, so every shard.
     "erase": "DELETE FROM memory_locator WHERE id IN (SELECT id FROM erased)",
     "erase queries": "DELETE FROM query_locator WHERE id IN (SELECT id FROM erased)",
 }
