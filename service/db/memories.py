@@ -55,9 +55,12 @@ _BY_EXTERNAL_ID_SQL = (
     "WHERE namespace = %(namespace)s AND external_id = ANY(%(external_ids)s::text[])"
 )
 #: The namespace of a memory id: what reaches the one partition that holds it (migration 0017).
-#: A subquery, not a join: its value prunes the memories partitions at run time.
-LOCATED_MEMORY = "namespace = (SELECT namespace FROM memory_locator WHERE id = %(id)s)"
-_BY_ID_SQL = f"SELECT {_MEMORY_COLUMNS} FROM memories WHERE {LOCATED_MEMORY} AND id = %(id)s"
+#: A statement of its own (as ``traces._NAMESPACE_SQL``), not a subquery of the read: Citus
+#: would run the read on every shard, the namespace being known only once it has run.
+_LOCATE_SQL = "SELECT namespace FROM memory_locator WHERE id = %(id)s"
+_BY_ID_SQL = (
+    f"SELECT {_MEMORY_COLUMNS} FROM memories WHERE namespace = %(namespace)s AND id = %(id)s"
+)
 
 
 async def ids_by_external_id(
@@ -164,7 +167,10 @@ async def insert_memories(
 
 
 async def get_memory(session: AsyncSession, memory_id: int) -> MemoryRow | None:
-    row = await fetch_one(session, _BY_ID_SQL, {"id": memory_id})
+    namespace = await fetch_value(session, _LOCATE_SQL, {"id": memory_id})
+    if namespace is None:
+        return None
+    row = await fetch_one(session, _BY_ID_SQL, {"namespace": namespace, "id": memory_id})
     return None if row is None else MemoryRow.of(row)
 
 
@@ -263,13 +269,16 @@ async def memories_after(
 
 
 # The locator rows go in the same statement (their foreign key would cascade too, but a
-# distributed deployment cannot keep that key: docs/operations.md "Partitions").
+# distributed deployment cannot keep that key: docs/operations.md "Partitions"). They are
+# also named by the ids given: Citus, whose locators are distributed by id, then deletes in
+# those ids' shards only (by the deleted ids alone, in every shard).
 _DELETE_SQL = """
     WITH deleted AS (
         DELETE FROM memories WHERE namespace = %(namespace)s AND id = ANY(%(ids)s::bigint[])
         RETURNING id
     ), unlocated AS (
-        DELETE FROM memory_locator WHERE id IN (SELECT id FROM deleted)
+        DELETE FROM memory_locator
+        WHERE id = ANY(%(ids)s::bigint[]) AND id IN (SELECT id FROM deleted)
     )
     SELECT count(*) FROM deleted
 """

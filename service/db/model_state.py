@@ -398,11 +398,13 @@ class _SinceHorizon:
 
 
 # Record, late scores and feedback stamp their scores with clock_timestamp() after the lock,
-# so a score stamped before the horizon was committed before the refit's read began.
+# so a score stamped before the horizon was committed before the refit's read began. The
+# subquery names the namespace by the parameter: Citus runs a subquery correlated on the
+# namespace on every shard.
 _SINCE_HORIZON_SQL = """
     SELECT s.query_id, s.memory_id, s.score::text::float8, s.source = 'feedback',
            EXISTS (SELECT FROM query_factors q
-                   WHERE q.namespace = s.namespace AND q.query_id = s.query_id)
+                   WHERE q.namespace = %(namespace)s AND q.query_id = s.query_id)
     FROM scores s
     WHERE s.namespace = %(namespace)s AND s.created_at >= %(since)s AND s.retired_at IS NULL
     ORDER BY s.query_id, s.memory_id

@@ -25,21 +25,28 @@ from service.budget import BudgetSchedule
 from service.db.statements import fetch_record, fetch_records
 from service.errors import NotFound
 
-_STATS_SQL = f"""
+
+def _stats_sql(name: str) -> str:
+    """The statistics of the namespaces, each of ``name``: ``n.name`` (every namespace) or the
+    parameter ``%(namespace)s`` (one). One namespace's subqueries name the parameter, not the
+    outer row: Citus routes a statement to one shard when each table is filtered on its
+    distribution column by a value, and correlation with the outer row is not such a filter
+    (it ran one task on every shard)."""
+    return f"""
 SELECT n.name, n.next_query_index, n.scorer_calls, n.scorer_requests, n.full_rerank_calls,
        n.reused_cells, n.reuse_saved_calls, n.last_refit_at,
-       (SELECT count(*) FROM memories m WHERE m.namespace = n.name) AS memories,
-       (SELECT count(*) FROM memories m WHERE m.namespace = n.name AND NOT m.indexed)
+       (SELECT count(*) FROM memories m WHERE m.namespace = {name}) AS memories,
+       (SELECT count(*) FROM memories m WHERE m.namespace = {name} AND NOT m.indexed)
            AS memories_unindexed,
        -- live cells only: retired ones judged content that no longer exists
-       (SELECT count(*) FROM scores s WHERE s.namespace = n.name AND s.retired_at IS NULL)
+       (SELECT count(*) FROM scores s WHERE s.namespace = {name} AND s.retired_at IS NULL)
            AS observations,
        r.returned, r.estimated, p.error, p.anchors
 FROM namespaces n
 CROSS JOIN LATERAL (
     SELECT coalesce(sum(q.returned_count), 0) AS returned,
            coalesce(sum(q.returned_estimated), 0) AS estimated
-    FROM queries q WHERE q.namespace = n.name
+    FROM queries q WHERE q.namespace = {name}
 ) r
 CROSS JOIN LATERAL (
     SELECT sum(w.prequential_abs_error * w.prequential_count)
@@ -47,15 +54,15 @@ CROSS JOIN LATERAL (
            coalesce(sum(w.prequential_count), 0) AS anchors
     FROM (
         SELECT q.prequential_abs_error, q.prequential_count FROM queries q
-        WHERE q.namespace = n.name ORDER BY q.query_index DESC LIMIT {PREQUENTIAL_WINDOW}
+        WHERE q.namespace = {name} ORDER BY q.query_index DESC LIMIT {PREQUENTIAL_WINDOW}
     ) w
     WHERE w.prequential_count > 0
 ) p
 """
 
 
-_ONE_NAMESPACE_STATS_SQL = _STATS_SQL + " WHERE n.name = %(namespace)s"
-_ALL_NAMESPACE_STATS_SQL = _STATS_SQL + " ORDER BY n.name"
+_ONE_NAMESPACE_STATS_SQL = _stats_sql("%(namespace)s") + " WHERE n.name = %(namespace)s"
+_ALL_NAMESPACE_STATS_SQL = _stats_sql("n.name") + " ORDER BY n.name"
 
 
 def _ratio(numerator: float, denominator: float) -> float | None:
