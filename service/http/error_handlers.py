@@ -13,6 +13,7 @@ from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from service.db.writes import CITUS_SHARD_REPLACED
 from service.errors import (
     DatabaseUnavailable,
     EarmError,
@@ -48,10 +49,6 @@ RETRY_AFTER_S = "5"
 # rollbacks (serialization failure, deadlock), insufficient resources, operator intervention
 # (shutdown, "cannot connect now"). They are answered 503 + Retry-After, never 500.
 TRANSIENT_SQLSTATE_CLASSES = ("08", "40", "53", "57")
-#: Citus (SQLSTATE XX000): the shard a statement was planned for was dropped while it waited
-#: for the shard's lock, by a split that blocked writes (a tenant isolated). The transaction is
-#: rolled back; tried again, it is planned for the shards that replaced it.
-CITUS_SHARD_REPLACED = "could not find valid entry for shard"
 #: lock_timeout ran out (EARM_DB_LOCK_TIMEOUT_S): 503 namespace_busy.
 LOCK_NOT_AVAILABLE = "55P03"
 
@@ -60,6 +57,7 @@ def is_transient_database_error(exc: BaseException) -> bool:
     if isinstance(exc, (PoolTimeout, psycopg.OperationalError, psycopg.InterfaceError)):
         return True
     original = getattr(exc, "orig", None) or exc
+    # Citus's, once a write transaction's retries (service.db.writes) ran out, or of a read.
     if isinstance(original, psycopg.errors.InternalError) and CITUS_SHARD_REPLACED in str(original):
         return True
     if isinstance(exc, DBAPIError):

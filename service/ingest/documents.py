@@ -50,11 +50,14 @@ async def document_ids(
         return Documents(known, 0)
     vectors = await embed_texts(embedder, new, bulk=True)
     assert embedder is not None, "embed_texts refuses to embed without an embedder"
-    async with writes.session(namespace, memories=True) as session:
-        stored, inserted = await _store_new(
-            session, embedder.model_id, namespace, new, vectors, sighting_refresh_s
-        )
+    model_id = embedder.model_id
+
+    async def store(session: AsyncSession) -> tuple[dict[str, int], int]:
+        stored = await _store_new(session, model_id, namespace, new, vectors, sighting_refresh_s)
         await session.commit()
+        return stored
+
+    stored, inserted = await writes.transaction(namespace, True, store)
     return Documents(known | stored, inserted)
 
 

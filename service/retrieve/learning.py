@@ -124,8 +124,9 @@ class Learner:
                 new_cells(retrieve.query, observed), self.completion.memory_reg,
                 self.completion.rank,
             )
-        async with self.writes.session(retrieve.namespace, memories=False) as session:
-            recorded = await record_query(session, retrieve, update)
+        recorded = await self.writes.transaction(
+            retrieve.namespace, False, lambda session: record_query(session, retrieve, update)
+        )
         if recorded is None:
             return None
         if self.settings.background_work and refit_due(
@@ -233,7 +234,8 @@ class Learner:
         for it, which would be the latest?
         """
         values = np.asarray(scores, dtype=np.float64)
-        async with self.writes.session(namespace, memories=False) as session:
+
+        async def record(session: AsyncSession) -> FeedbackResult:
             # The lock first: a memory deleted after the check would fail the insert (deletes
             # take the same lock, so the check below sees every one committed).
             state = await namespace_state(session, namespace, for_update=True)
@@ -244,7 +246,9 @@ class Learner:
             )
             await self._relearn_query(session, namespace, query_id, written.memory_ids, state)
             await session.commit()
-        return FeedbackResult(recorded=len(written.memory_ids), replaced=written.replaced)
+            return FeedbackResult(recorded=len(written.memory_ids), replaced=written.replaced)
+
+        return await self.writes.transaction(namespace, False, record)
 
     async def record_late(
         self, namespace: str, query_id: int, late: LateObservations
@@ -252,7 +256,8 @@ class Learner:
         """Record late scores as the scorer's observations of their query, where the pair has
         none yet (client feedback that came first stays), and relearn from them as feedback
         does; how many were recorded. NotFound when the namespace was erased."""
-        async with self.writes.session(namespace, memories=False) as session:
+
+        async def record(session: AsyncSession) -> int:
             state = await namespace_state(session, namespace, for_update=True)
             written = await experience.record_late_scores(
                 session, namespace, query_id, late.memory_ids,
@@ -262,7 +267,9 @@ class Learner:
             if len(written):
                 await self._relearn_query(session, namespace, query_id, written, state)
             await session.commit()
-        return len(written)
+            return len(written)
+
+        return await self.writes.transaction(namespace, False, record)
 
     async def _relearn_query(
         self,

@@ -78,7 +78,8 @@ async def ingest_memories(
         "upsert_memory" if body.on_conflict == "update" else "create_memory"
     )
     with memory_span(operation, body.namespace) as span:
-        async with writes.session(body.namespace, memories=True) as session:
+
+        async def store(session: AsyncSession) -> IngestResult:
             result = await memories.ingest(
                 session,
                 components.embedder,
@@ -98,6 +99,9 @@ async def ingest_memories(
                 limits.max_unindexed,
             )
             await session.commit()
+            return result
+
+        result = await writes.transaction(body.namespace, True, store)
         describe_ingest(
             span, result, [item.text for item in body.memories],
             [item.metadata for item in body.memories],
@@ -141,7 +145,8 @@ async def patch_memory(
     with memory_span(
         "update_memory", attributes={"gen_ai.memory.record.id": str(memory_id)}
     ) as span:
-        async with writes.session(None, memories=True) as session:
+
+        async def update(session: AsyncSession) -> UpdatedMemory:
             await _namespace_of(request, session, principal, memory_id, span)
             if body.text is not None:
                 check_text_length(body.text, limits.max_text_chars, "text")
@@ -162,6 +167,9 @@ async def patch_memory(
                 ),
             )
             await session.commit()
+            return result
+
+        result = await writes.transaction(None, True, update)
     if body.text is not None or body.embedding is not None:  # maybe a vector to index
         components.indexer.notify()
     return result
@@ -221,8 +229,11 @@ async def delete_memory(
     with memory_span(
         "delete_memory", attributes={"gen_ai.memory.record.id": str(memory_id)}
     ) as span:
-        async with writes.session(None, memories=True) as session:
+
+        async def delete(session: AsyncSession) -> None:
             namespace = await _namespace_of(request, session, principal, memory_id, span)
             await memories.delete_memory(session, memory_id, namespace)
             await session.commit()
+
+        await writes.transaction(None, True, delete)
     return Response(status_code=status.HTTP_204_NO_CONTENT)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import APIRouter, Path, Request
+from sqlalchemy.ext.asyncio import AsyncSession
 
 from service.api.errors import ErrorResponse
 from service.api.fields import NamespaceName
@@ -47,8 +48,12 @@ async def delete_namespace(
     annotate(request, namespace=namespace)
     require_namespace(principal, namespace)
     with memory_span("delete_memory_store", namespace):
-        async with writes.session(namespace, memories=True) as session:
+
+        async def erase(session: AsyncSession) -> ErasedNamespace:
             erased = await erase_namespace(session, namespace)
             await session.commit()
+            return erased
+
+        erased = await writes.transaction(namespace, True, erase)
     components.repeated_reranks.forget_namespace(namespace)
     return erased

@@ -1,16 +1,24 @@
-"""Where a namespace's write transactions begin (service.db.writes): what each notes for the
-replica reads after it, without a database (a session that runs no statement connects to
-nothing)."""
+"""Where a namespace's write transactions run (service.db.writes): what each notes for the
+replica reads after it, and which failures it runs again, without a database (a session that
+runs no statement connects to nothing)."""
 
 from __future__ import annotations
 
 import asyncio
 from typing import Any
 
+import psycopg
 import pytest
-from sqlalchemy.ext.asyncio import async_sessionmaker
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from service.db.writes import Writes, writes_to
+from service.db.writes import (
+    CITUS_SHARD_REPLACED,
+    TRANSACTION_ATTEMPTS,
+    Writes,
+    retry_may_succeed,
+    writes_to,
+)
 
 
 class NotedCommits:
@@ -29,15 +37,31 @@ def writes_over(replicas: NotedCommits) -> Writes:
     return Writes(async_sessionmaker(), fake)
 
 
+async def nothing(session: AsyncSession) -> None:
+    pass
+
+
+def rolled_back(error: Exception) -> DBAPIError:
+    """``error`` as SQLAlchemy raises it from a statement."""
+    return DBAPIError("UPDATE ...", None, error)
+
+
+SHARD_REPLACED = psycopg.errors.InternalError(f"{CITUS_SHARD_REPLACED} 102008")
+SPLIT_UNDER_WAY = psycopg.errors.SerializationFailure(
+    "shard for the given value does not exist"
+)
+
+
 def test_a_write_notes_its_namespace_once_its_block_is_done() -> None:
     replicas = NotedCommits()
     writes = writes_over(replicas)
 
+    async def no_note_yet(session: AsyncSession) -> None:
+        assert replicas.notes == []
+
     async def write() -> None:
-        async with writes.session("ns", memories=True):
-            assert replicas.notes == []
-        async with writes.session("other", memories=False):
-            pass
+        await writes.transaction("ns", True, no_note_yet)
+        await writes.transaction("other", False, nothing)
 
     asyncio.run(write())
     assert replicas.notes == [("ns", True), ("other", False)]
@@ -47,11 +71,12 @@ def test_a_write_by_id_notes_the_namespace_it_found() -> None:
     replicas = NotedCommits()
     writes = writes_over(replicas)
 
+    async def found(session: AsyncSession) -> None:
+        writes_to(session, "found")
+
     async def write() -> None:
-        async with writes.session(None, memories=True) as session:
-            writes_to(session, "found")
-        async with writes.session(None, memories=True):
-            pass  # found nothing (a 404): nothing to note
+        await writes.transaction(None, True, found)
+        await writes.transaction(None, True, nothing)  # found nothing (a 404): nothing to note
 
     asyncio.run(write())
     assert replicas.notes == [("found", True)]
@@ -61,9 +86,11 @@ def test_a_write_that_fails_notes_nothing() -> None:
     replicas = NotedCommits()
     writes = writes_over(replicas)
 
+    async def fail(session: AsyncSession) -> None:
+        raise LookupError("the write failed")
+
     async def write() -> None:
-        async with writes.session("ns", memories=True):
-            raise LookupError("the write failed")
+        await writes.transaction("ns", True, fail)
 
     with pytest.raises(LookupError):
         asyncio.run(write())
@@ -75,9 +102,73 @@ def test_without_replicas_nothing_is_noted() -> None:
     writes = writes_over(replicas)
 
     async def write() -> None:
-        async with writes.session("ns", memories=True):
-            pass
+        await writes.transaction("ns", True, nothing)
         await writes.noted("ns", memories=False)
 
     asyncio.run(write())
     assert replicas.notes == []
+
+
+@pytest.mark.parametrize(
+    ("error", "retried"),
+    [
+        (rolled_back(SPLIT_UNDER_WAY), True),
+        (rolled_back(psycopg.errors.DeadlockDetected("deadlock detected")), True),
+        (rolled_back(SHARD_REPLACED), True),
+        (rolled_back(psycopg.errors.InternalError("cache lookup failed")), False),
+        (rolled_back(psycopg.errors.UniqueViolation("duplicate key")), False),
+        (LookupError("not the server's"), False),
+    ],
+)
+def test_only_a_conflict_the_server_rolled_back_is_run_again(
+    error: BaseException, retried: bool
+) -> None:
+    assert retry_may_succeed(error) is retried
+
+
+def test_a_write_rolled_back_for_a_replaced_shard_runs_again_in_a_new_session() -> None:
+    replicas = NotedCommits()
+    writes = writes_over(replicas)
+    sessions: list[AsyncSession] = []
+
+    async def planned_for_the_old_shard_once(session: AsyncSession) -> str:
+        sessions.append(session)
+        if len(sessions) == 1:
+            raise rolled_back(SHARD_REPLACED)
+        return "committed"
+
+    assert asyncio.run(writes.transaction("ns", True, planned_for_the_old_shard_once)) == (
+        "committed"
+    )
+    assert len(sessions) == 2 and sessions[0] is not sessions[1]
+    assert replicas.notes == [("ns", True)]
+
+
+def test_a_conflict_that_outlasts_the_attempts_is_raised_and_notes_nothing() -> None:
+    replicas = NotedCommits()
+    writes = writes_over(replicas)
+    attempts = 0
+
+    async def always_in_conflict(session: AsyncSession) -> None:
+        nonlocal attempts
+        attempts += 1
+        raise rolled_back(SPLIT_UNDER_WAY)
+
+    with pytest.raises(DBAPIError):
+        asyncio.run(writes.transaction("ns", False, always_in_conflict))
+    assert 1 < attempts <= TRANSACTION_ATTEMPTS
+    assert replicas.notes == []
+
+
+def test_a_failure_no_attempt_can_fix_is_raised_at_once() -> None:
+    writes = writes_over(NotedCommits())
+    attempts = 0
+
+    async def duplicate(session: AsyncSession) -> None:
+        nonlocal attempts
+        attempts += 1
+        raise rolled_back(psycopg.errors.UniqueViolation("duplicate key"))
+
+    with pytest.raises(DBAPIError):
+        asyncio.run(writes.transaction("ns", True, duplicate))
+    assert attempts == 1
