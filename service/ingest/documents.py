@@ -42,9 +42,14 @@ async def document_ids(
     memories are candidates because the caller named them, not because a search found them.
     The store is a write of the namespace's memories (``writes``: service.db.writes)."""
     distinct = list(dict.fromkeys(texts))
-    async with writes.sessions() as session:
+
+    async def look_up(session: AsyncSession) -> dict[str, int]:
         known = await memory_table.ids_by_text(session, namespace, distinct, sighting_refresh_s)
-        await session.commit()
+        await session.commit()  # the sightings it refreshed
+        return known
+
+    # None: the sightings are no write a client reads back (nothing to note).
+    known = await writes.transaction(None, False, look_up)
     new = [text for text in distinct if text not in known]
     if not new:
         return Documents(known, 0)
