@@ -22,12 +22,13 @@ wrote it: a lagging replica shows it late as it shows any write it has not repla
 positions this process cannot know (:mod:`service.db.replicas`).
 
 A transaction the server rolled back for a conflict that a new attempt does not meet is run
-again (:func:`retry_may_succeed`, a few attempts within about a second, with jittered backoff):
-a serialization failure or a deadlock, and on Citus a statement planned for a shard that a
-split replaced while the statement waited for its lock (a tenant isolated or split to another
-worker: ``docs/sharding.md``). Nothing of such a transaction was committed, and its block is
-a function of the session alone, so the client sees a wait instead of a 503. The retries are
-tenacity's; the classification is earm's, the servers' messages being all there is to go on.
+again (:func:`retry_may_succeed`; :data:`TRANSACTION_ATTEMPTS` attempts within
+:data:`TRANSACTION_RETRY_S`, with jittered backoff): a serialization failure or a deadlock,
+and on Citus a statement planned for a shard that a split replaced while the statement waited
+for its lock (a tenant isolated or split to another worker: ``docs/sharding.md``). Nothing of
+such a transaction was committed, and its block is a function of the session alone, so the
+client sees a wait instead of a 503. The retries are tenacity's; the classification is
+earm's, the servers' messages being all there is to go on.
 """
 
 from __future__ import annotations
