@@ -82,8 +82,9 @@ class Writes:
     async def transaction(
         self,
         namespace: str | None,
-        memories: bool,
         work: Callable[[AsyncSession], Awaitable[T]],
+        *,
+        memories: bool,
     ) -> T:
         """``work(session)``: a write of ``namespace`` (its memories too, if ``memories``);
         None: a write that finds its namespace in a row (by id) names it with

@@ -57,8 +57,8 @@ def get_limits(components: ComponentsDep) -> LimitSettings:
 
 
 def get_writes(components: ComponentsDep) -> Writes:
-    """Where a handler's write transaction runs: ``await writes.transaction(namespace,
-    memories, work)``; ``work`` commits explicitly, anything else is rolled back, a conflict
+    """Where a handler's write transaction runs: ``await writes.transaction(namespace, work,
+    memories=...)``; ``work`` commits explicitly, anything else is rolled back, a conflict
     the server rolled back is run again, and once done the namespace's reads see it, on a
     replica too (service.db.writes)."""
     return components.database.writes

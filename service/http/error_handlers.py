@@ -13,7 +13,7 @@ from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from service.db.writes import CITUS_SHARD_REPLACED
+from service.db.writes import retry_may_succeed
 from service.errors import (
     DatabaseUnavailable,
     EarmError,
@@ -56,9 +56,9 @@ LOCK_NOT_AVAILABLE = "55P03"
 def is_transient_database_error(exc: BaseException) -> bool:
     if isinstance(exc, (PoolTimeout, psycopg.OperationalError, psycopg.InterfaceError)):
         return True
-    original = getattr(exc, "orig", None) or exc
-    # Citus's, once a write transaction's retries (service.db.writes) ran out, or of a read.
-    if isinstance(original, psycopg.errors.InternalError) and CITUS_SHARD_REPLACED in str(original):
+    # A conflict the server rolled back (Citus's replaced shard among them), once a write
+    # transaction's retries (service.db.writes) ran out, or of a read.
+    if retry_may_succeed(exc):
         return True
     if isinstance(exc, DBAPIError):
         if exc.connection_invalidated or isinstance(exc, (OperationalError, InterfaceError)):

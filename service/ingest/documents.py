@@ -49,7 +49,7 @@ async def document_ids(
         return known
 
     # None: the sightings are no write a client reads back (nothing to note).
-    known = await writes.transaction(None, False, look_up)
+    known = await writes.transaction(None, look_up, memories=False)
     new = [text for text in distinct if text not in known]
     if not new:
         return Documents(known, 0)
@@ -62,7 +62,7 @@ async def document_ids(
         await session.commit()
         return stored
 
-    stored, inserted = await writes.transaction(namespace, True, store)
+    stored, inserted = await writes.transaction(namespace, store, memories=True)
     return Documents(known | stored, inserted)
 
 

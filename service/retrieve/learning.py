@@ -125,7 +125,9 @@ class Learner:
                 self.completion.rank,
             )
         recorded = await self.writes.transaction(
-            retrieve.namespace, False, lambda session: record_query(session, retrieve, update)
+            retrieve.namespace,
+            lambda session: record_query(session, retrieve, update),
+            memories=False,
         )
         if recorded is None:
             return None
@@ -248,7 +250,7 @@ class Learner:
             await session.commit()
             return FeedbackResult(recorded=len(written.memory_ids), replaced=written.replaced)
 
-        return await self.writes.transaction(namespace, False, record)
+        return await self.writes.transaction(namespace, record, memories=False)
 
     async def record_late(
         self, namespace: str, query_id: int, late: LateObservations
@@ -269,7 +271,7 @@ class Learner:
             await session.commit()
             return len(written)
 
-        return await self.writes.transaction(namespace, False, record)
+        return await self.writes.transaction(namespace, record, memories=False)
 
     async def _relearn_query(
         self,

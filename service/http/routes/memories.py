@@ -101,7 +101,7 @@ async def ingest_memories(
             await session.commit()
             return result
 
-        result = await writes.transaction(body.namespace, True, store)
+        result = await writes.transaction(body.namespace, store, memories=True)
         describe_ingest(
             span, result, [item.text for item in body.memories],
             [item.metadata for item in body.memories],
@@ -169,7 +169,7 @@ async def patch_memory(
             await session.commit()
             return result
 
-        result = await writes.transaction(None, True, update)
+        result = await writes.transaction(None, update, memories=True)
     if body.text is not None or body.embedding is not None:  # maybe a vector to index
         components.indexer.notify()
     return result
@@ -235,5 +235,5 @@ async def delete_memory(
             await memories.delete_memory(session, memory_id, namespace)
             await session.commit()
 
-        await writes.transaction(None, True, delete)
+        await writes.transaction(None, delete, memories=True)
     return Response(status_code=status.HTTP_204_NO_CONTENT)

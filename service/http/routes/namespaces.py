@@ -54,6 +54,6 @@ async def delete_namespace(
             await session.commit()
             return erased
 
-        erased = await writes.transaction(namespace, True, erase)
+        erased = await writes.transaction(namespace, erase, memories=True)
     components.repeated_reranks.forget_namespace(namespace)
     return erased

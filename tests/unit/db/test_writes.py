@@ -60,8 +60,8 @@ def test_a_write_notes_its_namespace_once_its_block_is_done() -> None:
         assert replicas.notes == []
 
     async def write() -> None:
-        await writes.transaction("ns", True, no_note_yet)
-        await writes.transaction("other", False, nothing)
+        await writes.transaction("ns", no_note_yet, memories=True)
+        await writes.transaction("other", nothing, memories=False)
 
     asyncio.run(write())
     assert replicas.notes == [("ns", True), ("other", False)]
@@ -75,8 +75,9 @@ def test_a_write_by_id_notes_the_namespace_it_found() -> None:
         writes_to(session, "found")
 
     async def write() -> None:
-        await writes.transaction(None, True, found)
-        await writes.transaction(None, True, nothing)  # found nothing (a 404): nothing to note
+        await writes.transaction(None, found, memories=True)
+        # Found nothing (a 404): nothing to note.
+        await writes.transaction(None, nothing, memories=True)
 
     asyncio.run(write())
     assert replicas.notes == [("found", True)]
@@ -90,7 +91,7 @@ def test_a_write_that_fails_notes_nothing() -> None:
         raise LookupError("the write failed")
 
     async def write() -> None:
-        await writes.transaction("ns", True, fail)
+        await writes.transaction("ns", fail, memories=True)
 
     with pytest.raises(LookupError):
         asyncio.run(write())
@@ -102,7 +103,7 @@ def test_without_replicas_nothing_is_noted() -> None:
     writes = writes_over(replicas)
 
     async def write() -> None:
-        await writes.transaction("ns", True, nothing)
+        await writes.transaction("ns", nothing, memories=True)
         await writes.noted("ns", memories=False)
 
     asyncio.run(write())
@@ -137,7 +138,7 @@ def test_a_write_rolled_back_for_a_replaced_shard_runs_again_in_a_new_session() 
             raise rolled_back(SHARD_REPLACED)
         return "committed"
 
-    assert asyncio.run(writes.transaction("ns", True, planned_for_the_old_shard_once)) == (
+    assert asyncio.run(writes.transaction("ns", planned_for_the_old_shard_once, memories=True)) == (
         "committed"
     )
     assert len(sessions) == 2 and sessions[0] is not sessions[1]
@@ -155,7 +156,7 @@ def test_a_conflict_that_outlasts_the_attempts_is_raised_and_notes_nothing() -> 
         raise rolled_back(SPLIT_UNDER_WAY)
 
     with pytest.raises(DBAPIError):
-        asyncio.run(writes.transaction("ns", False, always_in_conflict))
+        asyncio.run(writes.transaction("ns", always_in_conflict, memories=False))
     assert 1 < attempts <= TRANSACTION_ATTEMPTS
     assert replicas.notes == []
 
@@ -170,5 +171,5 @@ def test_a_failure_no_attempt_can_fix_is_raised_at_once() -> None:
         raise rolled_back(psycopg.errors.UniqueViolation("duplicate key"))
 
     with pytest.raises(DBAPIError):
-        asyncio.run(writes.transaction("ns", True, duplicate))
+        asyncio.run(writes.transaction("ns", duplicate, memories=True))
     assert attempts == 1
